@@ -1,0 +1,200 @@
+// The trainrun command line (Boost.Program_options):
+//   trainrun --config job.toml [--set key=value]... [--plugin-path P]...   train
+//   trainrun check --config job.toml [--set ...]                           validate, print the job
+//   trainrun plugins [NAME]                                                list plugins / options
+// Exit codes: 0 success, 1 failure while training, 2 bad input (job file, option, plugin),
+// 130 interrupted.
+#include <boost/program_options.hpp>
+#include <c10/util/Exception.h>
+
+#include <filesystem>
+#include <iomanip>
+#include <iostream>
+#include <sstream>
+
+#include "trainrun/core/config.hpp"
+#include "trainrun/core/log.hpp"
+#include "trainrun/core/registry.hpp"
+#include "trainrun/core/trainer.hpp"
+
+namespace po = boost::program_options;
+using namespace trainrun;
+using core::Registry;
+
+namespace {
+
+std::string show(const v1::OptionValue& v) {
+  return std::visit(
+      [](const auto& x) -> std::string {
+        using T = std::decay_t<decltype(x)>;
+        std::ostringstream os;
+        if constexpr (std::is_same_v<T, std::monostate>) os << "(required)";
+        else if constexpr (std::is_same_v<T, bool>) os << (x ? "true" : "false");
+        else if constexpr (std::is_same_v<T, std::string>) os << '"' << x << '"';
+        else if constexpr (std::is_same_v<T, std::vector<int64_t>> ||
+                           std::is_same_v<T, std::vector<std::string>>) {
+          os << "[";
+          for (size_t i = 0; i < x.size(); ++i) os << (i ? ", " : "") << x[i];
+          os << "]";
+        } else os << x;
+        return os.str();
+      },
+      v);
+}
+
+std::string range(const v1::OptionSpec& s) {
+  if (!s.choices.empty()) {
+    std::string out;
+    for (const auto& c : s.choices) out += (out.empty() ? "" : "|") + c;
+    return out;
+  }
+  if (!s.min && !s.max) return "";
+  std::ostringstream os;
+  os << "[" << (s.min ? *s.min : -INFINITY) << ", " << (s.max ? *s.max : INFINITY) << "]";
+  return os.str();
+}
+
+void print_schema(const v1::OptionSchema& schema) {
+  std::cout << "  " << std::left << std::setw(22) << "option" << std::setw(14) << "type"
+            << std::setw(22) << "default" << std::setw(22) << "range" << "help\n";
+  for (const auto& s : schema.specs()) {
+    std::string type = v1::type_name(s.type);
+    type = type.substr(0, type.find(' '));
+    std::cout << "  " << std::left << std::setw(22) << s.name << std::setw(14) << type
+              << std::setw(22) << show(s.default_value) << std::setw(22) << range(s) << s.help
+              << "\n";
+  }
+}
+
+int cmd_plugins(const Registry& reg, const std::string& name) {
+  if (name.empty()) {
+    std::cout << std::left << std::setw(18) << "name" << std::setw(13) << "kind" << std::setw(12)
+              << "plugin" << std::setw(10) << "version" << std::setw(6) << "ABI" << "file\n";
+    for (const auto* c : reg.all_components()) {
+      std::string abi;
+      for (const auto& p : reg.plugins())
+        if (p.file == c->file) abi = std::to_string(p.abi_major) + "." + std::to_string(p.abi_minor);
+      std::cout << std::left << std::setw(18) << c->name << std::setw(13) << v1::kind_name(c->kind)
+                << std::setw(12) << c->plugin_name << std::setw(10) << c->plugin_version
+                << std::setw(6) << abi << c->file << "\n";
+    }
+    for (const auto& s : reg.skipped()) std::cout << "skipped: " << s.file << ": " << s.reason << "\n";
+    return 0;
+  }
+  bool found = false;
+  for (const auto* c : reg.all_components()) {
+    if (c->name != name) continue;
+    found = true;
+    std::cout << v1::kind_name(c->kind) << " '" << c->name << "' — " << c->summary << "\n"
+              << "  plugin " << c->plugin_name << " " << c->plugin_version << ", " << c->file
+              << "\n";
+    print_schema(c->schema);
+  }
+  for (const char* section : {"trainer", "launch", "plugins"}) {
+    if (name != section) continue;
+    found = true;
+    std::cout << "[" << section << "] (core)\n";
+    print_schema(name == "trainer" ? core::trainer_schema()
+                 : name == "launch" ? core::launch_schema()
+                                    : core::plugins_schema());
+  }
+  if (!found) {
+    std::vector<std::string> names;
+    for (const auto* c : reg.all_components()) names.push_back(c->name);
+    std::string hint = core::closest(name, names);
+    std::cerr << "trainrun: error: no plugin component named '" << name << "'"
+              << (hint.empty() ? "" : "; did you mean '" + hint + "'?") << std::endl;
+    return 2;
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  po::options_description opts("trainrun options");
+  std::string config, command, name;
+  std::vector<std::string> overrides, plugin_paths;
+  opts.add_options()("help,h", "show this help")("version", "print the version")(
+      "config,c", po::value(&config), "job file (TOML)")(
+      "set", po::value(&overrides)->composing(), "override a job key: --set trainer.max_steps=100")(
+      "plugin-path", po::value(&plugin_paths)->composing(),
+      "plugin directory or file, searched first (repeatable)");
+  po::options_description hidden;
+  hidden.add_options()("command", po::value(&command))("name", po::value(&name));
+  po::options_description all;
+  all.add(opts).add(hidden);
+  po::positional_options_description pos;
+  pos.add("command", 1).add("name", 1);
+  po::variables_map vm;
+  try {
+    po::store(po::command_line_parser(argc, argv).options(all).positional(pos).run(), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    std::cerr << "trainrun: error: " << e.what() << "\n" << opts << std::endl;
+    return 2;
+  }
+  if (vm.count("help")) {
+    std::cout << "usage: trainrun --config job.toml [--set key=value]...\n"
+                 "       trainrun check --config job.toml\n"
+                 "       trainrun plugins [NAME]\n\n"
+              << opts << std::endl;
+    return 0;
+  }
+  if (vm.count("version")) {
+    std::cout << "trainrun " << TRAINRUN_VERSION << " (ABI " << v1::kAbiMajor << "."
+              << v1::kAbiMinor << ", LibTorch " << TRAINRUN_BUILD_TORCH_VERSION << ")" << std::endl;
+    return 0;
+  }
+  if (command.empty()) command = "train";
+  if (command != "train" && command != "check" && command != "plugins") {
+    std::cerr << "trainrun: error: unknown command '" << command
+              << "' (commands: train, check, plugins)" << std::endl;
+    return 2;
+  }
+  try {
+    Registry reg;
+    if (command == "plugins") {
+      reg.load_search_path(Registry::search_path(plugin_paths, {}));
+      for (const auto& w : reg.warnings()) core::log_warn(w);
+      return cmd_plugins(reg, name);
+    }
+    if (config.empty()) {
+      std::cerr << "trainrun: error: --config job.toml is required" << std::endl;
+      return 2;
+    }
+    if (!std::filesystem::exists(config)) {
+      std::cerr << "trainrun: error: job file '" << config << "' does not exist" << std::endl;
+      return 2;
+    }
+    auto job_file = core::JobFile::load(config, overrides);
+    reg.load_search_path(Registry::search_path(plugin_paths, job_file.plugin_paths()));
+    for (const auto& w : reg.warnings()) core::log_warn(w);
+    core::JobConfig job = job_file.validate(reg);
+    if (command == "check") {
+      std::cout << "# " << config << ": valid\n" << job.resolved_toml;
+      std::cout << "# components\n";
+      for (const auto* c : {&job.model, &job.data, &job.strategy, &job.accelerator, &job.precision,
+                            &job.optimizer})
+        std::cout << "#   " << std::left << std::setw(12) << v1::kind_name(c->kind) << c->plugin
+                  << " (" << c->info->file << ")\n";
+      for (const auto& c : job.callbacks)
+        std::cout << "#   " << std::left << std::setw(12) << "callback" << c.plugin << " ("
+                  << c.info->file << ")\n";
+      return 0;
+    }
+    return core::train(job, reg);
+  } catch (const v1::ConfigError& e) {
+    std::cerr << "trainrun: error: " << e.what() << std::endl;
+    return 2;
+  } catch (const v1::PluginError& e) {
+    std::cerr << "trainrun: error: " << e.what() << std::endl;
+    return 2;
+  } catch (const c10::Error& e) {
+    std::cerr << "trainrun: error: " << e.what_without_backtrace() << std::endl;
+    return 1;
+  } catch (const std::exception& e) {
+    std::cerr << "trainrun: error: " << e.what() << std::endl;
+    return 1;
+  }
+}

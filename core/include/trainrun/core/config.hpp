@@ -1,0 +1,70 @@
+#pragma once
+// Job files: parsing (toml++), --set overrides, and validation of every table against the core's
+// and the plugins' option schemas before anything runs.
+#include <trainrun/options.hpp>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "trainrun/core/registry.hpp"
+
+namespace trainrun::core {
+
+/// "25MiB" -> 26214400. Accepts B, K/KB/KiB, M/MB/MiB, G/GB/GiB, T/TB/TiB (decimal for KB/MB/..,
+/// binary for KiB/MiB/.. and for the bare K/M/G), case-insensitive; throws ConfigError-free
+/// std::invalid_argument with the reason on malformed input.
+int64_t parse_size(const std::string& text);
+/// "90s" -> 90, "10min" -> 600, "1h30min" -> 5400, "250ms" -> 0.25; units ms, s, min, h, d.
+double parse_duration(const std::string& text);
+/// Levenshtein distance, for "did you mean".
+size_t edit_distance(const std::string& a, const std::string& b);
+/// The closest candidate within a small distance, or "".
+std::string closest(const std::string& word, const std::vector<std::string>& candidates);
+
+/// One component chosen by the job: the table it came from, the plugin, its validated options.
+struct ComponentConfig {
+  ComponentKind kind = ComponentKind::Model;
+  std::string section;  ///< "[model]", "[[callbacks]] #2"
+  std::string plugin;
+  const ComponentInfo* info = nullptr;
+  v1::Options options;
+};
+
+/// A fully validated job.
+struct JobConfig {
+  std::string file;
+  v1::Options trainer;
+  v1::Options launch;
+  ComponentConfig model, data, strategy, accelerator, precision, optimizer;
+  std::vector<ComponentConfig> callbacks;
+  std::string resolved_toml;  ///< the job with every default filled in, as TOML
+};
+
+/// A parsed job file with overrides applied, not yet validated.
+class JobFile {
+ public:
+  /// Throws ConfigError with file:line:column on a syntax error or a bad override.
+  static JobFile load(const std::string& path, const std::vector<std::string>& overrides);
+  ~JobFile();
+  JobFile(JobFile&&) noexcept;
+  JobFile& operator=(JobFile&&) noexcept;
+
+  const std::string& path() const;
+  /// [plugins] path, validated.
+  std::vector<std::string> plugin_paths() const;
+  /// Validates every table; throws ConfigError naming file, line, column and key.
+  JobConfig validate(const Registry& registry) const;
+
+ private:
+  struct Impl;
+  explicit JobFile(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+/// Core schemas of the [trainer], [launch] and [plugins] tables.
+v1::OptionSchema trainer_schema();
+v1::OptionSchema launch_schema();
+v1::OptionSchema plugins_schema();
+
+}  // namespace trainrun::core

@@ -1,0 +1,543 @@
+// Job-file validation. Every table is checked against a schema (the core's for [trainer],
+// [launch], [plugins]; the chosen plugin's for the others) before any component is created, so
+// a typo on line 40 is reported before a ten-minute data load, with the file, line, column and
+// key named.
+#include "trainrun/core/config.hpp"
+
+#include <toml++/toml.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <limits>
+#include <map>
+#include <sstream>
+
+namespace trainrun::core {
+
+using v1::ConfigError;
+using v1::OptionSpec;
+using v1::OptionType;
+using v1::OptionValue;
+
+// ---------------------------------------------------------------------------------------------
+// Units
+
+namespace {
+std::string lower(std::string s) {
+  for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+std::string trim(const std::string& s) {
+  size_t b = s.find_first_not_of(" \t"), e = s.find_last_not_of(" \t");
+  return b == std::string::npos ? "" : s.substr(b, e - b + 1);
+}
+}  // namespace
+
+int64_t parse_size(const std::string& text_in) {
+  const std::string text = trim(text_in);
+  size_t pos = 0;
+  double value = 0;
+  try {
+    value = std::stod(text, &pos);
+  } catch (...) {
+    throw std::invalid_argument("'" + text_in + "' is not a size (e.g. \"25MiB\", \"2GB\", 4096)");
+  }
+  const std::string unit = lower(trim(text.substr(pos)));
+  static const std::map<std::string, double> units = {
+      {"", 1},         {"b", 1},
+      {"k", 1024.0},   {"kib", 1024.0},   {"kb", 1e3},
+      {"m", 1048576.0}, {"mib", 1048576.0}, {"mb", 1e6},
+      {"g", 1073741824.0}, {"gib", 1073741824.0}, {"gb", 1e9},
+      {"t", 1099511627776.0}, {"tib", 1099511627776.0}, {"tb", 1e12}};
+  auto it = units.find(unit);
+  if (it == units.end())
+    throw std::invalid_argument("'" + text_in + "' has an unknown size unit '" + unit +
+                                "' (use B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)");
+  double bytes = value * it->second;
+  if (!(bytes >= 0) || bytes > 9.2e18)
+    throw std::invalid_argument("'" + text_in + "' is not a non-negative size");
+  return static_cast<int64_t>(std::llround(bytes));
+}
+
+double parse_duration(const std::string& text_in) {
+  std::string text = lower(trim(text_in));
+  if (text.empty()) throw std::invalid_argument("empty duration");
+  static const std::map<std::string, double> units = {
+      {"ms", 1e-3}, {"s", 1}, {"sec", 1}, {"m", 60}, {"min", 60}, {"h", 3600}, {"d", 86400}};
+  double total = 0;
+  size_t i = 0;
+  while (i < text.size()) {
+    size_t pos = 0;
+    double v = 0;
+    try {
+      v = std::stod(text.substr(i), &pos);
+    } catch (...) {
+      throw std::invalid_argument("'" + text_in +
+                                  "' is not a duration (e.g. \"90s\", \"10min\", \"1h30min\", 2.5)");
+    }
+    i += pos;
+    size_t j = i;
+    while (j < text.size() && std::isalpha(static_cast<unsigned char>(text[j]))) ++j;
+    std::string unit = text.substr(i, j - i);
+    i = j;
+    while (i < text.size() && text[i] == ' ') ++i;
+    if (unit.empty()) unit = "s";
+    auto it = units.find(unit);
+    if (it == units.end())
+      throw std::invalid_argument("'" + text_in + "' has an unknown duration unit '" + unit +
+                                  "' (use ms, s, min, h, d)");
+    total += v * it->second;
+  }
+  if (!(total >= 0)) throw std::invalid_argument("'" + text_in + "' is negative");
+  return total;
+}
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j)
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1])});
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+std::string closest(const std::string& word, const std::vector<std::string>& candidates) {
+  std::string best;
+  size_t best_d = std::numeric_limits<size_t>::max();
+  for (const auto& c : candidates) {
+    size_t d = edit_distance(lower(word), lower(c));
+    if (d < best_d) best_d = d, best = c;
+  }
+  size_t limit = std::max<size_t>(2, word.size() / 3);
+  return best_d <= limit ? best : "";
+}
+
+// ---------------------------------------------------------------------------------------------
+// Core schemas
+
+v1::OptionSchema trainer_schema() {
+  v1::OptionSchema s;
+  s.integer("max_steps", 0, "Optimizer steps to run; 0 = use max_epochs", 0, 1e15);
+  s.integer("max_epochs", 0, "Passes over the training split when max_steps = 0", 0, 1e9);
+  s.integer("global_batch_size", 32,
+            "Samples per optimizer step across all ranks (micro_batch_size x accumulation x "
+            "world_size)", 1, 1e9);
+  s.integer("micro_batch_size", 0,
+            "Samples per forward/backward on one rank; 0 = global_batch_size / world_size", 0, 1e9);
+  s.integer("eval_batch_size", 0, "Samples per evaluation batch; 0 = micro_batch_size", 0, 1e9);
+  s.integer("seed", 0, "Seed of every random stream (same seed -> identical run on CPU)", 0,
+            9.007e15);
+  s.string("run_dir", "", "Output directory; \"\" = runs/<job file name>");
+  s.integer("eval_every", 0, "Evaluate every N steps (and always at the end); 0 = only at the end",
+            0, 1e15);
+  s.integer("eval_max_batches", 0, "Cap on evaluation batches per evaluation; 0 = whole split", 0,
+            1e15);
+  s.integer("log_every", 10, "Log metrics every N steps", 1, 1e15);
+  s.real("gradient_clip_val", 0.0, "Clip gradients to this global L2 norm; 0 = off", 0, 1e30);
+  return s;
+}
+
+v1::OptionSchema launch_schema() {
+  v1::OptionSchema s;
+  s.integer("nproc_per_node", 1, "Worker processes (ranks) on this node", 1, 4096);
+  s.integer("nnodes", 1, "Number of nodes", 1, 65536);
+  s.integer("node_rank", 0, "This node's index in [0, nnodes)", 0, 65535);
+  s.string("master_addr", "127.0.0.1", "Address of rank 0's rendezvous store");
+  s.integer("master_port", 0, "Port of the rendezvous store; 0 = pick a free one", 0, 65535);
+  return s;
+}
+
+v1::OptionSchema plugins_schema() {
+  v1::OptionSchema s;
+  s.string_list("path", {}, "Plugin directories or files, searched after --plugin-path");
+  return s;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Job file
+
+struct JobFile::Impl {
+  std::string path;
+  toml::table root;
+};
+
+JobFile::JobFile(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+JobFile::~JobFile() = default;
+JobFile::JobFile(JobFile&&) noexcept = default;
+JobFile& JobFile::operator=(JobFile&&) noexcept = default;
+const std::string& JobFile::path() const { return impl_->path; }
+
+namespace {
+
+std::string where(const toml::source_region& src, const std::string& fallback) {
+  if (src.begin.line == 0) return fallback;
+  std::ostringstream os;
+  os << (src.path ? *src.path : fallback) << ":" << src.begin.line << ":" << src.begin.column;
+  return os.str();
+}
+
+std::string describe_node(const toml::node& n) {
+  std::ostringstream os;
+  switch (n.type()) {
+    case toml::node_type::string: os << "string \"" << *n.value<std::string>() << "\""; break;
+    case toml::node_type::integer: os << "integer " << *n.value<int64_t>(); break;
+    case toml::node_type::floating_point: os << "float " << *n.value<double>(); break;
+    case toml::node_type::boolean: os << "boolean " << (*n.value<bool>() ? "true" : "false"); break;
+    case toml::node_type::array: os << "an array"; break;
+    case toml::node_type::table: os << "a table"; break;
+    default: os << "a date/time"; break;
+  }
+  return os.str();
+}
+
+std::string range_text(const OptionSpec& s) {
+  auto fmt = [](double v) {
+    std::ostringstream os;
+    if (std::fabs(v) < 1e15 && v == std::floor(v)) os << static_cast<long long>(v);
+    else os << v;
+    return os.str();
+  };
+  return "[" + (s.min ? fmt(*s.min) : "-inf") + ", " + (s.max ? fmt(*s.max) : "inf") + "]";
+}
+
+// Converts one TOML value to the option's type, or throws ConfigError naming the location.
+OptionValue convert(const toml::node& node, const OptionSpec& spec, const std::string& loc,
+                    const std::string& section) {
+  auto bad_type = [&]() -> ConfigError {
+    return ConfigError(loc + ": " + section + " " + spec.name + ": expected " +
+                       v1::type_name(spec.type) + ", got " + describe_node(node));
+  };
+  auto check_range = [&](double v, const std::string& shown) {
+    if ((spec.min && v < *spec.min) || (spec.max && v > *spec.max))
+      throw ConfigError(loc + ": " + section + " " + spec.name + ": " + shown +
+                        " is out of range " + range_text(spec));
+  };
+  switch (spec.type) {
+    case OptionType::Bool:
+      if (auto v = node.value_exact<bool>()) return *v;
+      throw bad_type();
+    case OptionType::Int:
+      if (auto v = node.value_exact<int64_t>()) {
+        check_range(static_cast<double>(*v), std::to_string(*v));
+        return *v;
+      }
+      throw bad_type();
+    case OptionType::Float:
+      if (node.is_number()) {
+        double v = *node.value<double>();
+        std::ostringstream os;
+        os << v;
+        check_range(v, os.str());
+        return v;
+      }
+      throw bad_type();
+    case OptionType::String:
+      if (auto v = node.value_exact<std::string>()) return *v;
+      throw bad_type();
+    case OptionType::Choice:
+      if (auto v = node.value_exact<std::string>()) {
+        if (std::find(spec.choices.begin(), spec.choices.end(), *v) != spec.choices.end()) return *v;
+        std::string list;
+        for (const auto& c : spec.choices) list += (list.empty() ? "" : ", ") + c;
+        std::string hint = closest(*v, spec.choices);
+        throw ConfigError(loc + ": " + section + " " + spec.name + ": '" + *v +
+                          "' is not one of: " + list +
+                          (hint.empty() ? "" : " (did you mean '" + hint + "'?)"));
+      }
+      throw bad_type();
+    case OptionType::Size: {
+      int64_t bytes = 0;
+      if (auto v = node.value_exact<int64_t>()) bytes = *v;
+      else if (auto s = node.value_exact<std::string>()) {
+        try {
+          bytes = parse_size(*s);
+        } catch (const std::invalid_argument& e) {
+          throw ConfigError(loc + ": " + section + " " + spec.name + ": " + e.what());
+        }
+      } else throw bad_type();
+      check_range(static_cast<double>(bytes), std::to_string(bytes) + " bytes");
+      return bytes;
+    }
+    case OptionType::Duration: {
+      double secs = 0;
+      if (node.is_number()) secs = *node.value<double>();
+      else if (auto s = node.value_exact<std::string>()) {
+        try {
+          secs = parse_duration(*s);
+        } catch (const std::invalid_argument& e) {
+          throw ConfigError(loc + ": " + section + " " + spec.name + ": " + e.what());
+        }
+      } else throw bad_type();
+      std::ostringstream os;
+      os << secs << " s";
+      check_range(secs, os.str());
+      return secs;
+    }
+    case OptionType::IntList: {
+      const auto* arr = node.as_array();
+      if (!arr) throw bad_type();
+      std::vector<int64_t> out;
+      for (const auto& e : *arr) {
+        auto v = e.value_exact<int64_t>();
+        if (!v) throw bad_type();
+        check_range(static_cast<double>(*v), std::to_string(*v));
+        out.push_back(*v);
+      }
+      return out;
+    }
+    case OptionType::StringList: {
+      const auto* arr = node.as_array();
+      if (!arr) throw bad_type();
+      std::vector<std::string> out;
+      for (const auto& e : *arr) {
+        auto v = e.value_exact<std::string>();
+        if (!v) throw bad_type();
+        out.push_back(*v);
+      }
+      return out;
+    }
+  }
+  throw bad_type();
+}
+
+// Validates one table against a schema. `skip` lists keys handled by the caller ("plugin").
+v1::Options validate_table(const toml::table& table, const v1::OptionSchema& schema,
+                           const std::string& section, const std::string& file,
+                           const std::string& owner, const std::vector<std::string>& skip = {}) {
+  std::map<std::string, OptionValue> values;
+  std::vector<std::string> names;
+  for (const auto& s : schema.specs()) names.push_back(s.name);
+  for (const auto& [key, node] : table) {
+    const std::string k(key.str());
+    if (std::find(skip.begin(), skip.end(), k) != skip.end()) continue;
+    const OptionSpec* spec = schema.find(k);
+    const std::string loc = where(key.source(), file);
+    if (!spec) {
+      std::string hint = closest(k, names);
+      std::string known;
+      for (const auto& n : names) known += (known.empty() ? "" : ", ") + n;
+      throw ConfigError(loc + ": unknown key '" + k + "' in " + section + owner +
+                        (hint.empty() ? "" : "; did you mean '" + hint + "'?") +
+                        " (known keys: " + (known.empty() ? "none" : known) + ")");
+    }
+    values[k] = convert(node, *spec, where(node.source(), loc), section);
+  }
+  for (const auto& s : schema.specs()) {
+    if (values.count(s.name)) continue;
+    if (s.required)
+      throw ConfigError(where(table.source(), file) + ": " + section + owner +
+                        " is missing required key '" + s.name + "' (" + s.help + ")");
+    values[s.name] = s.default_value;
+  }
+  return v1::Options(std::move(values), section + " (" + file + ")");
+}
+
+// Inserts `value` (parsed as TOML, else taken as a string) at dotted `key` in root.
+void apply_override(toml::table& root, const std::string& assignment) {
+  const std::string origin = "--set " + assignment;
+  auto eq = assignment.find('=');
+  if (eq == std::string::npos || eq == 0)
+    throw ConfigError(origin + ": expected key=value (e.g. --set trainer.max_steps=100)");
+  const std::string key = trim(assignment.substr(0, eq));
+  const std::string value = trim(assignment.substr(eq + 1));
+  std::vector<std::string> parts;
+  std::stringstream ss(key);
+  for (std::string p; std::getline(ss, p, '.');) {
+    if (p.empty()) throw ConfigError(origin + ": empty component in key '" + key + "'");
+    parts.push_back(p);
+  }
+  toml::table doc;
+  try {
+    doc = toml::parse("v = " + value, std::string_view(origin));
+  } catch (const toml::parse_error&) {
+    toml::table t;
+    t.insert("v", value);
+    doc = std::move(t);
+  }
+  toml::node* cur = &root;
+  for (size_t i = 0; i + 1 < parts.size(); ++i) {
+    if (auto* tbl = cur->as_table()) {
+      if (!tbl->contains(parts[i])) tbl->insert(parts[i], toml::table{});
+      cur = tbl->get(parts[i]);
+    } else if (auto* arr = cur->as_array()) {
+      size_t idx = 0;
+      try {
+        idx = std::stoul(parts[i]);
+      } catch (...) {
+        throw ConfigError(origin + ": '" + parts[i] + "' must be an array index");
+      }
+      if (idx >= arr->size())
+        throw ConfigError(origin + ": index " + parts[i] + " is past the end of the array");
+      cur = arr->get(idx);
+    } else {
+      throw ConfigError(origin + ": '" + parts[i] + "' is not a table");
+    }
+  }
+  auto* tbl = cur->as_table();
+  if (!tbl) throw ConfigError(origin + ": '" + key + "' does not name a table key");
+  tbl->insert_or_assign(parts.back(), std::move(*doc.get("v")));
+}
+
+toml::table to_toml(const v1::Options& opts, const std::string& plugin) {
+  toml::table t;
+  if (!plugin.empty()) t.insert("plugin", plugin);
+  for (const auto& [k, v] : opts.values()) {
+    std::visit(
+        [&](const auto& x) {
+          using T = std::decay_t<decltype(x)>;
+          if constexpr (std::is_same_v<T, std::monostate>) {
+          } else if constexpr (std::is_same_v<T, std::vector<int64_t>> ||
+                               std::is_same_v<T, std::vector<std::string>>) {
+            toml::array a;
+            for (const auto& e : x) a.push_back(e);
+            t.insert(k, std::move(a));
+          } else {
+            t.insert(k, x);
+          }
+        },
+        v);
+  }
+  return t;
+}
+
+}  // namespace
+
+JobFile JobFile::load(const std::string& path, const std::vector<std::string>& overrides) {
+  auto impl = std::make_unique<Impl>();
+  impl->path = path;
+  try {
+    impl->root = toml::parse_file(path);
+  } catch (const toml::parse_error& e) {
+    const auto& src = e.source();
+    std::ostringstream os;
+    os << path << ":" << src.begin.line << ":" << src.begin.column << ": " << e.description();
+    if (src.begin.line == 0) os.str(path + ": " + std::string(e.description()));
+    throw ConfigError(os.str());
+  }
+  for (const auto& o : overrides) apply_override(impl->root, o);
+  return JobFile(std::move(impl));
+}
+
+std::vector<std::string> JobFile::plugin_paths() const {
+  const auto* t = impl_->root.get_as<toml::table>("plugins");
+  if (!t) return {};
+  auto opts = validate_table(*t, plugins_schema(), "[plugins]", impl_->path, "");
+  return opts.get_string_list("path");
+}
+
+namespace {
+struct SectionSpec {
+  const char* key;
+  ComponentKind kind;
+  const char* default_plugin;  // nullptr = required
+};
+const SectionSpec kSections[] = {
+    {"model", ComponentKind::Model, nullptr},
+    {"data", ComponentKind::Dataset, nullptr},
+    {"strategy", ComponentKind::Strategy, "single"},
+    {"accelerator", ComponentKind::Accelerator, "cpu"},
+    {"precision", ComponentKind::Precision, "fp32"},
+    {"optimizer", ComponentKind::Optimizer, "adamw"},
+};
+}  // namespace
+
+JobConfig JobFile::validate(const Registry& registry) const {
+  const auto& root = impl_->root;
+  const std::string& file = impl_->path;
+  JobConfig job;
+  job.file = file;
+
+  std::vector<std::string> top = {"trainer", "launch", "plugins", "callbacks"};
+  for (const auto& s : kSections) top.push_back(s.key);
+  for (const auto& [key, node] : root) {
+    const std::string k(key.str());
+    if (std::find(top.begin(), top.end(), k) != top.end()) {
+      bool ok = k == "callbacks" ? node.is_array_of_tables() : node.is_table();
+      if (!ok)
+        throw ConfigError(where(key.source(), file) + ": '" + k + "' must be " +
+                          (k == "callbacks" ? "an array of tables ([[callbacks]])" : "a table ([" + k + "])"));
+      continue;
+    }
+    std::string hint = closest(k, top);
+    throw ConfigError(where(key.source(), file) + ": unknown table '" + k + "'" +
+                      (hint.empty() ? "" : "; did you mean '" + hint + "'?"));
+  }
+
+  static const toml::table empty;
+  auto table_or_empty = [&](const char* k) -> const toml::table& {
+    const auto* t = root.get_as<toml::table>(k);
+    return t ? *t : empty;
+  };
+  job.trainer = validate_table(table_or_empty("trainer"), trainer_schema(), "[trainer]", file, "");
+  job.launch = validate_table(table_or_empty("launch"), launch_schema(), "[launch]", file, "");
+  validate_table(table_or_empty("plugins"), plugins_schema(), "[plugins]", file, "");
+
+  auto component = [&](const toml::table& t, ComponentKind kind, const std::string& section,
+                       const char* default_plugin) {
+    ComponentConfig c;
+    c.kind = kind;
+    c.section = section;
+    const toml::node* pn = t.get("plugin");
+    if (pn) {
+      auto v = pn->value_exact<std::string>();
+      if (!v)
+        throw ConfigError(where(pn->source(), file) + ": " + section +
+                          " plugin: expected string, got " + describe_node(*pn));
+      c.plugin = *v;
+    } else if (default_plugin) {
+      c.plugin = default_plugin;
+    } else {
+      std::string w = t.source().begin.line ? where(t.source(), file) : file;
+      std::string found;
+      for (const auto* ci : registry.components(kind)) found += (found.empty() ? "" : ", ") + ci->name;
+      throw ConfigError(w + ": " + section + " needs a key 'plugin' (" + v1::kind_name(kind) +
+                        " plugins found: " + (found.empty() ? "none" : found) + ")");
+    }
+    std::string loc = pn ? where(pn->source(), file) : (t.source().begin.line ? where(t.source(), file) : file);
+    c.info = &registry.require(kind, c.plugin, loc + ": " + section);
+    c.options = validate_table(t, c.info->schema, section, file, " (plugin '" + c.plugin + "')",
+                               {"plugin"});
+    return c;
+  };
+
+  ComponentConfig* slots[] = {&job.model,       &job.data,      &job.strategy,
+                              &job.accelerator, &job.precision, &job.optimizer};
+  for (size_t i = 0; i < std::size(kSections); ++i) {
+    const auto& s = kSections[i];
+    if (!root.contains(s.key) && !s.default_plugin)
+      throw ConfigError(file + ": missing table [" + s.key + "] (it must name a plugin, e.g. plugin = \"" +
+                        (s.kind == ComponentKind::Model ? "cnn" : "idx") + "\")");
+    *slots[i] = component(table_or_empty(s.key), s.kind, std::string("[") + s.key + "]",
+                          s.default_plugin);
+  }
+  if (const auto* arr = root.get_as<toml::array>("callbacks")) {
+    size_t i = 0;
+    for (const auto& n : *arr) {
+      ++i;
+      job.callbacks.push_back(component(*n.as_table(), ComponentKind::Callback,
+                                        "[[callbacks]] #" + std::to_string(i), nullptr));
+    }
+  }
+
+  // Resolved job: every table with its defaults, for the run directory and `trainrun check`.
+  toml::table out;
+  out.insert("trainer", to_toml(job.trainer, ""));
+  out.insert("launch", to_toml(job.launch, ""));
+  for (size_t i = 0; i < std::size(kSections); ++i)
+    out.insert(kSections[i].key, to_toml(slots[i]->options, slots[i]->plugin));
+  if (!job.callbacks.empty()) {
+    toml::array cbs;
+    for (const auto& c : job.callbacks) cbs.push_back(to_toml(c.options, c.plugin));
+    out.insert("callbacks", std::move(cbs));
+  }
+  std::ostringstream os;
+  os << toml::toml_formatter(out) << "\n";
+  job.resolved_toml = os.str();
+  return job;
+}
+
+}  // namespace trainrun::core

@@ -1,0 +1,395 @@
+// The training loop. One optimizer step: accumulation_steps micro-batches, each run through the
+// strategy's forward under the precision's autocast, with the loss normalised by the number of
+// targets in the whole global batch (so accumulation and world size do not change the
+// gradient); then gradient sync, unscale + finite check, clipping, the optimizer step.
+#include "trainrun/core/trainer.hpp"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/torch.h>
+
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <sstream>
+
+#include "trainrun/core/log.hpp"
+
+namespace fs = std::filesystem;
+
+namespace trainrun::core {
+
+using v1::ConfigError;
+
+namespace {
+
+std::atomic<int> g_stop_signal{0};
+
+extern "C" void on_stop_signal(int sig) {
+  g_stop_signal.store(sig);
+  // A second Ctrl-C ends the process at once.
+  std::signal(sig, SIG_DFL);
+}
+
+int env_int(const char* name, int def) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return def;
+  try {
+    return std::stoi(v);
+  } catch (...) {
+    throw ConfigError(std::string("environment variable ") + name + "='" + v +
+                      "' is not an integer");
+  }
+}
+
+std::string fmt_duration(double s) {
+  if (!(s >= 0) || s > 1e7) return "?";
+  long t = static_cast<long>(s + 0.5);
+  std::ostringstream os;
+  if (t >= 3600) os << t / 3600 << "h" << std::setw(2) << std::setfill('0') << (t % 3600) / 60 << "m";
+  else if (t >= 60) os << t / 60 << "m" << std::setw(2) << std::setfill('0') << t % 60 << "s";
+  else os << t << "s";
+  return os.str();
+}
+
+// A component plus the label that guarded calls put in front of its errors.
+template <class T>
+struct Slot {
+  std::unique_ptr<T> obj;
+  std::string label;
+  template <class F>
+  auto call(const char* op, F&& fn) {
+    return guarded(label, op, [&] { return fn(*obj); });
+  }
+};
+
+template <class T>
+Slot<T> build(const Registry& reg, const ComponentConfig& c, const v1::RunContext& ctx) {
+  return Slot<T>{reg.create<T>(*c.info, c.options, ctx), describe_component(*c.info)};
+}
+
+}  // namespace
+
+v1::RunContext context_from_environment(const JobConfig& job) {
+  v1::RunContext ctx;
+  ctx.world_size = env_int("WORLD_SIZE", 1);
+  ctx.rank = env_int("RANK", 0);
+  ctx.local_rank = env_int("LOCAL_RANK", ctx.rank);
+  ctx.local_world_size = env_int("LOCAL_WORLD_SIZE", ctx.world_size);
+  const int64_t requested =
+      job.launch.get_int("nproc_per_node") * job.launch.get_int("nnodes");
+  if (ctx.world_size == 1 && requested > 1)
+    throw ConfigError(job.file + ": [launch] asks for " + std::to_string(requested) +
+                      " processes, but this trainrun build has no multi-process launcher or "
+                      "collective backend yet; set nproc_per_node = 1 and nnodes = 1");
+  if (ctx.world_size > 1)
+    throw ConfigError("WORLD_SIZE=" + std::to_string(ctx.world_size) +
+                      ": multi-process runs need a collective backend, which this build does "
+                      "not have yet");
+  ctx.seed = static_cast<uint64_t>(job.trainer.get_int("seed"));
+  ctx.job_file = job.file;
+  std::string run_dir = job.trainer.get_string("run_dir");
+  if (run_dir.empty()) run_dir = (fs::path("runs") / fs::path(job.file).stem()).string();
+  ctx.run_dir = run_dir;
+  return ctx;
+}
+
+v1::TrainPlan make_plan(const v1::Options& trainer, int world_size, int64_t train_samples) {
+  v1::TrainPlan plan;
+  plan.global_batch_size = trainer.get_int("global_batch_size");
+  int64_t mb = trainer.get_int("micro_batch_size");
+  if (mb == 0) {
+    if (plan.global_batch_size % world_size != 0)
+      throw ConfigError("[trainer] global_batch_size " + std::to_string(plan.global_batch_size) +
+                        " is not divisible by world_size " + std::to_string(world_size));
+    mb = plan.global_batch_size / world_size;
+  }
+  plan.micro_batch_size = mb;
+  if (plan.global_batch_size % (mb * world_size) != 0)
+    throw ConfigError("[trainer] global_batch_size " + std::to_string(plan.global_batch_size) +
+                      " is not divisible by micro_batch_size " + std::to_string(mb) +
+                      " x world_size " + std::to_string(world_size) +
+                      " (the gradient-accumulation step count must be a whole number)");
+  plan.accumulation_steps = plan.global_batch_size / (mb * world_size);
+  plan.steps_per_epoch = train_samples / plan.global_batch_size;
+  if (plan.steps_per_epoch == 0)
+    throw ConfigError("[trainer] global_batch_size " + std::to_string(plan.global_batch_size) +
+                      " is larger than the training split (" + std::to_string(train_samples) +
+                      " samples)");
+  const int64_t max_steps = trainer.get_int("max_steps");
+  const int64_t max_epochs = trainer.get_int("max_epochs");
+  if (max_steps == 0 && max_epochs == 0)
+    throw ConfigError("[trainer] set max_steps or max_epochs (both are 0)");
+  plan.total_steps = max_steps > 0 ? max_steps : max_epochs * plan.steps_per_epoch;
+  return plan;
+}
+
+int train(const JobConfig& job, const Registry& registry) {
+  using clock = std::chrono::steady_clock;
+  const auto t_start = clock::now();
+  v1::RunContext ctx = context_from_environment(job);
+  const bool lead = ctx.rank == 0;
+  fs::create_directories(ctx.run_dir);
+  {
+    std::ofstream f(fs::path(ctx.run_dir) / "job.toml");
+    f << "# resolved from " << job.file << " (every default filled in)\n" << job.resolved_toml;
+    if (!f) throw v1::Error("cannot write " + (fs::path(ctx.run_dir) / "job.toml").string());
+  }
+
+  torch::manual_seed(ctx.seed);
+  auto accelerator = build<v1::Accelerator>(registry, job.accelerator, ctx);
+  auto dataset = build<v1::Dataset>(registry, job.data, ctx);
+  ctx.data = dataset.call("info", [](v1::Dataset& d) { return d.info(); });
+  // Re-seed so the model's initial weights depend on the seed alone, not on what the dataset
+  // or accelerator drew while being built.
+  torch::manual_seed(ctx.seed);
+  auto model = build<v1::Model>(registry, job.model, ctx);
+  auto precision = build<v1::Precision>(registry, job.precision, ctx);
+  auto strategy = build<v1::Strategy>(registry, job.strategy, ctx);
+  auto optimizer = build<v1::Optimizer>(registry, job.optimizer, ctx);
+  std::vector<Slot<v1::Callback>> callbacks;
+  bool has_metrics = false;
+  for (const auto& c : job.callbacks) {
+    callbacks.push_back(build<v1::Callback>(registry, c, ctx));
+    has_metrics = has_metrics || c.plugin == "metrics";
+  }
+  if (!has_metrics) {
+    // Every run leaves metrics.jsonl behind, listed or not.
+    if (const ComponentInfo* m = registry.find(v1::ComponentKind::Callback, "metrics")) {
+      std::map<std::string, v1::OptionValue> defaults;
+      for (const auto& s : m->schema.specs()) defaults[s.name] = s.default_value;
+      callbacks.push_back(Slot<v1::Callback>{
+          registry.create<v1::Callback>(*m, v1::Options(defaults, "[[callbacks]] metrics (default)"), ctx),
+          describe_component(*m)});
+    } else {
+      log_warn("no 'metrics' callback plugin found: metrics.jsonl will not be written");
+    }
+  }
+
+  const int64_t train_samples = dataset.call("size", [](v1::Dataset& d) { return d.size(v1::Split::Train); });
+  const int64_t eval_samples = dataset.call("size", [](v1::Dataset& d) { return d.size(v1::Split::Eval); });
+  const v1::TrainPlan plan = make_plan(job.trainer, ctx.world_size, train_samples);
+
+  precision.call("convert", [&](v1::Precision& p) { p.convert(*model.obj); return 0; });
+  for (auto& cb : callbacks) cb.call("on_setup", [&](v1::Callback& c) { c.on_setup(*model.obj, ctx); return 0; });
+  strategy.call("setup", [&](v1::Strategy& s) { s.setup(*model.obj, *accelerator.obj, plan); return 0; });
+  auto params = strategy.call("optimizer_parameters", [](v1::Strategy& s) { return s.optimizer_parameters(); });
+  optimizer.call("init", [&](v1::Optimizer& o) { o.init(params, plan); return 0; });
+
+  int64_t n_params = 0;
+  for (const auto& p : model.call("named_parameters", [](v1::Model& m) { return m.named_parameters(); }))
+    n_params += p.tensor.numel();
+  const size_t n_units = model.call("units", [](v1::Model& m) { return m.units().size(); });
+  if (lead) {
+    std::cout << "trainrun " << TRAINRUN_VERSION << " | LibTorch " << TRAINRUN_BUILD_TORCH_VERSION
+              << " | run_dir " << ctx.run_dir << "\n"
+              << "  model       " << job.model.plugin << ": "
+              << model.call("describe", [](v1::Model& m) { return m.describe(); }) << ", "
+              << n_params << " parameters, " << (n_units ? n_units : 1) << " unit(s)\n"
+              << "  data        " << job.data.plugin << ": " << train_samples << " train / "
+              << eval_samples << " eval samples\n"
+              << "  accelerator " << job.accelerator.plugin << ": "
+              << accelerator.call("describe", [](v1::Accelerator& a) { return a.describe(); }) << "\n"
+              << "  strategy " << job.strategy.plugin << " | precision " << job.precision.plugin
+              << " | optimizer " << job.optimizer.plugin << "\n"
+              << "  batch: global " << plan.global_batch_size << " = micro "
+              << plan.micro_batch_size << " x accumulation " << plan.accumulation_steps
+              << " x world " << ctx.world_size << " | " << plan.total_steps << " steps ("
+              << plan.steps_per_epoch << " per epoch)" << std::endl;
+  }
+  for (auto& cb : callbacks) cb.call("on_train_start", [&](v1::Callback& c) { c.on_train_start(plan); return 0; });
+
+  g_stop_signal.store(0);
+  auto prev_int = std::signal(SIGINT, on_stop_signal);
+  auto prev_term = std::signal(SIGTERM, on_stop_signal);
+
+  v1::Communicator& comm = *accelerator.call(
+      "communicator", [](v1::Accelerator& a) { return &a.communicator(); });
+  const double clip = job.trainer.get_double("gradient_clip_val");
+  const int64_t log_every = job.trainer.get_int("log_every");
+  const int64_t eval_every = job.trainer.get_int("eval_every");
+  const int64_t eval_max_batches = job.trainer.get_int("eval_max_batches");
+  const int64_t eval_bs = job.trainer.get_int("eval_batch_size") > 0
+                              ? job.trainer.get_int("eval_batch_size")
+                              : plan.micro_batch_size;
+
+  auto evaluate = [&](int64_t step) {
+    const auto t0 = clock::now();
+    v1::EvalMetrics em;
+    em.step = step;
+    em.rank = ctx.rank;
+    double loss_sum = 0;
+    int64_t correct = 0;
+    bool has_acc = false;
+    model.call("train", [](v1::Model& m) { m.train(false); return 0; });
+    {
+      torch::NoGradGuard no_grad;
+      int64_t batches = 0;
+      for (int64_t start = 0; start < eval_samples; start += eval_bs) {
+        if (eval_max_batches > 0 && batches++ >= eval_max_batches) break;
+        std::vector<int64_t> idx;
+        for (int64_t i = start; i < std::min(eval_samples, start + eval_bs); ++i) idx.push_back(i);
+        v1::Batch b = dataset.call("batch", [&](v1::Dataset& d) { return d.batch(v1::Split::Eval, idx); });
+        auto scope = precision.call("autocast", [](v1::Precision& p) { return p.autocast(); });
+        v1::ModelOutput out = strategy.call("forward", [&](v1::Strategy& s) { return s.forward(b); });
+        scope.reset();
+        loss_sum += out.loss_sum.item<double>();
+        em.samples += b.num_samples;
+        em.targets += b.num_targets;
+        if (out.num_correct >= 0) has_acc = true, correct += out.num_correct;
+      }
+    }
+    model.call("train", [](v1::Model& m) { m.train(true); return 0; });
+    em.loss = em.targets ? loss_sum / static_cast<double>(em.targets) : 0;
+    em.accuracy = has_acc && em.targets ? static_cast<double>(correct) / em.targets : -1;
+    em.time_s = std::chrono::duration<double>(clock::now() - t0).count();
+    for (auto& cb : callbacks) cb.call("on_eval_end", [&](v1::Callback& c) { c.on_eval_end(em); return 0; });
+    if (lead) {
+      std::cout << "[eval step " << step << "] loss " << std::fixed << std::setprecision(4) << em.loss;
+      if (em.accuracy >= 0) std::cout << " | accuracy " << std::setprecision(2) << 100 * em.accuracy << "%";
+      std::cout << std::defaultfloat << " | " << em.samples << " samples | " << std::setprecision(3)
+                << em.time_s << " s" << std::defaultfloat << std::setprecision(6) << std::endl;
+    }
+    return em;
+  };
+
+  model.call("train", [](v1::Model& m) { m.train(true); return 0; });
+  torch::Tensor perm;
+  int64_t perm_epoch = -1;
+  v1::EvalMetrics last_eval;
+  int64_t step = 0;
+  double samples_done = 0, tokens_done = 0;
+  const auto t_loop = clock::now();
+  for (; step < plan.total_steps; ++step) {
+    if (g_stop_signal.load()) break;
+    const auto t0 = clock::now();
+    const int64_t epoch = step / plan.steps_per_epoch;
+    if (epoch != perm_epoch) {
+      // The data order of an epoch depends on (seed, epoch) alone, so a run is reproducible
+      // and a resumed run can rebuild it.
+      auto gen = at::make_generator<at::CPUGeneratorImpl>(ctx.seed * 1000003ULL + static_cast<uint64_t>(epoch));
+      perm = torch::randperm(train_samples, gen, torch::TensorOptions().dtype(torch::kLong));
+      perm_epoch = epoch;
+    }
+    const int64_t pos = step % plan.steps_per_epoch;
+    const int64_t* pp = perm.data_ptr<int64_t>() + pos * plan.global_batch_size +
+                        static_cast<int64_t>(ctx.rank) * plan.micro_batch_size * plan.accumulation_steps;
+    std::vector<v1::Batch> micro;
+    int64_t targets = 0, tokens = 0, samples = 0;
+    for (int64_t k = 0; k < plan.accumulation_steps; ++k) {
+      std::vector<int64_t> idx(pp + k * plan.micro_batch_size, pp + (k + 1) * plan.micro_batch_size);
+      micro.push_back(dataset.call("batch", [&](v1::Dataset& d) { return d.batch(v1::Split::Train, idx); }));
+      targets += micro.back().num_targets;
+      tokens += micro.back().num_tokens;
+      samples += micro.back().num_samples;
+    }
+    TR_CHECK(targets > 0, "step ", step + 1, ": the global batch has no targets");
+    double loss_sum = 0;
+    for (int64_t k = 0; k < plan.accumulation_steps; ++k) {
+      const bool last = k + 1 == plan.accumulation_steps;
+      strategy.call("before_backward", [&](v1::Strategy& s) { s.before_backward(last); return 0; });
+      auto scope = precision.call("autocast", [](v1::Precision& p) { return p.autocast(); });
+      v1::ModelOutput out = strategy.call("forward", [&](v1::Strategy& s) { return s.forward(micro[k]); });
+      scope.reset();
+      TR_CHECK(out.loss_sum.defined() && out.loss_sum.numel() == 1,
+               describe_component(*job.model.info), " returned no scalar loss_sum");
+      torch::Tensor loss = out.loss_sum.to(torch::kFloat) / static_cast<double>(targets);
+      torch::Tensor scaled = precision.call("scale_loss", [&](v1::Precision& p) { return p.scale_loss(loss); });
+      guarded(describe_component(*job.model.info), "backward", [&] { scaled.backward(); return 0; });
+      loss_sum += out.loss_sum.item<double>();
+    }
+    strategy.call("finish_gradient_sync", [](v1::Strategy& s) { s.finish_gradient_sync(); return 0; });
+    std::vector<torch::Tensor> grads;
+    for (auto& p : params)
+      if (p.tensor.grad().defined()) grads.push_back(p.tensor.grad());
+    const bool finite = precision.call("unscale_and_check", [&](v1::Precision& p) {
+      return p.unscale_and_check(grads, comm);
+    });
+    double grad_norm = std::numeric_limits<double>::quiet_NaN();
+    if (finite) {
+      grad_norm = strategy.call("grad_norm", [](v1::Strategy& s) { return s.grad_norm(); });
+      if (clip > 0 && grad_norm > clip) {
+        torch::NoGradGuard ng;
+        const double factor = clip / (grad_norm + 1e-6);
+        for (auto& g : grads) g.mul_(factor);
+      }
+      optimizer.call("step", [&](v1::Optimizer& o) { o.step(step); return 0; });
+      strategy.call("after_optimizer_step", [](v1::Strategy& s) { s.after_optimizer_step(); return 0; });
+    } else if (lead) {
+      log_warn("step " + std::to_string(step + 1) + ": non-finite gradients, step skipped");
+    }
+    precision.call("update", [&](v1::Precision& p) { p.update(!finite); return 0; });
+    strategy.call("zero_grad", [](v1::Strategy& s) { s.zero_grad(); return 0; });
+
+    const double dt = std::chrono::duration<double>(clock::now() - t0).count();
+    samples_done += samples * ctx.world_size;
+    tokens_done += tokens * ctx.world_size;
+    v1::StepMetrics m;
+    m.step = step + 1;
+    m.epoch = epoch;
+    m.rank = ctx.rank;
+    m.loss = loss_sum / static_cast<double>(targets);
+    m.lr = optimizer.call("lr", [&](v1::Optimizer& o) { return o.lr(step); });
+    m.grad_norm = grad_norm;
+    m.step_time_s = dt;
+    m.elapsed_s = std::chrono::duration<double>(clock::now() - t_start).count();
+    const double loop_s = std::chrono::duration<double>(clock::now() - t_loop).count();
+    m.samples_per_s = samples_done / loop_s;
+    m.tokens_per_s = tokens_done / loop_s;
+    m.total_steps = plan.total_steps;
+    const double scale = precision.obj->loss_scale();
+    if (scale != 1.0) m.extra["loss_scale"] = scale;
+    if (!finite) m.extra["skipped"] = 1;
+    for (auto& cb : callbacks) cb.call("on_step_end", [&](v1::Callback& c) { c.on_step_end(m); return 0; });
+    if (lead && ((step + 1) % log_every == 0 || step + 1 == plan.total_steps)) {
+      const double eta = loop_s / (step + 1) * (plan.total_steps - step - 1);
+      std::cout << "[step " << step + 1 << "/" << plan.total_steps << "] epoch " << epoch
+                << " | loss " << std::fixed << std::setprecision(4) << m.loss << std::defaultfloat
+                << " | lr " << std::scientific << std::setprecision(3) << m.lr << std::defaultfloat
+                << " | grad_norm " << std::setprecision(4) << grad_norm << " | "
+                << std::setprecision(0) << std::fixed << m.samples_per_s << " samples/s";
+      if (m.tokens_per_s > 0) std::cout << " | " << m.tokens_per_s << " tokens/s";
+      std::cout << std::defaultfloat << std::setprecision(6) << " | eta " << fmt_duration(eta)
+                << std::endl;
+    }
+    if (eval_every > 0 && (step + 1) % eval_every == 0 && step + 1 < plan.total_steps) {
+      last_eval = evaluate(step + 1);
+    }
+  }
+  const int stop_sig = g_stop_signal.load();
+  std::signal(SIGINT, prev_int);
+  std::signal(SIGTERM, prev_term);
+
+  v1::TrainSummary summary;
+  summary.steps = step;
+  summary.interrupted = stop_sig != 0;
+  if (!summary.interrupted) last_eval = evaluate(step);
+  summary.elapsed_s = std::chrono::duration<double>(clock::now() - t_start).count();
+  for (auto& cb : callbacks) cb.call("on_train_end", [&](v1::Callback& c) { c.on_train_end(summary); return 0; });
+
+  if (lead) {
+    const double loop_s = std::chrono::duration<double>(clock::now() - t_loop).count();
+    if (summary.interrupted) {
+      std::cout << "interrupted by signal " << stop_sig << " after " << step << " of "
+                << plan.total_steps << " steps (" << std::fixed << std::setprecision(1)
+                << summary.elapsed_s << " s); no final evaluation" << std::endl;
+      return 130;
+    }
+    std::cout << "final eval: loss " << std::fixed << std::setprecision(4) << last_eval.loss;
+    if (last_eval.accuracy >= 0)
+      std::cout << ", accuracy " << std::setprecision(2) << 100 * last_eval.accuracy << "%";
+    std::cout << " on " << last_eval.samples << " held-out samples after " << step << " steps, "
+              << std::setprecision(1) << summary.elapsed_s << " s, " << std::setprecision(0)
+              << samples_done / loop_s << " samples/s";
+    if (tokens_done > 0) std::cout << ", " << tokens_done / loop_s << " tokens/s";
+    std::cout << std::endl;
+  }
+  return summary.interrupted ? 130 : 0;
+}
+
+}  // namespace trainrun::core

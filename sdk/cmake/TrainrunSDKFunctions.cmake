@@ -1,0 +1,50 @@
+# trainrun_add_plugin(<name> SOURCES <src>... [LIBRARIES <lib>...] [INCLUDE_DIRS <dir>...])
+#
+# Builds a trainrun plugin: a MODULE library named libtrainrun-<name>.so that exports only the
+# entry symbol (linker version script), compiled against the same LibTorch as the core and
+# stamped with the LibTorch version and compiler the loader checks. Used for every in-tree
+# plugin and by third parties after find_package(TrainrunSDK).
+#
+# Variables read:
+#   TRAINRUN_PLUGIN_OUTPUT_DIR  where the .so is written (default: the current binary dir)
+#   TRAINRUN_PLUGIN_INSTALL_DIR install destination (default: lib/trainrun/plugins)
+#   TRAINRUN_PCH_TARGET         in-tree only: a target whose precompiled header is reused
+set(_TRAINRUN_SDK_CMAKE_DIR "${CMAKE_CURRENT_LIST_DIR}")
+
+function(trainrun_add_plugin name)
+  cmake_parse_arguments(ARG "" "" "SOURCES;LIBRARIES;INCLUDE_DIRS" ${ARGN})
+  if(NOT ARG_SOURCES)
+    message(FATAL_ERROR "trainrun_add_plugin(${name}): SOURCES is required")
+  endif()
+  if(NOT DEFINED Torch_VERSION)
+    message(FATAL_ERROR "trainrun_add_plugin(${name}): LibTorch not found (find_package(Torch))")
+  endif()
+  add_library(${name} MODULE ${ARG_SOURCES})
+  target_link_libraries(${name} PRIVATE TrainrunSDK::sdk ${ARG_LIBRARIES})
+  if(ARG_INCLUDE_DIRS)
+    target_include_directories(${name} PRIVATE ${ARG_INCLUDE_DIRS})
+  endif()
+  target_compile_definitions(${name} PRIVATE
+    TRAINRUN_BUILD_TORCH_VERSION="${Torch_VERSION}"
+    TRAINRUN_BUILD_COMPILER_ID="${CMAKE_CXX_COMPILER_ID}-${CMAKE_CXX_COMPILER_VERSION}")
+  target_compile_features(${name} PRIVATE cxx_std_17)
+  set_target_properties(${name} PROPERTIES
+    PREFIX "libtrainrun-"
+    DEFINE_SYMBOL ""
+    CXX_VISIBILITY_PRESET hidden
+    VISIBILITY_INLINES_HIDDEN ON
+    POSITION_INDEPENDENT_CODE ON)
+  target_link_options(${name} PRIVATE
+    "-Wl,--version-script=${_TRAINRUN_SDK_CMAKE_DIR}/trainrun_plugin.map"
+    "-Wl,--no-undefined")
+  if(TRAINRUN_PLUGIN_OUTPUT_DIR)
+    set_target_properties(${name} PROPERTIES LIBRARY_OUTPUT_DIRECTORY "${TRAINRUN_PLUGIN_OUTPUT_DIR}")
+  endif()
+  if(TRAINRUN_PCH_TARGET AND TARGET ${TRAINRUN_PCH_TARGET})
+    target_precompile_headers(${name} REUSE_FROM ${TRAINRUN_PCH_TARGET})
+  endif()
+  if(NOT DEFINED TRAINRUN_PLUGIN_INSTALL_DIR)
+    set(TRAINRUN_PLUGIN_INSTALL_DIR lib/trainrun/plugins)
+  endif()
+  install(TARGETS ${name} LIBRARY DESTINATION "${TRAINRUN_PLUGIN_INSTALL_DIR}")
+endfunction()

@@ -1,0 +1,261 @@
+#pragma once
+// The versioned component interfaces (ABI v1). A published interface is never edited: new
+// behaviour arrives as a new version or an added capability interface. Optional operations
+// have defaults that throw NotSupportedError naming the operation, never silently do nothing
+// where doing nothing would compute a wrong result.
+#include <c10/core/Device.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "trainrun/error.hpp"
+#include "trainrun/options.hpp"
+#include "trainrun/types.hpp"
+#include "trainrun/unit.hpp"
+
+namespace trainrun::v1 {
+
+// ---------------------------------------------------------------------------------------------
+// Collectives (owned by the Accelerator). Modelled on c10d's Backend/Work: typed per-operation
+// options, asynchronous work with wait(timeout), loud defaults for unsupported operations.
+
+/// Reduction applied by all-reduce and reduce-scatter. Avg divides the sum by world_size.
+enum class ReduceOp { Sum, Avg, Min, Max };
+
+/// timeout_s <= 0 means the communicator's default ([accelerator] timeout_s).
+struct AllReduceOptions {
+  ReduceOp op = ReduceOp::Sum;
+  double timeout_s = 0;
+};
+struct ReduceScatterOptions {
+  ReduceOp op = ReduceOp::Sum;
+  double timeout_s = 0;
+};
+struct AllGatherOptions {
+  double timeout_s = 0;
+};
+struct BroadcastOptions {
+  int root = 0;
+  double timeout_s = 0;
+};
+struct PointToPointOptions {
+  int peer = 0;  ///< the other rank
+  int tag = 0;
+  double timeout_s = 0;
+};
+struct BarrierOptions {
+  double timeout_s = 0;
+};
+
+/// An operation in flight. wait() throws Error naming the operation and the missing peers when
+/// the timeout (seconds; <= 0 = the operation's own) expires, or when the operation failed.
+class Work {
+ public:
+  virtual ~Work() = default;
+  virtual void wait(double timeout_s = 0) = 0;
+  virtual bool completed() const = 0;
+};
+
+/// A Work that is already complete (what a world of one returns).
+class CompletedWork final : public Work {
+ public:
+  void wait(double = 0) override {}
+  bool completed() const override { return true; }
+};
+
+/// Collective communication among the ranks of one group. All tensors must be contiguous and
+/// live on the accelerator's device; every rank must call the same operations in the same order.
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int world_size() const = 0;
+  virtual std::string backend() const = 0;
+
+  /// In place: every rank ends with op(tensor of rank 0 .. world_size-1). Any shape and dtype.
+  virtual std::shared_ptr<Work> all_reduce(at::Tensor& tensor, const AllReduceOptions& opts = {}) {
+    (void)tensor, (void)opts;
+    throw NotSupportedError(backend() + " communicator does not support all_reduce");
+  }
+  /// input: [world_size * n] flat; output: [n], this rank's chunk of op(inputs) (ZeRO's
+  /// gradient reduce-scatter).
+  virtual std::shared_ptr<Work> reduce_scatter(const at::Tensor& input, at::Tensor& output,
+                                               const ReduceScatterOptions& opts = {}) {
+    (void)input, (void)output, (void)opts;
+    throw NotSupportedError(backend() + " communicator does not support reduce_scatter");
+  }
+  /// input: [n]; output: [world_size * n], rank r's input at offset r*n.
+  virtual std::shared_ptr<Work> all_gather(const at::Tensor& input, at::Tensor& output,
+                                           const AllGatherOptions& opts = {}) {
+    (void)input, (void)output, (void)opts;
+    throw NotSupportedError(backend() + " communicator does not support all_gather");
+  }
+  /// In place: every rank ends with the root's tensor.
+  virtual std::shared_ptr<Work> broadcast(at::Tensor& tensor, const BroadcastOptions& opts = {}) {
+    (void)tensor, (void)opts;
+    throw NotSupportedError(backend() + " communicator does not support broadcast");
+  }
+  virtual std::shared_ptr<Work> send(const at::Tensor& tensor, const PointToPointOptions& opts) {
+    (void)tensor, (void)opts;
+    throw NotSupportedError(backend() + " communicator does not support send");
+  }
+  virtual std::shared_ptr<Work> recv(at::Tensor& tensor, const PointToPointOptions& opts) {
+    (void)tensor, (void)opts;
+    throw NotSupportedError(backend() + " communicator does not support recv");
+  }
+  virtual std::shared_ptr<Work> barrier(const BarrierOptions& opts = {}) {
+    (void)opts;
+    throw NotSupportedError(backend() + " communicator does not support barrier");
+  }
+  /// A communicator over a subset of this group's ranks (given as ranks of this group).
+  virtual std::shared_ptr<Communicator> new_group(const std::vector<int>& ranks) {
+    (void)ranks;
+    throw NotSupportedError(backend() + " communicator does not support new_group");
+  }
+};
+
+/// Current and peak bytes allocated on the device; -1 where unknown.
+struct MemoryStats {
+  int64_t current_bytes = -1;
+  int64_t peak_bytes = -1;
+  int64_t total_bytes = -1;  ///< device capacity
+};
+
+/// A device plus the communicator that connects it to the other ranks.
+class Accelerator {
+ public:
+  virtual ~Accelerator() = default;
+  virtual c10::Device device() const = 0;
+  virtual Communicator& communicator() = 0;
+  virtual MemoryStats memory_stats() const { return {}; }
+  /// One line for the start-up banner (device, threads, backend).
+  virtual std::string describe() const = 0;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Data and model (brought by the user, or the shipped mlp/cnn/gpt/idx/text plugins).
+
+/// A finite, indexable collection of samples with a training and an evaluation split.
+/// batch() is called from one thread at a time and must be deterministic for given indices.
+class Dataset {
+ public:
+  virtual ~Dataset() = default;
+  virtual DataInfo info() const = 0;
+  /// Number of samples in the split (>= 0).
+  virtual int64_t size(Split split) const = 0;
+  /// The samples at `indices` (each in [0, size(split))) stacked into one batch.
+  /// Throws Error on an index out of range.
+  virtual Batch batch(Split split, const std::vector<int64_t>& indices) = 0;
+};
+
+/// A trainable model. Parameters are CPU float32 leaves with requires_grad when created;
+/// strategies and precisions may move, cast or shard them afterwards.
+class Model {
+ public:
+  virtual ~Model() = default;
+  /// Parameters in registration order, with state-dict names.
+  virtual std::vector<NamedTensor> named_parameters() = 0;
+  /// Non-trainable state that travels with the model (e.g. running statistics).
+  virtual std::vector<NamedTensor> named_buffers() { return {}; }
+  /// Switches dropout and similar layers between training (true) and evaluation (false).
+  virtual void train(bool on) = 0;
+  /// Forward pass and loss on one micro-batch; see ModelOutput for the loss convention.
+  virtual ModelOutput forward(const Batch& batch) = 0;
+  /// Sharding units (see unit.hpp); empty means the whole model is one unit.
+  virtual std::vector<Unit*> units() { return {}; }
+  /// The underlying nn::Module when the model is one (nullptr otherwise, e.g. TorchScript).
+  virtual torch::nn::Module* module() { return nullptr; }
+  /// One line for the start-up banner.
+  virtual std::string describe() const = 0;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Policies.
+
+/// RAII scope returned by Precision::autocast(); destroying it restores the previous state.
+class Scope {
+ public:
+  virtual ~Scope() = default;
+};
+
+/// Numeric format: module conversion, autocast, loss scaling and the finite-gradient check.
+class Precision {
+ public:
+  virtual ~Precision() = default;
+  /// Casts or quantizes the model once, before the strategy wraps it.
+  virtual void convert(Model& model) { (void)model; }
+  /// Active while a forward runs; nullptr = no autocast.
+  virtual std::unique_ptr<Scope> autocast() { return nullptr; }
+  /// Multiplies the loss by the current loss scale before backward (identity by default).
+  virtual at::Tensor scale_loss(const at::Tensor& loss) { return loss; }
+  /// Divides the gradients by the loss scale in place and returns whether all are finite,
+  /// agreed across ranks through `comm` (a step is skipped on every rank or on none).
+  virtual bool unscale_and_check(const std::vector<at::Tensor>& grads, Communicator& comm) {
+    (void)grads, (void)comm;
+    return true;
+  }
+  /// Called once per optimizer step with whether the step was skipped (scaler update).
+  virtual void update(bool skipped) { (void)skipped; }
+  /// The current loss scale (1 without scaling).
+  virtual double loss_scale() const { return 1.0; }
+};
+
+/// The update rule and learning-rate schedule for the parameters it is given (all of them, or
+/// this rank's shard under ZeRO).
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  /// Called once, before the first step. Parameters are float32 leaves.
+  virtual void init(const std::vector<NamedTensor>& params, const TrainPlan& plan) = 0;
+  /// The learning rate used by step `step` (0-based).
+  virtual double lr(int64_t step) const = 0;
+  /// Applies one update with lr(step) to every parameter that has a gradient.
+  virtual void step(int64_t step) = 0;
+  /// Optimizer state as named tensors (for checkpoints); default: none.
+  virtual std::vector<NamedTensor> state() { return {}; }
+};
+
+/// How parameters, gradients and optimizer state are replicated or sharded, and when they are
+/// communicated.
+class Strategy {
+ public:
+  virtual ~Strategy() = default;
+  /// Wraps the model: moves it to the accelerator's device, broadcasts or shards parameters,
+  /// installs gradient hooks. Called once, after Precision::convert and Callback::on_setup.
+  virtual void setup(Model& model, Accelerator& accelerator, const TrainPlan& plan) = 0;
+  /// Parameters this rank's optimizer updates (a shard under ZeRO), with requires_grad.
+  virtual std::vector<NamedTensor> optimizer_parameters() = 0;
+  /// The batch moved to the device and run through the model.
+  virtual ModelOutput forward(const Batch& batch) = 0;
+  /// Called before the backward of each micro-batch; `sync` is false for the first
+  /// accumulation_steps - 1 micro-batches (no communication needed yet, as DDP's no_sync).
+  virtual void before_backward(bool sync) { (void)sync; }
+  /// After the last micro-batch's backward: gradients of optimizer_parameters() are complete
+  /// and reduced (averaged over ranks) when this returns.
+  virtual void finish_gradient_sync() = 0;
+  /// Global L2 norm of the gradients of optimizer_parameters() across all ranks and shards.
+  virtual double grad_norm() = 0;
+  /// After Optimizer::step (e.g. ZeRO-1/2 all-gather updated parameter shards).
+  virtual void after_optimizer_step() {}
+  /// Drops the gradients of every parameter before the next step.
+  virtual void zero_grad() = 0;
+  /// The full model state with unsharded names (gathered where sharded). Default: unsupported.
+  virtual std::vector<NamedTensor> full_state_dict() {
+    throw NotSupportedError("this strategy does not support full_state_dict");
+  }
+};
+
+/// Observes (and, in on_setup, may transform) the run. Default methods do nothing.
+class Callback {
+ public:
+  virtual ~Callback() = default;
+  /// Before the strategy wraps the model; may replace or freeze layers (e.g. LoRA).
+  virtual void on_setup(Model& model, const RunContext& ctx) { (void)model, (void)ctx; }
+  virtual void on_train_start(const TrainPlan& plan) { (void)plan; }
+  virtual void on_step_end(const StepMetrics& metrics) { (void)metrics; }
+  virtual void on_eval_end(const EvalMetrics& metrics) { (void)metrics; }
+  virtual void on_train_end(const TrainSummary& summary) { (void)summary; }
+};
+
+}  // namespace trainrun::v1

@@ -1,0 +1,148 @@
+#pragma once
+// The plugin ABI: one extern "C" entry symbol per shared object returning a plain descriptor.
+//
+//   TRAINRUN_PLUGIN("my-plugin", "1.0.0",
+//       trainrun::v1::component<trainrun::v1::Callback, MyCallback>("my-callback", "Does X"));
+//
+// Each Impl class has `static void declare_options(trainrun::v1::OptionSchema&)` and a
+// constructor `Impl(const trainrun::v1::Options&, const trainrun::v1::RunContext&)`.
+// Build plugins only with the SDK's CMake function trainrun_add_plugin(), which stamps the
+// LibTorch version and compiler the descriptor reports and exports only the entry symbol.
+#include <c10/core/CPUAllocator.h>
+
+#include <cstdint>
+
+#include "trainrun/interfaces.hpp"
+#include "trainrun/options.hpp"
+
+namespace trainrun::v1 {
+
+/// ABI version of this SDK. The loader accepts a plugin whose major equals the core's and whose
+/// minor is not newer than the core's.
+constexpr uint32_t kAbiMajor = 1;
+constexpr uint32_t kAbiMinor = 0;
+
+/// Component kinds; values are part of the ABI and never renumbered.
+enum class ComponentKind : uint32_t {
+  Model = 1,
+  Dataset = 2,
+  Strategy = 3,
+  Accelerator = 4,
+  Precision = 5,
+  Optimizer = 6,
+  Callback = 7,
+};
+
+/// Job-file name of a kind ("model", "data", "strategy", ...).
+inline const char* kind_name(ComponentKind k) {
+  switch (k) {
+    case ComponentKind::Model: return "model";
+    case ComponentKind::Dataset: return "data";
+    case ComponentKind::Strategy: return "strategy";
+    case ComponentKind::Accelerator: return "accelerator";
+    case ComponentKind::Precision: return "precision";
+    case ComponentKind::Optimizer: return "optimizer";
+    case ComponentKind::Callback: return "callback";
+  }
+  return "unknown";
+}
+
+template <class Interface>
+struct KindOf;
+template <> struct KindOf<Model> { static constexpr ComponentKind value = ComponentKind::Model; };
+template <> struct KindOf<Dataset> { static constexpr ComponentKind value = ComponentKind::Dataset; };
+template <> struct KindOf<Strategy> { static constexpr ComponentKind value = ComponentKind::Strategy; };
+template <> struct KindOf<Accelerator> { static constexpr ComponentKind value = ComponentKind::Accelerator; };
+template <> struct KindOf<Precision> { static constexpr ComponentKind value = ComponentKind::Precision; };
+template <> struct KindOf<Optimizer> { static constexpr ComponentKind value = ComponentKind::Optimizer; };
+template <> struct KindOf<Callback> { static constexpr ComponentKind value = ComponentKind::Callback; };
+
+}  // namespace trainrun::v1
+
+extern "C" {
+
+/// One component offered by a plugin. `create` returns a heap object of the kind's interface
+/// type (Model*, Strategy*, ...) cast to void*; the host owns it and deletes it through the
+/// interface's virtual destructor. `create` may throw; the host adds the plugin's name.
+struct trainrun_component_v1 {
+  uint32_t struct_size;  ///< sizeof(trainrun_component_v1) as the plugin saw it
+  uint32_t kind;         ///< trainrun::v1::ComponentKind
+  const char* name;      ///< unique across all loaded plugins, e.g. "adamw"
+  const char* summary;   ///< one line for `trainrun plugins`
+  void (*declare_options)(trainrun::v1::OptionSchema* schema);
+  void* (*create)(const trainrun::v1::Options* options, const trainrun::v1::RunContext* ctx);
+};
+
+/// What the entry symbol returns. Fields are only ever appended; struct_size comes first so a
+/// host can tell which fields a plugin has.
+struct trainrun_plugin_descriptor_v1 {
+  uint32_t struct_size;
+  uint32_t abi_major;
+  uint32_t abi_minor;
+  const char* torch_version;  ///< LibTorch version the plugin was compiled against, "1.13.0"
+  int32_t cxx11_abi;          ///< _GLIBCXX_USE_CXX11_ABI at compile time
+  const char* compiler_id;    ///< e.g. "GNU-12.2.0"
+  const char* plugin_name;
+  const char* plugin_version;
+  const void* torch_anchor;   ///< address of c10::GetCPUAllocator as the plugin resolved it
+  uint32_t num_components;
+  const trainrun_component_v1* components;
+};
+
+/// Signature of the single exported symbol, named by TRAINRUN_PLUGIN_ENTRY_NAME.
+typedef const trainrun_plugin_descriptor_v1* (*trainrun_plugin_entry_fn)(void);
+}
+
+/// Name of the one symbol every plugin exports.
+#define TRAINRUN_PLUGIN_ENTRY_NAME "trainrun_plugin_entry"
+
+namespace trainrun::v1 {
+namespace detail {
+template <class Interface, class Impl>
+void* create_component(const Options* options, const RunContext* ctx) {
+  Interface* obj = new Impl(*options, *ctx);
+  return static_cast<void*>(obj);
+}
+template <class Impl>
+void declare_component_options(OptionSchema* schema) {
+  Impl::declare_options(*schema);
+}
+}  // namespace detail
+
+/// Describes component Impl (implementing Interface) for TRAINRUN_PLUGIN.
+template <class Interface, class Impl>
+constexpr trainrun_component_v1 component(const char* name, const char* summary) {
+  return trainrun_component_v1{sizeof(trainrun_component_v1),
+                               static_cast<uint32_t>(KindOf<Interface>::value),
+                               name,
+                               summary,
+                               &detail::declare_component_options<Impl>,
+                               &detail::create_component<Interface, Impl>};
+}
+}  // namespace trainrun::v1
+
+#if !defined(TRAINRUN_BUILD_TORCH_VERSION) || !defined(TRAINRUN_BUILD_COMPILER_ID)
+#define TRAINRUN_PLUGIN(...) \
+  static_assert(false, "build trainrun plugins with the SDK's CMake function trainrun_add_plugin()")
+#else
+/// Defines the plugin's entry symbol. NAME and VERSION are string literals; the rest are
+/// trainrun::v1::component<Interface, Impl>(name, summary) entries.
+#define TRAINRUN_PLUGIN(NAME, VERSION, ...)                                                     \
+  extern "C" __attribute__((visibility("default"))) const trainrun_plugin_descriptor_v1*        \
+  trainrun_plugin_entry(void) {                                                                 \
+    static const trainrun_component_v1 components[] = {__VA_ARGS__};                          \
+    static const trainrun_plugin_descriptor_v1 descriptor = {                                   \
+        sizeof(trainrun_plugin_descriptor_v1),                                                  \
+        ::trainrun::v1::kAbiMajor,                                                              \
+        ::trainrun::v1::kAbiMinor,                                                              \
+        TRAINRUN_BUILD_TORCH_VERSION,                                                           \
+        _GLIBCXX_USE_CXX11_ABI,                                                                 \
+        TRAINRUN_BUILD_COMPILER_ID,                                                             \
+        NAME,                                                                                   \
+        VERSION,                                                                                \
+        reinterpret_cast<const void*>(&::c10::GetCPUAllocator),                                 \
+        static_cast<uint32_t>(sizeof(components) / sizeof(components[0])),                     \
+        components};                                                                            \
+    return &descriptor;                                                                         \
+  }
+#endif

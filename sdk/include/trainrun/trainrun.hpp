@@ -1,0 +1,8 @@
+#pragma once
+// Umbrella header for plugin authors.
+#include "trainrun/error.hpp"
+#include "trainrun/interfaces.hpp"
+#include "trainrun/options.hpp"
+#include "trainrun/plugin.hpp"
+#include "trainrun/types.hpp"
+#include "trainrun/unit.hpp"

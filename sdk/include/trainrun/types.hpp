@@ -1,0 +1,109 @@
+#pragma once
+// Plain data exchanged between the core and components: batches, model outputs, run context,
+// training plan and metrics.
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace trainrun::v1 {
+
+/// A tensor with its dotted name as in a state dict ("blocks.0.attn.qkv.weight").
+struct NamedTensor {
+  std::string name;
+  at::Tensor tensor;
+};
+
+/// What a dataset provides, so a model can size itself.
+/// task: "classification" (input float32 [B, sample_shape...], target int64 [B] in
+/// [0, num_classes)) or "language_modeling" (input int64 [B, T], target int64 [B, T] in
+/// [0, vocab_size)).
+struct DataInfo {
+  std::string task;
+  std::vector<int64_t> sample_shape;  ///< shape of one input sample, without the batch dimension
+  int64_t num_classes = 0;            ///< classification only
+  int64_t vocab_size = 0;             ///< language modelling only
+};
+
+/// Which part of a dataset a batch is drawn from.
+enum class Split { Train, Eval };
+
+/// One micro-batch. Tensors live on the CPU; the strategy moves them to the device.
+struct Batch {
+  at::Tensor input;
+  at::Tensor target;
+  int64_t num_samples = 0;  ///< B
+  int64_t num_targets = 0;  ///< number of target elements the loss counts (B, or B*T)
+  int64_t num_tokens = 0;   ///< input tokens (B*T) for token models, 0 otherwise
+};
+
+/// A model's forward result on one micro-batch.
+/// loss_sum: float32 scalar, the SUM of per-target losses over the batch (not the mean), so the
+/// core can normalise by the number of targets in the whole global batch: accumulation and
+/// world size then leave the gradient unchanged.
+/// num_correct: correctly classified targets, or -1 where accuracy does not apply.
+struct ModelOutput {
+  at::Tensor loss_sum;
+  int64_t num_correct = -1;
+};
+
+/// Where this process stands in the job. Given to every component factory.
+struct RunContext {
+  int rank = 0;              ///< global rank, 0 <= rank < world_size
+  int world_size = 1;
+  int local_rank = 0;        ///< rank within this node
+  int local_world_size = 1;
+  uint64_t seed = 0;         ///< [trainer] seed
+  std::string run_dir;       ///< [trainer] run_dir, created before components are built
+  std::string job_file;      ///< path of the job file as given on the command line
+  DataInfo data;             ///< filled from the dataset before the model is created
+};
+
+/// The schedule of the run, fixed before training starts.
+/// global_batch_size = micro_batch_size * accumulation_steps * world_size (samples).
+struct TrainPlan {
+  int64_t total_steps = 0;      ///< optimizer steps in the whole run
+  int64_t steps_per_epoch = 0;  ///< optimizer steps in one pass over the training split
+  int64_t micro_batch_size = 0;
+  int64_t accumulation_steps = 1;
+  int64_t global_batch_size = 0;
+};
+
+/// Metrics of one optimizer step, as logged (rank-local values; reduced by later strategies).
+/// Units: seconds, samples/s, tokens/s. tokens_per_s is 0 for non-token models.
+struct StepMetrics {
+  int64_t step = 0;   ///< 1-based count of optimizer steps done
+  int64_t epoch = 0;  ///< 0-based epoch the step belongs to
+  int rank = 0;
+  double loss = 0;    ///< mean loss per target over the global batch
+  double lr = 0;
+  double grad_norm = 0;  ///< global L2 norm of the gradients before clipping
+  double step_time_s = 0;
+  double elapsed_s = 0;
+  double samples_per_s = 0;
+  double tokens_per_s = 0;
+  int64_t total_steps = 0;
+  std::map<std::string, double> extra;  ///< further figures (e.g. loss_scale, bytes_communicated)
+};
+
+/// Result of one pass over the evaluation split.
+struct EvalMetrics {
+  int64_t step = 0;
+  int rank = 0;
+  double loss = 0;      ///< mean loss per target
+  double accuracy = -1; ///< fraction in [0,1], or -1 where accuracy does not apply
+  int64_t samples = 0;
+  int64_t targets = 0;
+  double time_s = 0;
+};
+
+/// Summary at the end of training.
+struct TrainSummary {
+  int64_t steps = 0;
+  double elapsed_s = 0;
+  bool interrupted = false;  ///< stopped early by Ctrl-C / SIGTERM
+};
+
+}  // namespace trainrun::v1
