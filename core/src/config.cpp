@@ -315,7 +315,9 @@ v1::Options validate_table(const toml::table& table, const v1::OptionSchema& sch
     const std::string k(key.str());
     if (std::find(skip.begin(), skip.end(), k) != skip.end()) continue;
     const OptionSpec* spec = schema.find(k);
-    const std::string loc = where(key.source(), file);
+    // Keys added by --set carry no position of their own; their value points at the flag.
+    const std::string loc = key.source().begin.line ? where(key.source(), file)
+                                                    : where(node.source(), file);
     if (!spec) {
       std::string hint = closest(k, names);
       std::string known;
@@ -354,9 +356,10 @@ void apply_override(toml::table& root, const std::string& assignment) {
   try {
     doc = toml::parse("v = " + value, std::string_view(origin));
   } catch (const toml::parse_error&) {
-    toml::table t;
-    t.insert("v", value);
-    doc = std::move(t);
+    // Not a TOML value: take it as a string, still parsed so errors point at the --set flag.
+    std::ostringstream quoted;
+    quoted << toml::value<std::string>(value);
+    doc = toml::parse("v = " + quoted.str(), std::string_view(origin));
   }
   toml::node* cur = &root;
   for (size_t i = 0; i + 1 < parts.size(); ++i) {

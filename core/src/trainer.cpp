@@ -188,7 +188,7 @@ int train(const JobConfig& job, const Registry& registry) {
   if (lead) {
     std::cout << "trainrun " << TRAINRUN_VERSION << " | LibTorch " << TRAINRUN_BUILD_TORCH_VERSION
               << " | run_dir " << ctx.run_dir << "\n"
-              << "  model       " << job.model.plugin << ": "
+              << "  model       "
               << model.call("describe", [](v1::Model& m) { return m.describe(); }) << ", "
               << n_params << " parameters, " << (n_units ? n_units : 1) << " unit(s)\n"
               << "  data        " << job.data.plugin << ": " << train_samples << " train / "

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The CLI's commands and its exit codes on bad input.
+source "$(dirname "$0")/e2e_lib.sh"
+tr=$1 jobs=$2 work=$3
+rm -rf "$work" && mkdir -p "$work"
+run "$work/check" "$tr" check --config "$jobs/mlp-small.toml"
+grep -q "valid" "$work/check" && grep -q "^\[optimizer\]" "$work/check" || fail "check did not print the job"
+run "$work/plugins" "$tr" plugins
+for c in mlp cnn gpt torchscript idx text single cpu fp32 sgd adamw metrics progress; do
+  grep -qE "^$c +" "$work/plugins" || fail "trainrun plugins does not list $c"
+done
+run "$work/adamw" "$tr" plugins adamw
+grep -qE "^ +weight_decay +float +0.01" "$work/adamw" || fail "plugins adamw lacks weight_decay"
+expect_error() {  # expect_error <regex> args...
+  local re=$1; shift
+  local rc=0
+  "$tr" "$@" >"$work/err" 2>&1 || rc=$?
+  cat "$work/err"
+  [ "$rc" -eq 2 ] || fail "expected exit code 2, got $rc from: $*"
+  grep -qE "$re" "$work/err" || fail "message does not match /$re/"
+}
+printf '[trainer]\nmax_steps = 3\nglobal_batch_sise = 8\n[model]\nplugin = "mlp"\n[data]\nplugin = "idx"\n' >"$work/typo.toml"
+expect_error "typo.toml:3:1: unknown key 'global_batch_sise' in \[trainer\]; did you mean 'global_batch_size'" \
+  --config "$work/typo.toml"
+expect_error "typo.toml:3:1: unknown key" check --config "$work/typo.toml"
+expect_error "does not exist" --config "$work/nope.toml"
+expect_error "unknown command 'trian'" trian
+expect_error "no plugin component named 'adamv'; did you mean 'adamw'" plugins adamv
+expect_error "global_batch_size 64 is not divisible by micro_batch_size 48" \
+  --config "$jobs/mlp-small.toml" --set trainer.micro_batch_size=48 --set trainer.run_dir="$work/r"
+echo "OK"

@@ -1,0 +1,209 @@
+// Unit tests of the core: units, "did you mean", and every job-file validation error, each
+// checked for the file, line, column and key it must name.
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <unistd.h>
+
+#include "trainrun/core/config.hpp"
+#include "trainrun/core/registry.hpp"
+#include "trainrun/core/trainer.hpp"
+
+using namespace trainrun;
+namespace fs = std::filesystem;
+
+namespace {
+
+const core::Registry& registry() {
+  static core::Registry reg = [] {
+    core::Registry r;
+    r.load_search_path({TRAINRUN_TEST_PLUGIN_DIR});
+    return r;
+  }();
+  return reg;
+}
+
+std::string write_job(const std::string& text) {
+  static int n = 0;
+  fs::path dir = fs::temp_directory_path() / ("trainrun-unit-core-" + std::to_string(getpid()));
+  fs::create_directories(dir);
+  fs::path p = dir / ("job" + std::to_string(++n) + ".toml");
+  std::ofstream(p) << text;
+  return p.string();
+}
+
+// The message of the ConfigError/PluginError raised while loading+validating `text`.
+std::string error_of(const std::string& text, const std::vector<std::string>& overrides = {}) {
+  const std::string path = write_job(text);
+  try {
+    core::JobFile::load(path, overrides).validate(registry());
+  } catch (const v1::ConfigError& e) {
+    return e.what();
+  } catch (const v1::PluginError& e) {
+    return e.what();
+  }
+  FAIL("no error for job:\n" << text);
+  return {};
+}
+
+const char* kGood = R"([trainer]
+max_steps = 10
+global_batch_size = 8
+
+[model]
+plugin = "mlp"
+hidden = [16]
+
+[data]
+plugin = "idx"
+)";
+
+}  // namespace
+
+TEST_CASE("sizes and durations with units") {
+  CHECK(core::parse_size("25MiB") == 25 * 1024 * 1024);
+  CHECK(core::parse_size("2GB") == 2000000000);
+  CHECK(core::parse_size("512 KiB") == 512 * 1024);
+  CHECK(core::parse_size("4096") == 4096);
+  CHECK_THROWS_WITH_AS(core::parse_size("3 parsecs"), doctest::Contains("unknown size unit"),
+                       std::invalid_argument);
+  CHECK(core::parse_duration("90s") == doctest::Approx(90));
+  CHECK(core::parse_duration("10min") == doctest::Approx(600));
+  CHECK(core::parse_duration("1h30min") == doctest::Approx(5400));
+  CHECK(core::parse_duration("250ms") == doctest::Approx(0.25));
+  CHECK(core::parse_duration("2.5") == doctest::Approx(2.5));
+  CHECK_THROWS_AS(core::parse_duration("soon"), std::invalid_argument);
+  CHECK_THROWS_AS(core::parse_duration("5 fortnights"), std::invalid_argument);
+}
+
+TEST_CASE("did you mean") {
+  CHECK(core::edit_distance("kitten", "sitting") == 3);
+  CHECK(core::closest("max_step", {"max_steps", "max_epochs", "seed"}) == "max_steps");
+  CHECK(core::closest("zzzzzz", {"max_steps", "seed"}).empty());
+}
+
+TEST_CASE("a valid job validates and resolves every default") {
+  auto job = core::JobFile::load(write_job(kGood), {}).validate(registry());
+  CHECK(job.model.plugin == "mlp");
+  CHECK(job.strategy.plugin == "single");
+  CHECK(job.optimizer.plugin == "adamw");
+  CHECK(job.trainer.get_int("max_steps") == 10);
+  CHECK(job.trainer.get_int("log_every") == 10);  // default filled in
+  CHECK(job.model.options.get_int_list("hidden") == std::vector<int64_t>{16});
+  CHECK(job.resolved_toml.find("weight_decay") != std::string::npos);
+}
+
+TEST_CASE("unknown key: file:line:column, key and did-you-mean") {
+  std::string e = error_of(std::string(kGood) + "\n[optimizer]\nplugin = \"adamw\"\nweight_decy = 0.1\n");
+  CHECK(e.find("job") != std::string::npos);
+  CHECK(e.find(".toml:14:1") != std::string::npos);
+  CHECK(e.find("unknown key 'weight_decy'") != std::string::npos);
+  CHECK(e.find("[optimizer]") != std::string::npos);
+  CHECK(e.find("did you mean 'weight_decay'") != std::string::npos);
+}
+
+TEST_CASE("unknown key in a core table") {
+  std::string e = error_of("[trainer]\nmax_step = 10\n[model]\nplugin=\"mlp\"\n[data]\nplugin=\"idx\"\n");
+  CHECK(e.find(".toml:2:1") != std::string::npos);
+  CHECK(e.find("unknown key 'max_step' in [trainer]") != std::string::npos);
+  CHECK(e.find("did you mean 'max_steps'") != std::string::npos);
+}
+
+TEST_CASE("unknown table") {
+  std::string e = error_of(std::string(kGood) + "[optimiser]\nlr = 1\n");
+  CHECK(e.find(".toml:11:") != std::string::npos);
+  CHECK(e.find("unknown table 'optimiser'") != std::string::npos);
+  CHECK(e.find("did you mean 'optimizer'") != std::string::npos);
+}
+
+TEST_CASE("wrong type names the expected type and the value") {
+  std::string e = error_of("[trainer]\nmax_steps = \"ten\"\n[model]\nplugin=\"mlp\"\n[data]\nplugin=\"idx\"\n");
+  CHECK(e.find(".toml:2:13") != std::string::npos);
+  CHECK(e.find("[trainer] max_steps: expected integer") != std::string::npos);
+  CHECK(e.find("string \"ten\"") != std::string::npos);
+}
+
+TEST_CASE("out of range names the range") {
+  std::string e = error_of(std::string(kGood) + "[model.extra]\n", {});
+  // (a sub-table inside a plugin table is an unknown key of that plugin)
+  CHECK(e.find("unknown key 'extra'") != std::string::npos);
+  e = error_of("[trainer]\nmax_steps = 5\nglobal_batch_size = 0\n[model]\nplugin=\"mlp\"\n[data]\nplugin=\"idx\"\n");
+  CHECK(e.find(".toml:3:21") != std::string::npos);
+  CHECK(e.find("global_batch_size: 0 is out of range [1, 1000000000]") != std::string::npos);
+  e = error_of(std::string(kGood) + "[optimizer]\nplugin = \"adamw\"\nbeta1 = 1.5\n");
+  CHECK(e.find(".toml:13:9") != std::string::npos);
+  CHECK(e.find("beta1: 1.5 is out of range") != std::string::npos);
+}
+
+TEST_CASE("bad choice value suggests the closest choice") {
+  std::string e = error_of(std::string(kGood) + "[optimizer]\nplugin = \"adamw\"\nschedule = \"cosin\"\n");
+  CHECK(e.find(".toml:13:12") != std::string::npos);
+  CHECK(e.find("'cosin' is not one of") != std::string::npos);
+  CHECK(e.find("did you mean 'cosine'") != std::string::npos);
+}
+
+TEST_CASE("unknown plugin lists the plugins of that kind that were found") {
+  std::string e = error_of("[model]\nplugin = \"resnet\"\n[data]\nplugin = \"idx\"\n");
+  CHECK(e.find(".toml:2:10") != std::string::npos);
+  CHECK(e.find("unknown model plugin 'resnet'") != std::string::npos);
+  CHECK(e.find("mlp") != std::string::npos);
+  CHECK(e.find("gpt") != std::string::npos);
+}
+
+TEST_CASE("missing [model] table, missing plugin key, missing required option") {
+  CHECK(error_of("[data]\nplugin = \"idx\"\n").find("missing table [model]") != std::string::npos);
+  std::string e = error_of("[model]\nhidden = [3]\n[data]\nplugin = \"idx\"\n");
+  CHECK(e.find(".toml:1:1") != std::string::npos);
+  CHECK(e.find("[model] needs a key 'plugin'") != std::string::npos);
+  e = error_of("[model]\nplugin = \"torchscript\"\n[data]\nplugin = \"idx\"\n");
+  CHECK(e.find("missing required key 'path'") != std::string::npos);
+}
+
+TEST_CASE("TOML syntax error names the line") {
+  std::string e = error_of("[trainer]\nmax_steps = = 3\n");
+  CHECK(e.find(".toml:2:") != std::string::npos);
+}
+
+TEST_CASE("--set overrides are validated and named in errors") {
+  auto job = core::JobFile::load(write_job(kGood), {"trainer.max_steps=77", "model.hidden=[4,4]",
+                                                    "optimizer.schedule=cosine"})
+                 .validate(registry());
+  CHECK(job.trainer.get_int("max_steps") == 77);
+  CHECK(job.model.options.get_int_list("hidden") == std::vector<int64_t>{4, 4});
+  CHECK(job.optimizer.options.get_string("schedule") == "cosine");
+  std::string e = error_of(kGood, {"trainer.max_steps=lots"});
+  CHECK(e.find("--set trainer.max_steps=lots") != std::string::npos);
+  CHECK(e.find("expected integer") != std::string::npos);
+  e = error_of(kGood, {"trainer.max_stepz=3"});
+  CHECK(e.find("unknown key 'max_stepz'") != std::string::npos);
+  CHECK(e.find("--set trainer.max_stepz=3") != std::string::npos);
+  e = error_of(kGood, {"novalue"});
+  CHECK(e.find("expected key=value") != std::string::npos);
+}
+
+TEST_CASE("global batch that does not divide is a clear error") {
+  std::map<std::string, v1::OptionValue> v;
+  for (const auto& s : core::trainer_schema().specs()) v[s.name] = s.default_value;
+  v["global_batch_size"] = int64_t(100);
+  v["micro_batch_size"] = int64_t(64);
+  v["max_steps"] = int64_t(1);
+  v1::Options opts(v, "[trainer]");
+  CHECK_THROWS_WITH_AS(core::make_plan(opts, 1, 1000),
+                       doctest::Contains("global_batch_size 100 is not divisible by micro_batch_size 64"),
+                       v1::ConfigError);
+  v["micro_batch_size"] = int64_t(25);
+  auto plan = core::make_plan(v1::Options(v, "[trainer]"), 1, 1000);
+  CHECK(plan.accumulation_steps == 4);
+  CHECK(plan.steps_per_epoch == 10);
+  CHECK(plan.total_steps == 1);
+  v["max_steps"] = int64_t(0);
+  CHECK_THROWS_WITH_AS(core::make_plan(v1::Options(v, "[trainer]"), 1, 1000),
+                       doctest::Contains("set max_steps or max_epochs"), v1::ConfigError);
+  v["max_epochs"] = int64_t(3);
+  CHECK(core::make_plan(v1::Options(v, "[trainer]"), 1, 1000).total_steps == 30);
+  CHECK_THROWS_WITH_AS(core::make_plan(v1::Options(v, "[trainer]"), 1, 50),
+                       doctest::Contains("larger than the training split"), v1::ConfigError);
+}
