@@ -1,0 +1,73 @@
+#pragma once
+// Callback components `metrics` (JSON-lines log of every logged step and evaluation) and
+// `progress` (a one-line progress bar on a terminal).
+#include <trainrun/interfaces.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+namespace trainrun::plugins {
+
+using namespace trainrun::v1;
+
+/// Writes one JSON object per logged step, and one per evaluation, to <run_dir>/<filename>.
+/// Lines are flushed as written, so a crashed run keeps everything it logged; the file is
+/// appended to, so a resumed run continues it. Non-finite numbers (a NaN loss) are written as
+/// null, since JSON has no NaN.
+class MetricsCallback final : public Callback {
+ public:
+  static void declare_options(OptionSchema& schema);
+  MetricsCallback(const Options& options, const RunContext& ctx);
+
+  void on_train_start(const TrainPlan& plan) override;
+  void on_step_end(const StepMetrics& m) override;
+  void on_eval_end(const EvalMetrics& m) override;
+  void on_train_end(const TrainSummary& summary) override;
+
+  /// The file this rank writes, or "" when this rank writes none.
+  const std::string& path() const { return path_; }
+
+ private:
+  void write_line(const std::string& line);
+
+  int64_t every_n_steps_;
+  std::string path_;
+  std::ofstream out_;
+};
+
+/// The text of one progress-bar redraw, at most `width` columns (no '\r', no newline):
+/// " 42% [=====>    ] 420/1000 loss 1.2345 1234.5 samples/s ETA 1:23". The bar is dropped
+/// when the width leaves it fewer than 10 columns. eta_s < 0 prints "ETA --:--".
+std::string format_progress(int64_t step, int64_t total, double loss, double samples_per_s,
+                            double eta_s, int width);
+
+/// Redraws a single progress line on stderr with '\r', at most every refresh_s seconds, and
+/// ends it with a newline at the end of training. Only on rank 0, and only when stderr is a
+/// terminal: otherwise it does nothing, and the core's plain log lines are the record.
+class ProgressCallback final : public Callback {
+ public:
+  static void declare_options(OptionSchema& schema);
+  ProgressCallback(const Options& options, const RunContext& ctx);
+
+  void on_train_start(const TrainPlan& plan) override;
+  void on_step_end(const StepMetrics& m) override;
+  void on_train_end(const TrainSummary& summary) override;
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  void draw(const StepMetrics& m, Clock::time_point now);
+
+  bool active_;
+  double refresh_s_;
+  int64_t total_steps_ = 0;
+  bool have_start_ = false;
+  int64_t start_step_ = 0;
+  Clock::time_point start_;
+  Clock::time_point last_draw_;
+  bool drawn_ = false;
+  StepMetrics last_;
+};
+
+}  // namespace trainrun::plugins

@@ -1,0 +1,57 @@
+#pragma once
+// Accelerator `cpu`: the host CPU and a world-of-one communicator.
+#include <trainrun/interfaces.hpp>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace trainrun::plugins {
+
+using namespace trainrun::v1;
+
+/// The communicator of a single process (backend "local"). Every collective is what the
+/// operation means for world_size 1: all_reduce and broadcast leave the tensor as it is (Avg
+/// divides by 1), all_gather and reduce_scatter copy the input into the output, barrier returns
+/// at once. send/recv throw, since there is no peer. Preconditions (defined, contiguous, CPU,
+/// sizes, dtypes) are checked as a multi-rank communicator checks them, so code that passes
+/// here does not fail only once it runs on more ranks.
+class LocalCommunicator final : public Communicator {
+ public:
+  explicit LocalCommunicator(double default_timeout_s) : timeout_s_(default_timeout_s) {}
+  int rank() const override { return 0; }
+  int world_size() const override { return 1; }
+  std::string backend() const override { return "local"; }
+  /// The timeout used where an operation's options give none (seconds; unused by the ops).
+  double default_timeout_s() const { return timeout_s_; }
+
+  std::shared_ptr<Work> all_reduce(at::Tensor& tensor, const AllReduceOptions& opts = {}) override;
+  std::shared_ptr<Work> reduce_scatter(const at::Tensor& input, at::Tensor& output,
+                                       const ReduceScatterOptions& opts = {}) override;
+  std::shared_ptr<Work> all_gather(const at::Tensor& input, at::Tensor& output,
+                                   const AllGatherOptions& opts = {}) override;
+  std::shared_ptr<Work> broadcast(at::Tensor& tensor, const BroadcastOptions& opts = {}) override;
+  std::shared_ptr<Work> send(const at::Tensor& tensor, const PointToPointOptions& opts) override;
+  std::shared_ptr<Work> recv(at::Tensor& tensor, const PointToPointOptions& opts) override;
+  std::shared_ptr<Work> barrier(const BarrierOptions& opts = {}) override;
+  std::shared_ptr<Communicator> new_group(const std::vector<int>& ranks) override;
+
+ private:
+  double timeout_s_;
+};
+
+/// The host CPU. Option `threads` > 0 sets LibTorch's intra-op and inter-op thread counts.
+class CpuAccelerator final : public Accelerator {
+ public:
+  static void declare_options(OptionSchema& schema);
+  CpuAccelerator(const Options& options, const RunContext& ctx);
+  c10::Device device() const override { return c10::Device(c10::kCPU); }
+  Communicator& communicator() override { return comm_; }
+  MemoryStats memory_stats() const override { return {}; }
+  std::string describe() const override;
+
+ private:
+  LocalCommunicator comm_;
+};
+
+}  // namespace trainrun::plugins

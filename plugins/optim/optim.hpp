@@ -1,0 +1,87 @@
+#pragma once
+// Optimizer components `sgd` and `adamw`. The update rules are written out on the tensors rather
+// than wrapping torch::optim, because torch::optim owns its parameter list and state layout,
+// while a ZeRO strategy needs to step a flat shard it owns and checkpoint the state by name.
+#include <trainrun/interfaces.hpp>
+#include <trainrun/lr_schedule.hpp>
+
+#include <string>
+#include <vector>
+
+namespace trainrun::plugins {
+
+using namespace trainrun::v1;
+
+/// What both rules keep per parameter. State tensors are allocated in init() and never
+/// reallocated, so state() hands out the live tensors: a checkpoint reader can restore them in
+/// place with copy_(). `step` counts this parameter's updates (a parameter without a gradient is
+/// skipped and does not advance, as in torch.optim); it is a CPU int64 scalar so reading it
+/// never synchronises a device.
+struct ParamSlot {
+  std::string name;
+  at::Tensor param;
+  at::Tensor step;
+  std::vector<at::Tensor> buffers;  ///< rule-specific, named by the rule's buffer_names
+};
+
+/// Shared plumbing: the schedule, the parameter slots and the named state.
+class ScheduledOptimizer : public Optimizer {
+ public:
+  void init(const std::vector<NamedTensor>& params, const TrainPlan& plan) override;
+  double lr(int64_t step) const override;
+  std::vector<NamedTensor> state() override;
+
+ protected:
+  ScheduledOptimizer(const Options& options, double peak_lr,
+                     std::vector<std::string> buffer_names);
+  /// Whether this rule needs per-parameter buffers at all (SGD without momentum does not).
+  virtual bool needs_state() const { return !buffer_names_.empty(); }
+  void check_initialized(const char* what) const;
+
+  std::string context_;
+  LrSchedule schedule_;
+  std::vector<std::string> buffer_names_;
+  std::vector<ParamSlot> slots_;
+  bool initialized_ = false;
+};
+
+/// torch.optim.SGD (PyTorch 1.13) with momentum, dampening, Nesterov and coupled L2 weight
+/// decay:  g += wd * p;  b = g (first step) or momentum * b + (1 - dampening) * g;
+///         g = g + momentum * b (Nesterov) or b;  p -= lr * g.
+class Sgd final : public ScheduledOptimizer {
+ public:
+  static void declare_options(OptionSchema& schema);
+  Sgd(const Options& options, const RunContext& ctx);
+  void step(int64_t step) override;
+
+ protected:
+  bool needs_state() const override { return momentum_ != 0; }
+
+ private:
+  double momentum_;
+  double dampening_;
+  double weight_decay_;
+  bool nesterov_;
+};
+
+/// torch.optim.AdamW (PyTorch 1.13, amsgrad off): Adam with decoupled weight decay
+/// (Loshchilov & Hutter, "Decoupled Weight Decay Regularization", ICLR 2019):
+///   p *= 1 - lr * wd;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;
+///   p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps).
+/// With no_decay_1d, parameters of dim < 2 (biases, norm weights) get no decay, as in the
+/// parameter grouping of GPT-2/BERT training code.
+class AdamW final : public ScheduledOptimizer {
+ public:
+  static void declare_options(OptionSchema& schema);
+  AdamW(const Options& options, const RunContext& ctx);
+  void step(int64_t step) override;
+
+ private:
+  double beta1_;
+  double beta2_;
+  double eps_;
+  double weight_decay_;
+  bool no_decay_1d_;
+};
+
+}  // namespace trainrun::plugins
