@@ -2,9 +2,7 @@
 add_executable(unit_core unit_core.cpp)
 target_link_libraries(unit_core PRIVATE trainrun_core)
 target_compile_definitions(unit_core PRIVATE TRAINRUN_TEST_PLUGIN_DIR="${TRAINRUN_PLUGIN_OUTPUT_DIR}")
-if(TRAINRUN_PCH_TARGET)
-  target_precompile_headers(unit_core REUSE_FROM ${TRAINRUN_PCH_TARGET})
-endif()
+trainrun_use_pch(unit_core)
 add_test(NAME unit_core COMMAND unit_core)
 set_tests_properties(unit_core PROPERTIES TIMEOUT 60)
 
