@@ -7,17 +7,7 @@ if ! /usr/bin/python3 -c "import torch" 2>/dev/null; then
   echo "SKIP: Debian's python3-torch is not installed (apt-get install python3-torch)"
   exit 77
 fi
-/usr/bin/python3 - "$work/net.pt" <<'PY'
-import sys, torch
-class Net(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc1 = torch.nn.Linear(784, 64)
-        self.fc2 = torch.nn.Linear(64, 10)
-    def forward(self, x):
-        return self.fc2(torch.relu(self.fc1(x.flatten(1))))
-torch.jit.script(Net()).save(sys.argv[1])
-PY
+/usr/bin/python3 "$(dirname "$0")/make_torchscript_mlp.py" "$work/net.pt"
 run "$work/log" "$tr" --config "$job" --set trainer.run_dir="$work/run" --set model.path="$work/net.pt"
 last=$(tail -n 1 "$work/log")
 acc=$(sed -n 's/.*accuracy \([0-9.]*\)%.*/\1/p' <<<"$last")

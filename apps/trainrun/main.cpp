@@ -68,14 +68,14 @@ void print_schema(const v1::OptionSchema& schema) {
 
 int cmd_plugins(const Registry& reg, const std::string& name) {
   if (name.empty()) {
-    std::cout << std::left << std::setw(18) << "name" << std::setw(13) << "kind" << std::setw(12)
+    std::cout << std::left << std::setw(18) << "name" << std::setw(13) << "kind" << std::setw(22)
               << "plugin" << std::setw(10) << "version" << std::setw(6) << "ABI" << "file\n";
     for (const auto* c : reg.all_components()) {
       std::string abi;
       for (const auto& p : reg.plugins())
         if (p.file == c->file) abi = std::to_string(p.abi_major) + "." + std::to_string(p.abi_minor);
       std::cout << std::left << std::setw(18) << c->name << std::setw(13) << v1::kind_name(c->kind)
-                << std::setw(12) << c->plugin_name << std::setw(10) << c->plugin_version
+                << std::setw(22) << c->plugin_name << std::setw(10) << c->plugin_version
                 << std::setw(6) << abi << c->file << "\n";
     }
     for (const auto& s : reg.skipped()) std::cout << "skipped: " << s.file << ": " << s.reason << "\n";

@@ -12,6 +12,8 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdlib>
+#include <cstring>
+#include <fstream>
 #include <filesystem>
 #include <iostream>
 #include <sstream>
@@ -90,7 +92,11 @@ void Registry::load(const std::string& file_in, bool explicit_file) {
     if (p.file == file) return;  // the same file reached twice through the path
 
   SkippedPlugin skip{file, {}, {}};
+  // Declared before `fail` so a library whose code has run (static initializers, the entry
+  // point) stays loaded even when it is refused: libraries are never unloaded (DESIGN.md).
+  boost::dll::shared_library lib;
   auto fail = [&](const std::string& reason) {
+    if (lib.is_loaded()) loaded_libraries().push_back(std::move(lib));
     skip.reason = reason;
     std::string msg = "plugin " + file + ": " + reason;
     if (explicit_file) throw PluginError(msg);
@@ -99,19 +105,32 @@ void Registry::load(const std::string& file_in, bool explicit_file) {
   };
 
   // 1. The entry symbol, read from the ELF tables without loading (or running) the file.
+  {
+    std::ifstream f(file, std::ios::binary);
+    char magic[4] = {};
+    if (!f.read(magic, sizeof(magic)) || std::memcmp(magic, "\x7f" "ELF", 4) != 0) {
+      std::error_code ec;
+      const auto size = fs::file_size(file, ec);
+      return fail("not a loadable shared object: not an ELF file (" +
+                  (ec ? std::string("unreadable") : std::to_string(size) + " bytes") + ")");
+    }
+  }
+  bool has_entry = false;
   try {
     boost::dll::library_info info(fs::path(file), /*throw_if_not_native=*/true);
     auto symbols = info.symbols();
-    if (std::find(symbols.begin(), symbols.end(), TRAINRUN_PLUGIN_ENTRY_NAME) == symbols.end())
-      return fail(std::string("not a trainrun plugin: it exports no '") +
-                  TRAINRUN_PLUGIN_ENTRY_NAME + "' symbol");
+    has_entry =
+        std::find(symbols.begin(), symbols.end(), TRAINRUN_PLUGIN_ENTRY_NAME) != symbols.end();
   } catch (const std::exception& e) {
-    return fail(std::string("not a loadable shared object (") + e.what() + ")");
+    return fail(std::string("not a loadable shared object: truncated or corrupt ELF file (") +
+                e.what() + ")");
   }
+  if (!has_entry)
+    return fail(std::string("not a trainrun plugin: it exports no '") +
+                TRAINRUN_PLUGIN_ENTRY_NAME + "' symbol");
 
   // 2. Load. RTLD_LOCAL keeps each plugin's symbols to itself; RTLD_NOW reports a missing
   // dependency here rather than at the first call.
-  boost::dll::shared_library lib;
   try {
     lib.load(fs::path(file), boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local);
   } catch (const std::exception& e) {
@@ -126,31 +145,36 @@ void Registry::load(const std::string& file_in, bool explicit_file) {
     d = entry();
   } catch (const std::exception& e) {
     return fail(std::string("entry point threw: ") + e.what());
+  } catch (...) {
+    return fail("entry point threw an exception that is not a std::exception");
   }
   if (!d) return fail("entry point returned no descriptor");
 
-  // 3. Descriptor checks, in DESIGN.md's order.
+  // 3. Descriptor checks, in DESIGN.md's order. Only struct_size, abi_major and abi_minor are
+  // common to every ABI major: nothing after them is read before the major matches.
+  if (d->abi_major != v1::kAbiMajor)
+    return fail("built for ABI " + abi_string(d->abi_major, d->abi_minor) +
+                ", this trainrun supports ABI " + abi_string(v1::kAbiMajor, v1::kAbiMinor) +
+                " (major must match, minor must not be newer)");
   constexpr size_t kMinSize = offsetof(trainrun_plugin_descriptor_v1, components) + sizeof(void*);
   if (d->struct_size < kMinSize)
     return fail("descriptor is " + std::to_string(d->struct_size) + " bytes, at least " +
                 std::to_string(kMinSize) + " expected");
-  if (d->abi_major != v1::kAbiMajor || d->abi_minor > v1::kAbiMinor) {
-    // Remember what it declared so a job that names one of its components gets this reason.
-    if (d->components)
-      for (uint32_t i = 0; i < d->num_components; ++i)
-        if (valid_kind(d->components[i].kind) && d->components[i].name)
-          skip.components.emplace_back(static_cast<ComponentKind>(d->components[i].kind),
-                                       d->components[i].name);
-    return fail("built for ABI " + abi_string(d->abi_major, d->abi_minor) +
-                ", this trainrun supports ABI " + abi_string(v1::kAbiMajor, v1::kAbiMinor) +
-                " (major must match, minor must not be newer)");
-  }
+  // Same major: fields are only appended, so the component list can be read. Remember what it
+  // declared so a job that names one of its components gets the reason it was refused.
   auto remember_components = [&] {
+    if (!d->components) return;
     for (uint32_t i = 0; i < d->num_components; ++i)
       if (valid_kind(d->components[i].kind) && d->components[i].name)
         skip.components.emplace_back(static_cast<ComponentKind>(d->components[i].kind),
                                      d->components[i].name);
   };
+  if (d->abi_minor > v1::kAbiMinor) {
+    remember_components();
+    return fail("built for ABI " + abi_string(d->abi_major, d->abi_minor) +
+                ", this trainrun supports ABI " + abi_string(v1::kAbiMajor, v1::kAbiMinor) +
+                " (major must match, minor must not be newer)");
+  }
   const std::string torch_version = d->torch_version ? d->torch_version : "(none)";
   if (torch_version != TRAINRUN_BUILD_TORCH_VERSION) {
     remember_components();
@@ -174,6 +198,7 @@ void Registry::load(const std::string& file_in, bool explicit_file) {
     if (p.name == name) {
       warnings_.push_back("plugin '" + name + "' found twice: using " + p.file + ", ignoring " +
                           file);
+      loaded_libraries().push_back(std::move(lib));  // its code has run: never unloaded
       return;
     }
   if (d->num_components > 0 && !d->components) return fail("descriptor lists no components");

@@ -1,9 +1,12 @@
-# trainrun_add_plugin(<name> SOURCES <src>... [LIBRARIES <lib>...] [INCLUDE_DIRS <dir>...])
+# trainrun_add_plugin(<name> SOURCES <src>... [LIBRARIES <lib>...] [INCLUDE_DIRS <dir>...]
+#                     [NO_INSTALL])
 #
 # Builds a trainrun plugin: a MODULE library named libtrainrun-<name>.so that exports only the
 # entry symbol (linker version script), compiled against the same LibTorch as the core and
 # stamped with the LibTorch version and compiler the loader checks. Used for every in-tree
 # plugin and by third parties after find_package(TrainrunSDK).
+#
+# NO_INSTALL: add no install rule (test-only plugins that must never reach an install tree).
 #
 # Variables read:
 #   TRAINRUN_PLUGIN_OUTPUT_DIR  where the .so is written (default: the current binary dir)
@@ -12,7 +15,7 @@
 set(_TRAINRUN_SDK_CMAKE_DIR "${CMAKE_CURRENT_LIST_DIR}")
 
 function(trainrun_add_plugin name)
-  cmake_parse_arguments(ARG "" "" "SOURCES;LIBRARIES;INCLUDE_DIRS" ${ARGN})
+  cmake_parse_arguments(ARG "NO_INSTALL" "" "SOURCES;LIBRARIES;INCLUDE_DIRS" ${ARGN})
   if(NOT ARG_SOURCES)
     message(FATAL_ERROR "trainrun_add_plugin(${name}): SOURCES is required")
   endif()
@@ -42,6 +45,9 @@ function(trainrun_add_plugin name)
   endif()
   if(TRAINRUN_PCH_TARGET AND TARGET ${TRAINRUN_PCH_TARGET})
     target_precompile_headers(${name} REUSE_FROM ${TRAINRUN_PCH_TARGET})
+  endif()
+  if(ARG_NO_INSTALL)
+    return()
   endif()
   if(NOT DEFINED TRAINRUN_PLUGIN_INSTALL_DIR)
     set(TRAINRUN_PLUGIN_INSTALL_DIR lib/trainrun/plugins)

@@ -109,6 +109,9 @@ auto guarded(const std::string& label, const char* operation, F&& fn) -> decltyp
     throw v1::PluginError(label + ": " + operation + " failed: " + e.what_without_backtrace());
   } catch (const std::exception& e) {
     throw v1::PluginError(label + ": " + operation + " failed: " + e.what());
+  } catch (...) {
+    throw v1::PluginError(label + ": " + operation +
+                          " failed: threw an exception that is not a std::exception");
   }
 }
 

@@ -1,0 +1,132 @@
+#!/usr/bin/env bash
+# sdk_out_of_tree.sh <trainrun-build-dir> <trainrun-source-dir> <work-dir>
+#
+# The SDK as a third party sees it: installs the trainrun build into <work-dir>/prefix (nothing
+# is rebuilt), builds sdk/examples/loss-threshold against that prefix alone with
+# find_package(TrainrunSDK), then trains a short job with the INSTALLED trainrun, the example
+# found through TRAINRUN_PLUGIN_PATH, and checks what the callback printed and wrote.
+set -euo pipefail
+build=$(cd "$1" && pwd)
+src=$(cd "$2" && pwd)
+work=$3
+example_src=$src/sdk/examples/loss-threshold
+
+fail() { echo "FAIL: $*" >&2; exit 1; }
+step() { echo; echo "=== $*"; }
+
+rm -rf "$work"
+mkdir -p "$work"
+work=$(cd "$work" && pwd)
+prefix=$work/prefix
+
+step "install $build into $prefix"
+cmake --install "$build" --prefix "$prefix" >"$work/install.log" 2>&1 || {
+  cat "$work/install.log"; fail "cmake --install failed"; }
+for f in bin/trainrun include/trainrun/trainrun.hpp include/trainrun/plugin.hpp \
+         lib/cmake/TrainrunSDK/TrainrunSDKConfig.cmake \
+         lib/cmake/TrainrunSDK/TrainrunSDKConfigVersion.cmake \
+         lib/cmake/TrainrunSDK/TrainrunSDKTargets.cmake \
+         lib/cmake/TrainrunSDK/TrainrunSDKFunctions.cmake \
+         lib/cmake/TrainrunSDK/trainrun_plugin.map; do
+  [ -e "$prefix/$f" ] || fail "the install lacks $f"
+done
+# Test-only plugins (tests/bad_plugins) must never reach an install tree.
+if ls "$prefix"/lib/trainrun/plugins | grep -E 'bad-|not-a-plugin|entry-v2'; then
+  fail "test plugins were installed into $prefix/lib/trainrun/plugins"
+fi
+
+step "the example includes only <trainrun/trainrun.hpp> from the SDK"
+bad_includes=$(grep -hE '#include *[<"]trainrun/' "$example_src"/*.cpp "$example_src"/*.hpp 2>/dev/null |
+               grep -vE '#include *<trainrun/trainrun\.hpp>' || true)
+[ -z "$bad_includes" ] || fail "the example includes other SDK headers: $bad_includes"
+
+step "configure and build the example against $prefix"
+launcher=()
+if command -v ccache >/dev/null; then launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache); fi
+cmake -S "$example_src" -B "$work/example" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_EXPORT_COMPILE_COMMANDS=ON "${launcher[@]}"
+cmake --build "$work/example"
+plugin=$work/example/libtrainrun-loss-threshold.so
+[ -f "$plugin" ] || fail "the example build produced no $plugin"
+# Compiled against the installed headers, not the source tree.
+grep -q -- "$prefix/include" "$work/example/compile_commands.json" ||
+  fail "the example was not compiled against $prefix/include"
+if grep -q -- "$src/sdk/include" "$work/example/compile_commands.json"; then
+  fail "the example was compiled against the source tree's sdk/include"
+fi
+# Exports exactly the entry symbol.
+exported=$(nm -D --defined-only "$plugin" | awk '{print $3}' | grep -v '^$' | sort -u)
+[ "$exported" = "trainrun_plugin_entry" ] || fail "the example exports: $exported"
+
+trainrun=$prefix/bin/trainrun
+export TRAINRUN_PLUGIN_PATH=$work/example
+
+step "the installed trainrun lists the example"
+out=$("$trainrun" plugins loss-threshold 2>&1) || { echo "$out"; fail "trainrun plugins loss-threshold"; }
+echo "$out"
+echo "$out" | grep -q "plugin loss-threshold 1.0.0, $plugin" || fail "not listed from $plugin"
+
+step "train with the example callback"
+cat >"$work/job.toml" <<JOB
+[model]
+plugin = "mlp"
+hidden = [32]
+
+[data]
+plugin = "idx"
+
+[optimizer]
+plugin = "sgd"
+lr = 0.1
+
+[trainer]
+max_steps = 20
+global_batch_size = 32
+eval_every = 10
+eval_max_batches = 4
+log_every = 10
+seed = 1
+run_dir = "$work/run"
+
+# Reached: the evaluation loss of this job falls well below 2.1 within 20 steps.
+[[callbacks]]
+plugin = "loss-threshold"
+threshold = 2.1
+
+# Never reached (a loss is never negative); reported at the end, the run still succeeds.
+[[callbacks]]
+plugin = "loss-threshold"
+threshold = 0.0
+metric = "train_loss"
+filename = "never.json"
+JOB
+set +e
+out=$("$trainrun" --config "$work/job.toml" 2>&1)
+rc=$?
+set -e
+echo "$out"
+[ "$rc" -eq 0 ] || fail "training exited with $rc"
+echo "$out" | grep -Eq '^\[loss-threshold: eval_loss [0-9.]+ < 2\.1 at step (10|20)\]$' ||
+  fail "the callback did not report reaching eval_loss < 2.1"
+echo "$out" | grep -Eq '^\[loss-threshold: train_loss never went below 0 \(best [0-9.]+ at step [0-9]+\) in 20 steps\]$' ||
+  fail "the callback did not report that train_loss never went below 0"
+json=$work/run/loss-threshold.json
+[ -f "$json" ] || fail "$json was not written"
+cat "$json"
+grep -Eq '^\{"metric": "eval_loss", "threshold": 2\.1, "value": [0-9.]+, "step": (10|20)\}$' "$json" ||
+  fail "$json has unexpected contents"
+[ ! -e "$work/run/never.json" ] || fail "never.json was written although the threshold was not reached"
+
+step "require = true fails a run that never reaches the threshold"
+set +e
+out=$("$trainrun" --config "$work/job.toml" --set callbacks.1.require=true \
+        --set trainer.run_dir="$work/run-require" 2>&1)
+rc=$?
+set -e
+echo "$out"
+[ "$rc" -ne 0 ] && [ "$rc" -lt 128 ] || fail "expected a clean failure, got exit code $rc"
+echo "$out" | grep -Eq "error: .*loss-threshold.*train_loss never went below 0" ||
+  fail "the failure does not name the plugin and the reason"
+
+echo
+echo "PASS"
