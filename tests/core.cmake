@@ -28,6 +28,11 @@ add_test(NAME e2e_torchscript
 # CLI: check, plugins, bad job files exit 2 with file:line:column.
 add_test(NAME e2e_cli
   COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/e2e_cli.sh ${_tr} ${_jobs} ${_work}/cli)
+# ctest runs two tests at once on two cores: one thread per test (LibTorch and OpenBLAS pools),
+# or OpenMP spin-waits on oversubscribed cores make each run several times slower.
+set_tests_properties(e2e_same_seed_bitwise e2e_accumulation_equivalence e2e_cli
+  e2e_fashion_mnist_short e2e_gpt_text_short e2e_torchscript
+  PROPERTIES ENVIRONMENT "OMP_NUM_THREADS=1;OPENBLAS_NUM_THREADS=1")
 set_tests_properties(e2e_same_seed_bitwise e2e_accumulation_equivalence e2e_cli PROPERTIES TIMEOUT 180)
 set_tests_properties(e2e_fashion_mnist_short e2e_gpt_text_short PROPERTIES TIMEOUT 300)
 set_tests_properties(e2e_torchscript PROPERTIES TIMEOUT 180 SKIP_RETURN_CODE 77)

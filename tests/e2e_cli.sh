@@ -28,4 +28,19 @@ expect_error "unknown command 'trian'" trian
 expect_error "no plugin component named 'adamv'; did you mean 'adamw'" plugins adamv
 expect_error "global_batch_size 64 is not divisible by micro_batch_size 48" \
   --config "$jobs/mlp-small.toml" --set trainer.micro_batch_size=48 --set trainer.run_dir="$work/r"
+# Ctrl-C (SIGINT) and SIGTERM stop after the current step with exit code 130, leaving the
+# metrics already logged.
+for sig in INT TERM; do
+  "$tr" --config "$jobs/mlp-small.toml" --set trainer.max_steps=1000000 --set trainer.run_dir="$work/sig$sig" \
+    >"$work/sig.log" 2>&1 &
+  pid=$!
+  for _ in $(seq 100); do [ -s "$work/sig$sig/metrics.jsonl" ] && break; sleep 0.1; done
+  kill -"$sig" "$pid"
+  rc=0
+  wait "$pid" || rc=$?
+  cat "$work/sig.log"
+  [ "$rc" -eq 130 ] || fail "SIG$sig: expected exit code 130, got $rc"
+  grep -q "^interrupted by signal" "$work/sig.log" || fail "SIG$sig: no interruption message"
+  [ -s "$work/sig$sig/metrics.jsonl" ] || fail "SIG$sig: metrics.jsonl lost"
+done
 echo "OK"

@@ -4,7 +4,7 @@ source "$(dirname "$0")/e2e_lib.sh"
 tr=$1 job=$2 work=$3
 rm -rf "$work" && mkdir -p "$work"
 run "$work/log" "$tr" --config "$job" --set trainer.run_dir="$work/run" --set trainer.max_steps=300 \
-  --set trainer.eval_every=0
+  --set trainer.eval_every=0 --set accelerator.threads=1
 last=$(tail -n 1 "$work/log")
 [[ "$last" == "final eval:"* ]] || fail "last stdout line is not the evaluation result: $last"
 acc=$(sed -n 's/.*accuracy \([0-9.]*\)%.*/\1/p' <<<"$last")

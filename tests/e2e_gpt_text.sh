@@ -4,7 +4,7 @@ source "$(dirname "$0")/e2e_lib.sh"
 tr=$1 job=$2 work=$3
 rm -rf "$work" && mkdir -p "$work"
 run "$work/log" "$tr" --config "$job" --set trainer.run_dir="$work/run" --set trainer.max_steps=80 \
-  --set trainer.eval_every=0 --set trainer.eval_max_batches=20 --set optimizer.warmup_steps=10
+  --set trainer.eval_every=0 --set accelerator.threads=1 --set trainer.eval_max_batches=20 --set optimizer.warmup_steps=10
 last=$(tail -n 1 "$work/log")
 loss=$(sed -n 's/^final eval: loss \([0-9.]*\).*/\1/p' <<<"$last")
 [ -n "$loss" ] || fail "no final eval line: $last"

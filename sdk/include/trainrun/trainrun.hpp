@@ -2,6 +2,8 @@
 // Umbrella header for plugin authors.
 #include "trainrun/error.hpp"
 #include "trainrun/interfaces.hpp"
+#include "trainrun/lr_schedule.hpp"
+#include "trainrun/module_model.hpp"
 #include "trainrun/options.hpp"
 #include "trainrun/plugin.hpp"
 #include "trainrun/types.hpp"
