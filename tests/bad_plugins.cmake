@@ -58,9 +58,7 @@ target_compile_definitions(bad-entry-v2 PRIVATE
   TRAINRUN_BUILD_COMPILER_ID="${CMAKE_CXX_COMPILER_ID}-${CMAKE_CXX_COMPILER_VERSION}")
 set_target_properties(bad-entry-v2 PROPERTIES
   PREFIX "libtrainrun-" OUTPUT_NAME entry-v2 LIBRARY_OUTPUT_DIRECTORY ${_bad_out}/entry-v2)
-if(TRAINRUN_PCH_TARGET AND TARGET ${TRAINRUN_PCH_TARGET})
-  target_precompile_headers(bad-entry-v2 REUSE_FROM ${TRAINRUN_PCH_TARGET})
-endif()
+trainrun_use_pch(bad-entry-v2)
 
 set(_bad_targets bad-abi-major bad-abi-minor bad-null-components bad-abi-major-layout bad-torch-version bad-exploding bad-duplicate-a
                  bad-duplicate-b bad-not-a-plugin bad-entry-v2)

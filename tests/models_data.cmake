@@ -10,13 +10,7 @@ target_link_libraries(unit_models_data PRIVATE TrainrunSDK::sdk doctest::doctest
 target_compile_definitions(unit_models_data PRIVATE
   TRAINRUN_BUILD_TORCH_VERSION="${Torch_VERSION}"
   TRAINRUN_BUILD_COMPILER_ID="${CMAKE_CXX_COMPILER_ID}-${CMAKE_CXX_COMPILER_VERSION}")
-if(TRAINRUN_PCH_TARGET)
-  # The shared PCH is built with -fPIC; an executable gets -fPIE, which GCC refuses to mix with
-  # that PCH (it would silently re-parse <torch/torch.h>). -fPIC objects link into a PIE fine.
-  set_target_properties(unit_models_data PROPERTIES POSITION_INDEPENDENT_CODE OFF)
-  target_compile_options(unit_models_data PRIVATE -fPIC)
-  target_precompile_headers(unit_models_data REUSE_FROM ${TRAINRUN_PCH_TARGET})
-endif()
+trainrun_use_pch(unit_models_data)
 
 # One CTest entry per doctest suite, so a failure names the area.
 foreach(suite idx text gpt classifiers determinism torchscript)
