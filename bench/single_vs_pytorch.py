@@ -2,13 +2,15 @@
 """trainrun's single-process step throughput vs the same model, batch, optimizer and thread count
 in a plain PyTorch training loop (Debian's python3-torch, the same LibTorch 1.13 underneath).
 
-Both sides: Fashion-MNIST held in memory, a random global batch gathered per step, forward,
-cross-entropy (sum / batch), backward, AdamW (no decay on 1-d parameters). Step time is the
-mean over the steps after `warmup`; samples/s = batch / step time.
+Both sides: Fashion-MNIST (or the fortunes bytes for gpt) held in memory, a random global batch
+gathered per step, forward, cross-entropy (sum / targets), backward, AdamW (no decay on 1-d
+parameters). Step time is the median over the steps after `warmup` (robust to another process
+taking a core for a moment); samples/s = batch / step time. Each model runs `--rounds` times per
+side, alternating which side goes first, and the median round is reported.
 
 usage: bench/single_vs_pytorch.py <trainrun binary> [--steps N] [--threads T] [--batch B]
 """
-import argparse, gzip, json, os, subprocess, sys, tempfile, time
+import argparse, gzip, json, os, statistics, subprocess, sys, tempfile, time
 
 import numpy as np
 import torch
@@ -128,11 +130,11 @@ def pytorch_step_time(model_name, steps, warmup, batch, threads):
         opt.zero_grad(set_to_none=True)
         loss.item()
         times.append(time.perf_counter() - t0)
-    return sum(times[warmup:]) / len(times[warmup:])
+    return statistics.median(times[warmup:])
 
 
 def trainrun_step_time(binary, model_name, steps, warmup, batch, threads, work):
-    run_dir = os.path.join(work, model_name)
+    run_dir = tempfile.mkdtemp(prefix=model_name + "-", dir=work)
     cmd = [binary, "--config", os.path.join(ROOT, "bench", "jobs", f"{model_name}.toml"),
            "--set", f"trainer.max_steps={steps}", "--set", f"trainer.global_batch_size={batch}",
            "--set", f"accelerator.threads={threads}", "--set", f"trainer.run_dir={run_dir}"]
@@ -140,7 +142,7 @@ def trainrun_step_time(binary, model_name, steps, warmup, batch, threads, work):
     rows = [json.loads(l) for l in open(os.path.join(run_dir, "metrics.jsonl"))]
     times = [r["step_time_s"] for r in rows if "step_time_s" in r]
     assert len(times) == steps, (len(times), steps)
-    return sum(times[warmup:]) / len(times[warmup:])
+    return statistics.median(times[warmup:])
 
 
 def main():
@@ -151,11 +153,12 @@ def main():
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--gpt-batch", type=int, default=16)
-    ap.add_argument("--gpt-steps", type=int, default=60)
+    ap.add_argument("--gpt-steps", type=int, default=100)
+    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--models", default="mlp,cnn,gpt")
     a = ap.parse_args()
     print(f"single process, batch {a.batch} (gpt {a.gpt_batch} x 128 bytes), {a.threads} threads, "
-          f"{a.steps} steps (gpt {a.gpt_steps}) "
+          f"{a.steps} steps (gpt {a.gpt_steps}), median of {a.rounds} alternating rounds, "
           f"(first {a.warmup} not timed); torch {torch.__version__}")
     print(f"{'model':6} {'trainrun samples/s':>20} {'pytorch samples/s':>18} {'ratio':>7}")
     worst = None
@@ -163,8 +166,14 @@ def main():
         for m in a.models.split(","):
             batch = a.batch if m != "gpt" else a.gpt_batch
             steps = a.steps if m != "gpt" else a.gpt_steps
-            tr = trainrun_step_time(a.trainrun, m, steps, a.warmup, batch, a.threads, work)
-            py = pytorch_step_time(m, steps, a.warmup, batch, a.threads)
+            trs, pys = [], []
+            for r in range(a.rounds):
+                sides = [lambda: trs.append(trainrun_step_time(a.trainrun, m, steps, a.warmup,
+                                                               batch, a.threads, work)),
+                         lambda: pys.append(pytorch_step_time(m, steps, a.warmup, batch, a.threads))]
+                for run in (sides if r % 2 == 0 else sides[::-1]):
+                    run()
+            tr, py = statistics.median(trs), statistics.median(pys)
             ratio = py / tr
             worst = ratio if worst is None else min(worst, ratio)
             print(f"{m:6} {batch / tr:20.0f} {batch / py:18.0f} {ratio:7.2f}", flush=True)

@@ -342,7 +342,7 @@ int train(const JobConfig& job, const Registry& registry) {
     m.samples_per_s = samples_done / loop_s;
     m.tokens_per_s = tokens_done / loop_s;
     m.total_steps = plan.total_steps;
-    const double scale = precision.obj->loss_scale();
+    const double scale = precision.call("loss_scale", [](v1::Precision& p) { return p.loss_scale(); });
     if (scale != 1.0) m.extra["loss_scale"] = scale;
     if (!finite) m.extra["skipped"] = 1;
     for (auto& cb : callbacks) cb.call("on_step_end", [&](v1::Callback& c) { c.on_step_end(m); return 0; });
