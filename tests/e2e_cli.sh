@@ -28,6 +28,18 @@ expect_error "unknown command 'trian'" trian
 expect_error "no plugin component named 'adamv'; did you mean 'adamw'" plugins adamv
 expect_error "global_batch_size 64 is not divisible by micro_batch_size 48" \
   --config "$jobs/mlp-small.toml" --set trainer.micro_batch_size=48 --set trainer.run_dir="$work/r"
+expect_error "global_batch_size 64 is not divisible by micro_batch_size 48" \
+  check --config "$jobs/mlp-small.toml" --set trainer.micro_batch_size=48
+# A second run into the same run_dir moves the first run's files to previous-1/: the new
+# metrics.jsonl holds only the new run, and nothing of the old one is lost.
+for i in 1 2; do
+  run "$work/again$i.log" "$tr" --config "$jobs/mlp-small.toml" --set trainer.max_steps=$((3 * i)) \
+    --set trainer.run_dir="$work/again"
+done
+grep -q "held an earlier run" "$work/again2.log" || fail "no notice about the earlier run"
+[ "$(grep -c '"loss"' "$work/again/metrics.jsonl")" -eq 6 ] || fail "metrics.jsonl mixes two runs"
+[ "$(grep -c '"loss"' "$work/again/previous-1/metrics.jsonl")" -eq 3 ] || fail "earlier metrics lost"
+grep -q "max_steps = 3" "$work/again/previous-1/job.toml" || fail "earlier job.toml lost"
 # Ctrl-C (SIGINT) and SIGTERM stop after the current step with exit code 130, leaving the
 # metrics already logged.
 for sig in INT TERM; do

@@ -153,6 +153,25 @@ TEST_CASE("unknown plugin lists the plugins of that kind that were found") {
   CHECK(e.find("gpt") != std::string::npos);
 }
 
+TEST_CASE("unknown plugin close to a known one gets a did-you-mean and the search path") {
+  std::string e = error_of("[model]\nplugin = \"cnnn\"\n[data]\nplugin = \"idx\"\n");
+  CHECK(e.find("unknown model plugin 'cnnn' (did you mean 'cnn'?)") != std::string::npos);
+  CHECK(e.find("searched: " TRAINRUN_TEST_PLUGIN_DIR) != std::string::npos);
+  CHECK(e.find("TRAINRUN_PLUGIN_PATH") != std::string::npos);
+}
+
+TEST_CASE("a batch layout that does not divide is caught by validation, at the key") {
+  std::string e = error_of("[trainer]\nmax_steps = 5\nglobal_batch_size = 64\nmicro_batch_size = 48\n"
+                           "[model]\nplugin=\"mlp\"\n[data]\nplugin=\"idx\"\n");
+  CHECK(e.find(".toml:4:20") != std::string::npos);
+  CHECK(e.find("global_batch_size 64 is not divisible by micro_batch_size 48 x world_size 1") !=
+        std::string::npos);
+  e = error_of("[trainer]\nmax_steps = 5\nglobal_batch_size = 63\n[launch]\nnproc_per_node = 2\n"
+               "[model]\nplugin=\"mlp\"\n[data]\nplugin=\"idx\"\n");
+  CHECK(e.find(".toml:3:21") != std::string::npos);
+  CHECK(e.find("global_batch_size 63 is not divisible by world_size 2") != std::string::npos);
+}
+
 TEST_CASE("missing [model] table, missing plugin key, missing required option") {
   CHECK(error_of("[data]\nplugin = \"idx\"\n").find("missing table [model]") != std::string::npos);
   std::string e = error_of("[model]\nhidden = [3]\n[data]\nplugin = \"idx\"\n");

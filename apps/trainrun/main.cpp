@@ -7,6 +7,7 @@
 #include <boost/program_options.hpp>
 #include <c10/util/Exception.h>
 
+#include <cmath>
 #include <filesystem>
 #include <iomanip>
 #include <iostream>
@@ -49,9 +50,13 @@ std::string range(const v1::OptionSpec& s) {
     return out;
   }
   if (!s.min && !s.max) return "";
-  std::ostringstream os;
-  os << "[" << (s.min ? *s.min : -INFINITY) << ", " << (s.max ? *s.max : INFINITY) << "]";
-  return os.str();
+  auto num = [](double v) {
+    std::ostringstream os;
+    if (std::fabs(v) < 1e15 && v == std::floor(v)) os << static_cast<long long>(v);
+    else os << v;
+    return os.str();
+  };
+  return "[" + (s.min ? num(*s.min) : "-inf") + ", " + (s.max ? num(*s.max) : "inf") + "]";
 }
 
 void print_schema(const v1::OptionSchema& schema) {
@@ -136,7 +141,7 @@ int main(int argc, char** argv) {
   }
   if (vm.count("help")) {
     std::cout << "usage: trainrun --config job.toml [--set key=value]...\n"
-                 "       trainrun check --config job.toml\n"
+                 "       trainrun check --config job.toml [--set key=value]... [--plugin-path P]...\n"
                  "       trainrun plugins [NAME]\n\n"
               << opts << std::endl;
     return 0;

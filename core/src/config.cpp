@@ -175,6 +175,8 @@ namespace {
 
 std::string where(const toml::source_region& src, const std::string& fallback) {
   if (src.begin.line == 0) return fallback;
+  // A value from --set is located by the flag itself; line and column would be noise.
+  if (src.path && src.path->rfind("--set ", 0) == 0) return *src.path;
   std::ostringstream os;
   os << (src.path ? *src.path : fallback) << ":" << src.begin.line << ":" << src.begin.column;
   return os.str();
@@ -479,6 +481,27 @@ JobConfig JobFile::validate(const Registry& registry) const {
   job.launch = validate_table(table_or_empty("launch"), launch_schema(), "[launch]", file, "");
   validate_table(table_or_empty("plugins"), plugins_schema(), "[plugins]", file, "");
 
+  // The batch layout depends only on the job, so `trainrun check` catches a bad one too.
+  {
+    const int64_t world = job.launch.get_int("nproc_per_node") * job.launch.get_int("nnodes");
+    const int64_t global = job.trainer.get_int("global_batch_size");
+    const int64_t micro = job.trainer.get_int("micro_batch_size");
+    const auto* trainer_table = root.get_as<toml::table>("trainer");
+    auto loc_of = [&](const char* key) {
+      const toml::node* n = trainer_table ? trainer_table->get(key) : nullptr;
+      return n ? where(n->source(), file) : file;
+    };
+    if (micro == 0 && global % world != 0)
+      throw ConfigError(loc_of("global_batch_size") + ": [trainer] global_batch_size " +
+                        std::to_string(global) + " is not divisible by world_size " +
+                        std::to_string(world) + " ([launch] nproc_per_node x nnodes)");
+    if (micro > 0 && global % (micro * world) != 0)
+      throw ConfigError(loc_of("micro_batch_size") + ": [trainer] global_batch_size " +
+                        std::to_string(global) + " is not divisible by micro_batch_size " +
+                        std::to_string(micro) + " x world_size " + std::to_string(world) +
+                        " (the gradient-accumulation step count must be a whole number)");
+  }
+
   auto component = [&](const toml::table& t, ComponentKind kind, const std::string& section,
                        const char* default_plugin) {
     ComponentConfig c;
@@ -518,12 +541,11 @@ JobConfig JobFile::validate(const Registry& registry) const {
                           s.default_plugin);
   }
   if (const auto* arr = root.get_as<toml::array>("callbacks")) {
+    // Numbered from 0, as `--set callbacks.0.key=...` addresses them.
     size_t i = 0;
-    for (const auto& n : *arr) {
-      ++i;
+    for (const auto& n : *arr)
       job.callbacks.push_back(component(*n.as_table(), ComponentKind::Callback,
-                                        "[[callbacks]] #" + std::to_string(i), nullptr));
-    }
+                                        "[[callbacks]][" + std::to_string(i++) + "]", nullptr));
   }
 
   // Resolved job: every table with its defaults, for the run directory and `trainrun check`.

@@ -18,6 +18,7 @@
 #include <iostream>
 #include <sstream>
 
+#include "trainrun/core/config.hpp"
 #include "trainrun/core/log.hpp"
 
 namespace fs = std::filesystem;
@@ -68,6 +69,7 @@ std::vector<std::string> Registry::search_path(const std::vector<std::string>& c
 
 void Registry::load_search_path(const std::vector<std::string>& entries) {
   for (const auto& entry : entries) {
+    searched_.push_back(entry);
     std::error_code ec;
     if (fs::is_directory(entry, ec)) {
       std::vector<fs::path> files;
@@ -260,9 +262,19 @@ const ComponentInfo& Registry::require(ComponentKind kind, const std::string& na
         throw PluginError(where + ": " + v1::kind_name(kind) + " plugin '" + name +
                           "' cannot be used: plugin " + s.file + ": " + s.reason);
   std::string found;
-  for (const auto* c : components(kind)) found += (found.empty() ? "" : ", ") + c->name;
-  std::string msg = where + ": unknown " + v1::kind_name(kind) + " plugin '" + name +
-                    "'; found: " + (found.empty() ? "(none)" : found);
+  std::vector<std::string> names;
+  for (const auto* c : components(kind)) {
+    found += (found.empty() ? "" : ", ") + c->name;
+    names.push_back(c->name);
+  }
+  const std::string hint = closest(name, names);
+  std::string msg = where + ": unknown " + v1::kind_name(kind) + " plugin '" + name + "'" +
+                    (hint.empty() ? "" : " (did you mean '" + hint + "'?)") +
+                    "; found: " + (found.empty() ? "(none)" : found);
+  std::string searched;
+  for (const auto& e : searched_) searched += (searched.empty() ? "" : ", ") + e;
+  msg += "; searched: " + (searched.empty() ? std::string("(nothing)") : searched) +
+         " (add directories with --plugin-path, [plugins] path or TRAINRUN_PLUGIN_PATH)";
   if (!skipped_.empty()) {
     msg += "; skipped plugin files:";
     for (const auto& s : skipped_) msg += "\n  " + s.file + ": " + s.reason;

@@ -73,6 +73,20 @@ Slot<T> build(const Registry& reg, const ComponentConfig& c, const v1::RunContex
   return Slot<T>{reg.create<T>(*c.info, c.options, ctx), describe_component(*c.info)};
 }
 
+// A run_dir that already holds a run keeps it: that run's files move to previous-N/, so the
+// metrics of two runs never mix and nothing is overwritten.
+void keep_previous_run(const fs::path& dir) {
+  if (!fs::exists(dir / "job.toml")) return;
+  int n = 1;
+  while (fs::exists(dir / ("previous-" + std::to_string(n)))) ++n;
+  const fs::path dst = dir / ("previous-" + std::to_string(n));
+  fs::create_directory(dst);
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.is_regular_file()) fs::rename(e.path(), dst / e.path().filename());
+  log_info("run_dir " + dir.string() + " held an earlier run: its files are now in " +
+           dst.string());
+}
+
 }  // namespace
 
 v1::RunContext context_from_environment(const JobConfig& job) {
@@ -135,6 +149,7 @@ int train(const JobConfig& job, const Registry& registry) {
   v1::RunContext ctx = context_from_environment(job);
   const bool lead = ctx.rank == 0;
   fs::create_directories(ctx.run_dir);
+  if (lead) keep_previous_run(ctx.run_dir);
   {
     std::ofstream f(fs::path(ctx.run_dir) / "job.toml");
     f << "# resolved from " << job.file << " (every default filled in)\n" << job.resolved_toml;

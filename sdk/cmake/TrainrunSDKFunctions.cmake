@@ -49,6 +49,8 @@ function(trainrun_add_plugin name)
   if(ARG_NO_INSTALL)
     return()
   endif()
+  # Collected so a project can build "the program and its plugins" without its tests.
+  set_property(GLOBAL APPEND PROPERTY TRAINRUN_PLUGIN_TARGETS ${name})
   if(NOT DEFINED TRAINRUN_PLUGIN_INSTALL_DIR)
     set(TRAINRUN_PLUGIN_INSTALL_DIR lib/trainrun/plugins)
   endif()

@@ -25,7 +25,7 @@ std::string closest(const std::string& word, const std::vector<std::string>& can
 /// One component chosen by the job: the table it came from, the plugin, its validated options.
 struct ComponentConfig {
   ComponentKind kind = ComponentKind::Model;
-  std::string section;  ///< "[model]", "[[callbacks]] #2"
+  std::string section;  ///< "[model]", "[[callbacks]][1]"
   std::string plugin;
   const ComponentInfo* info = nullptr;
   v1::Options options;

@@ -92,6 +92,7 @@ class Registry {
   std::vector<std::unique_ptr<ComponentInfo>> components_;
   std::vector<SkippedPlugin> skipped_;
   std::vector<std::string> warnings_;
+  std::vector<std::string> searched_;  // search-path entries, for "unknown plugin" errors
 };
 
 /// Label used in guarded-call errors: "model 'gpt' (plugin models, /path/libtrainrun-models.so)".
