@@ -7,7 +7,6 @@
 #include <boost/program_options.hpp>
 #include <c10/util/Exception.h>
 
-#include <cmath>
 #include <filesystem>
 #include <iomanip>
 #include <iostream>
@@ -50,13 +49,7 @@ std::string range(const v1::OptionSpec& s) {
     return out;
   }
   if (!s.min && !s.max) return "";
-  auto num = [](double v) {
-    std::ostringstream os;
-    if (std::fabs(v) < 1e15 && v == std::floor(v)) os << static_cast<long long>(v);
-    else os << v;
-    return os.str();
-  };
-  return "[" + (s.min ? num(*s.min) : "-inf") + ", " + (s.max ? num(*s.max) : "inf") + "]";
+  return core::range_text(s);
 }
 
 void print_schema(const v1::OptionSchema& schema) {

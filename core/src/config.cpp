@@ -116,6 +116,16 @@ std::string closest(const std::string& word, const std::vector<std::string>& can
   return best_d <= limit ? best : "";
 }
 
+std::string range_text(const OptionSpec& s) {
+  auto fmt = [](double v) {
+    std::ostringstream os;
+    if (std::fabs(v) < 1e15 && v == std::floor(v)) os << static_cast<long long>(v);
+    else os << v;
+    return os.str();
+  };
+  return "[" + (s.min ? fmt(*s.min) : "-inf") + ", " + (s.max ? fmt(*s.max) : "inf") + "]";
+}
+
 // ---------------------------------------------------------------------------------------------
 // Core schemas
 
@@ -196,15 +206,6 @@ std::string describe_node(const toml::node& n) {
   return os.str();
 }
 
-std::string range_text(const OptionSpec& s) {
-  auto fmt = [](double v) {
-    std::ostringstream os;
-    if (std::fabs(v) < 1e15 && v == std::floor(v)) os << static_cast<long long>(v);
-    else os << v;
-    return os.str();
-  };
-  return "[" + (s.min ? fmt(*s.min) : "-inf") + ", " + (s.max ? fmt(*s.max) : "inf") + "]";
-}
 
 // Converts one TOML value to the option's type, or throws ConfigError naming the location.
 OptionValue convert(const toml::node& node, const OptionSpec& spec, const std::string& loc,

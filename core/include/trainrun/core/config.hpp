@@ -22,6 +22,9 @@ size_t edit_distance(const std::string& a, const std::string& b);
 /// The closest candidate within a small distance, or "".
 std::string closest(const std::string& word, const std::vector<std::string>& candidates);
 
+/// "[1, 1000000]" (integers without exponent), "[0, inf]"; for messages and `trainrun plugins`.
+std::string range_text(const v1::OptionSpec& spec);
+
 /// One component chosen by the job: the table it came from, the plugin, its validated options.
 struct ComponentConfig {
   ComponentKind kind = ComponentKind::Model;
