@@ -116,6 +116,18 @@ std::string closest(const std::string& word, const std::vector<std::string>& can
   return best_d <= limit ? best : "";
 }
 
+std::string batch_layout_error(int64_t global, int64_t micro, int64_t world) {
+  if (micro == 0 && global % world != 0)
+    return "[trainer] global_batch_size " + std::to_string(global) +
+           " is not divisible by world_size " + std::to_string(world) +
+           " ([launch] nproc_per_node x nnodes)";
+  if (micro > 0 && global % (micro * world) != 0)
+    return "[trainer] global_batch_size " + std::to_string(global) +
+           " is not divisible by micro_batch_size " + std::to_string(micro) + " x world_size " +
+           std::to_string(world) + " (the gradient-accumulation step count must be a whole number)";
+  return "";
+}
+
 std::string range_text(const OptionSpec& s) {
   auto fmt = [](double v) {
     std::ostringstream os;
@@ -205,7 +217,6 @@ std::string describe_node(const toml::node& n) {
   }
   return os.str();
 }
-
 
 // Converts one TOML value to the option's type, or throws ConfigError naming the location.
 OptionValue convert(const toml::node& node, const OptionSpec& spec, const std::string& loc,
@@ -492,15 +503,10 @@ JobConfig JobFile::validate(const Registry& registry) const {
       const toml::node* n = trainer_table ? trainer_table->get(key) : nullptr;
       return n ? where(n->source(), file) : file;
     };
-    if (micro == 0 && global % world != 0)
-      throw ConfigError(loc_of("global_batch_size") + ": [trainer] global_batch_size " +
-                        std::to_string(global) + " is not divisible by world_size " +
-                        std::to_string(world) + " ([launch] nproc_per_node x nnodes)");
-    if (micro > 0 && global % (micro * world) != 0)
-      throw ConfigError(loc_of("micro_batch_size") + ": [trainer] global_batch_size " +
-                        std::to_string(global) + " is not divisible by micro_batch_size " +
-                        std::to_string(micro) + " x world_size " + std::to_string(world) +
-                        " (the gradient-accumulation step count must be a whole number)");
+    const std::string error = batch_layout_error(global, micro, world);
+    if (!error.empty())
+      throw ConfigError(loc_of(micro == 0 ? "global_batch_size" : "micro_batch_size") + ": " +
+                        error);
   }
 
   auto component = [&](const toml::table& t, ComponentKind kind, const std::string& section,

@@ -154,10 +154,11 @@ void Registry::load(const std::string& file_in, bool explicit_file) {
 
   // 3. Descriptor checks, in DESIGN.md's order. Only struct_size, abi_major and abi_minor are
   // common to every ABI major: nothing after them is read before the major matches.
-  if (d->abi_major != v1::kAbiMajor)
-    return fail("built for ABI " + abi_string(d->abi_major, d->abi_minor) +
-                ", this trainrun supports ABI " + abi_string(v1::kAbiMajor, v1::kAbiMinor) +
-                " (major must match, minor must not be newer)");
+  const std::string abi_mismatch = "built for ABI " + abi_string(d->abi_major, d->abi_minor) +
+                                   ", this trainrun supports ABI " +
+                                   abi_string(v1::kAbiMajor, v1::kAbiMinor) +
+                                   " (major must match, minor must not be newer)";
+  if (d->abi_major != v1::kAbiMajor) return fail(abi_mismatch);
   constexpr size_t kMinSize = offsetof(trainrun_plugin_descriptor_v1, components) + sizeof(void*);
   if (d->struct_size < kMinSize)
     return fail("descriptor is " + std::to_string(d->struct_size) + " bytes, at least " +
@@ -173,9 +174,7 @@ void Registry::load(const std::string& file_in, bool explicit_file) {
   };
   if (d->abi_minor > v1::kAbiMinor) {
     remember_components();
-    return fail("built for ABI " + abi_string(d->abi_major, d->abi_minor) +
-                ", this trainrun supports ABI " + abi_string(v1::kAbiMajor, v1::kAbiMinor) +
-                " (major must match, minor must not be newer)");
+    return fail(abi_mismatch);
   }
   const std::string torch_version = d->torch_version ? d->torch_version : "(none)";
   if (torch_version != TRAINRUN_BUILD_TORCH_VERSION) {

@@ -116,19 +116,11 @@ v1::RunContext context_from_environment(const JobConfig& job) {
 v1::TrainPlan make_plan(const v1::Options& trainer, int world_size, int64_t train_samples) {
   v1::TrainPlan plan;
   plan.global_batch_size = trainer.get_int("global_batch_size");
-  int64_t mb = trainer.get_int("micro_batch_size");
-  if (mb == 0) {
-    if (plan.global_batch_size % world_size != 0)
-      throw ConfigError("[trainer] global_batch_size " + std::to_string(plan.global_batch_size) +
-                        " is not divisible by world_size " + std::to_string(world_size));
-    mb = plan.global_batch_size / world_size;
-  }
+  const int64_t micro = trainer.get_int("micro_batch_size");
+  const std::string error = batch_layout_error(plan.global_batch_size, micro, world_size);
+  if (!error.empty()) throw ConfigError(error);
+  const int64_t mb = micro > 0 ? micro : plan.global_batch_size / world_size;
   plan.micro_batch_size = mb;
-  if (plan.global_batch_size % (mb * world_size) != 0)
-    throw ConfigError("[trainer] global_batch_size " + std::to_string(plan.global_batch_size) +
-                      " is not divisible by micro_batch_size " + std::to_string(mb) +
-                      " x world_size " + std::to_string(world_size) +
-                      " (the gradient-accumulation step count must be a whole number)");
   plan.accumulation_steps = plan.global_batch_size / (mb * world_size);
   plan.steps_per_epoch = train_samples / plan.global_batch_size;
   if (plan.steps_per_epoch == 0)
@@ -312,10 +304,10 @@ int train(const JobConfig& job, const Registry& registry) {
       v1::ModelOutput out = strategy.call("forward", [&](v1::Strategy& s) { return s.forward(micro[k]); });
       scope.reset();
       TR_CHECK(out.loss_sum.defined() && out.loss_sum.numel() == 1,
-               describe_component(*job.model.info), " returned no scalar loss_sum");
+               model.label, " returned no scalar loss_sum");
       torch::Tensor loss = out.loss_sum.to(torch::kFloat) / static_cast<double>(targets);
       torch::Tensor scaled = precision.call("scale_loss", [&](v1::Precision& p) { return p.scale_loss(loss); });
-      guarded(describe_component(*job.model.info), "backward", [&] { scaled.backward(); return 0; });
+      guarded(model.label, "backward", [&] { scaled.backward(); return 0; });
       loss_sum += out.loss_sum.item<double>();
     }
     strategy.call("finish_gradient_sync", [](v1::Strategy& s) { s.finish_gradient_sync(); return 0; });

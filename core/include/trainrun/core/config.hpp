@@ -22,6 +22,12 @@ size_t edit_distance(const std::string& a, const std::string& b);
 /// The closest candidate within a small distance, or "".
 std::string closest(const std::string& word, const std::vector<std::string>& candidates);
 
+/// Why `global` samples per step cannot be split into micro-batches of `micro` (0 = global /
+/// world) on `world` ranks, as a sentence starting "[trainer] global_batch_size ..."; "" when
+/// they can. Used by validation (with the key's location) and by the trainer (with the real
+/// world size).
+std::string batch_layout_error(int64_t global, int64_t micro, int64_t world);
+
 /// "[1, 1000000]" (integers without exponent), "[0, inf]"; for messages and `trainrun plugins`.
 std::string range_text(const v1::OptionSpec& spec);
 
