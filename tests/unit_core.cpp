@@ -205,7 +205,9 @@ TEST_CASE("--set overrides are validated and named in errors") {
 
 TEST_CASE("global batch that does not divide is a clear error") {
   std::map<std::string, v1::OptionValue> v;
-  for (const auto& s : core::trainer_schema().specs()) v[s.name] = s.default_value;
+  // Named: a range-for over trainer_schema().specs() would iterate a destroyed temporary.
+  const v1::OptionSchema schema = core::trainer_schema();
+  for (const auto& s : schema.specs()) v[s.name] = s.default_value;
   v["global_batch_size"] = int64_t(100);
   v["micro_batch_size"] = int64_t(64);
   v["max_steps"] = int64_t(1);
