@@ -1,0 +1,168 @@
+#pragma once
+// Shared by the collective backends (gloo-cpu, mpi, later nccl); compiled into each backend
+// plugin, not part of the SDK ABI.
+//  - rendezvous through c10d's TCPStore (LibTorch's own key-value store, as torchrun uses it);
+//  - per-group sequence numbers and the cross-rank collective-order check: every collective is
+//    fingerprinted (op, reduce op/root, dtype, element count) and compared through the store
+//    before it runs, so a rank that issues a different collective than its peers at the same
+//    sequence number is an immediate error naming both, not a hang or a wrong answer;
+//  - the stall inspector: a watchdog thread per group publishes this rank's progress (last
+//    completed and first pending collective) and, when an operation has waited longer than
+//    stall_warning_s, prints which ranks have not arrived, with host, pid and their progress;
+//  - tensor preconditions and the Work object both backends return.
+#include <torch/csrc/distributed/c10d/Store.hpp>
+#include <trainrun/interfaces.hpp>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace trainrun::comm {
+
+using namespace trainrun::v1;
+
+// ---------------------------------------------------------------------------------------------
+// Rendezvous
+
+/// Where the job's key-value store is (torchrun's environment).
+struct StoreAddress {
+  std::string host;           ///< MASTER_ADDR
+  int port = 0;               ///< MASTER_PORT, 1..65535
+  bool agent_serves = false;  ///< TRAINRUN_AGENT_STORE=1: the launcher serves it, not rank 0
+};
+
+/// Reads MASTER_ADDR, MASTER_PORT and TRAINRUN_AGENT_STORE. nullopt when neither address
+/// variable is set; throws ConfigError naming the variable when one is missing or malformed.
+std::optional<StoreAddress> store_address_from_environment();
+
+/// Connects to the store, or on rank 0 (when no agent serves it) starts serving it first.
+/// timeout_s bounds connecting and every later get/wait. Throws Error naming host:port (and
+/// saying the port is in use when rank 0 cannot bind it).
+std::shared_ptr<c10d::Store> open_store(const StoreAddress& address, int rank, int world_size,
+                                        double timeout_s);
+
+/// Starts a store server in this process on `port` (0 = any free port); returns it and sets
+/// *bound_port. For backends that hand the address to peers themselves (mpi broadcasts it).
+std::shared_ptr<c10d::Store> serve_store(int port, int world_size, double timeout_s,
+                                         int* bound_port);
+
+/// This machine's host name (gethostname), for messages.
+std::string host_name();
+
+/// Who a rank is, for messages.
+struct PeerIdentity {
+  int rank = -1;
+  std::string host;
+  int64_t pid = 0;
+};
+
+/// Every rank announces itself under `prefix` and waits for all the others. Throws Error when
+/// some have not arrived within timeout_s: "<where>: rendezvous of 4 ranks: rank(s) 2, 3 did
+/// not arrive within 30 s (arrived: 0 on host a pid 11, 1 on host a pid 12)". Returns all
+/// identities, index = rank.
+std::vector<PeerIdentity> rendezvous(c10d::Store& store, const std::string& prefix, int rank,
+                                     int world_size, double timeout_s, const std::string& where);
+
+// ---------------------------------------------------------------------------------------------
+// Operations
+
+/// One collective as issued; what the order check compares and what messages show.
+struct OpDesc {
+  std::string op;      ///< "all_reduce", "reduce_scatter", "all_gather", "broadcast", "barrier"
+  std::string detail;  ///< "sum", "avg", "root 2", "" (part of the fingerprint)
+  c10::ScalarType dtype = c10::ScalarType::Undefined;  ///< Undefined for barrier
+  int64_t numel = 0;   ///< elements of this rank's input tensor
+  int64_t bytes = 0;   ///< bytes of this rank's input tensor
+  /// "all_reduce(sum, float32 x 1000, 4000 B)"
+  std::string text() const;
+};
+
+/// Short dtype name as users write it: "float32", "bfloat16", "uint8", ...
+std::string dtype_name(c10::ScalarType t);
+/// float32, float64, bfloat16, float16, int32, int64, uint8.
+bool supported_dtype(c10::ScalarType t);
+/// "sum", "avg", "min", "max".
+std::string reduce_op_name(ReduceOp op);
+
+/// Throws Error "<backend>: <op>: <role> tensor ..." unless `t` is defined, on the CPU, dense,
+/// contiguous and of a supported dtype.
+void check_tensor(const at::Tensor& t, const std::string& backend, const char* op,
+                  const char* role);
+
+// ---------------------------------------------------------------------------------------------
+// Monitor: sequence numbers, order check, stall inspector
+
+/// One Monitor per communicator (group).
+class Monitor {
+ public:
+  struct Config {
+    std::string backend;          ///< "gloo-cpu", "mpi"
+    std::string group;            ///< "world", "group 1 [0, 2]"
+    std::string prefix;           ///< store key prefix unique to this group, e.g. "g0/"
+    int rank = 0;                 ///< rank in this group
+    int world_size = 1;
+    std::vector<int> global_ranks;  ///< global rank of each group rank (for messages)
+    double stall_warning_s = 60;  ///< 0 = inspector off
+    bool check_order = true;      ///< fingerprint every collective through the store
+  };
+  /// `peers`: identities by group rank (from rendezvous()). Starts the watchdog thread when
+  /// stall_warning_s > 0.
+  Monitor(std::shared_ptr<c10d::Store> store, Config config, std::vector<PeerIdentity> peers);
+  ~Monitor();
+  Monitor(const Monitor&) = delete;
+  Monitor& operator=(const Monitor&) = delete;
+
+  /// Assigns the next sequence number (1, 2, ...), runs the order check and records the op as
+  /// pending. Call on the issuing thread, in issue order, before the operation starts. Throws
+  /// Error on a mismatch: "gloo-cpu: collective mismatch at #17 in group world: rank 1 issued
+  /// all_reduce(sum, float32 x 10, 40 B) but rank 0 issued broadcast(root 0, float32 x 10, 40 B)".
+  uint64_t issue(const OpDesc& op);
+  /// Marks op `seq` finished (successfully or not); ops finish in issue order.
+  void finished(uint64_t seq);
+  /// Error text for op `seq`: "<backend>: <op text> #<seq> in group <g> <what>; still missing:
+  /// rank 2 (host h, pid 5; last completed #16 all_reduce(...); pending none; last heard 3.0 s
+  /// ago)". Reads the peers' progress from the store (bounded by a short timeout).
+  std::string describe_failure(uint64_t seq, const std::string& what) const;
+  const Config& config() const { return config_; }
+  /// Default operation timeout (seconds) used by backends; set by the owner.
+  double timeout_s = 600;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  Config config_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Work
+
+/// A Work completed by another thread (gloo-cpu runs each group's ops on one worker thread).
+/// wait() rethrows the operation's error, or on timeout throws Error built by the monitor.
+class FutureWork final : public Work {
+ public:
+  FutureWork(std::shared_ptr<Monitor> monitor, uint64_t seq, std::string op_text,
+             double timeout_s);
+  /// Called once by the thread that ran the operation; `error` null on success.
+  void finish(std::exception_ptr error);
+  void wait(double timeout_s = 0) override;
+  bool completed() const override;
+
+ private:
+  std::shared_ptr<Monitor> monitor_;
+  uint64_t seq_;
+  std::string op_text_;
+  double timeout_s_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::exception_ptr error_;
+};
+
+}  // namespace trainrun::comm
