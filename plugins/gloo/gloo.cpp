@@ -1,0 +1,943 @@
+#include "gloo.hpp"
+
+#include <trainrun/plugin.hpp>
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Exception.h>
+#include <c10/util/Half.h>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+
+#include <gloo/allgather.h>
+#include <gloo/allreduce.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/common/error.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/transport/tcp/device.h>
+#include <gloo/transport/unbound_buffer.h>
+#include <gloo/types.h>
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <type_traits>
+
+#include "comm_common.hpp"
+
+namespace trainrun::plugins {
+
+namespace {
+
+constexpr const char* kBackend = "gloo-cpu";
+
+using Millis = std::chrono::milliseconds;
+
+Millis to_millis(double seconds) {
+  return Millis(std::max<int64_t>(1, std::llround(seconds * 1000.0)));
+}
+
+std::string what_of(const std::exception& e) {
+  if (const auto* c = dynamic_cast<const c10::Error*>(&e)) return c->what_without_backtrace();
+  return e.what();
+}
+
+std::string join(const std::vector<int>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  return s;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Element types and reductions
+
+template <class T>
+struct TypeTag {
+  using type = T;
+};
+
+// Calls f(TypeTag<T>{}) with the C++ type that has the tensor's dtype's layout. float16 and
+// bfloat16 travel as c10's 16-bit types: Gloo's own float16 reductions are not exported from
+// libgloo, and it has no bfloat16 at all, so both are reduced here, through float.
+template <class F>
+void dispatch(c10::ScalarType t, F&& f) {
+  switch (t) {
+    case c10::ScalarType::Float: return f(TypeTag<float>{});
+    case c10::ScalarType::Double: return f(TypeTag<double>{});
+    case c10::ScalarType::Half: return f(TypeTag<c10::Half>{});
+    case c10::ScalarType::BFloat16: return f(TypeTag<c10::BFloat16>{});
+    case c10::ScalarType::Int: return f(TypeTag<int32_t>{});
+    case c10::ScalarType::Long: return f(TypeTag<int64_t>{});
+    case c10::ScalarType::Byte: return f(TypeTag<uint8_t>{});
+    default: TR_FAIL(kBackend, ": dtype ", comm::dtype_name(t), " is not supported");
+  }
+}
+
+// The type a reduction computes in: float for the 16-bit floats (as ATen does on the CPU).
+template <class T>
+struct Compute {
+  using type = T;
+};
+template <>
+struct Compute<c10::Half> {
+  using type = float;
+};
+template <>
+struct Compute<c10::BFloat16> {
+  using type = float;
+};
+
+// Signed integer sums wrap (two's complement) as NCCL's do, instead of being undefined
+// behaviour; unsigned ones wrap anyway.
+struct SumOp {
+  template <class A>
+  static A apply(A a, A b) {
+    if constexpr (std::is_integral_v<A> && std::is_signed_v<A>) {
+      using U = std::make_unsigned_t<A>;
+      return static_cast<A>(static_cast<U>(a) + static_cast<U>(b));
+    } else {
+      return static_cast<A>(a + b);
+    }
+  }
+};
+// Min and max propagate NaN, as at::minimum / at::maximum do.
+struct MinOp {
+  template <class A>
+  static A apply(A a, A b) {
+    if constexpr (std::is_floating_point_v<A>) {
+      if (std::isnan(a)) return a;
+      if (std::isnan(b)) return b;
+    }
+    return b < a ? b : a;
+  }
+};
+struct MaxOp {
+  template <class A>
+  static A apply(A a, A b) {
+    if constexpr (std::is_floating_point_v<A>) {
+      if (std::isnan(a)) return a;
+      if (std::isnan(b)) return b;
+    }
+    return a < b ? b : a;
+  }
+};
+
+// Gloo's new-style reduction signature: c = a op b elementwise; c may alias a or b.
+template <class T, class Op>
+void reduce_into(void* c, const void* a, const void* b, size_t n) {
+  using A = typename Compute<T>::type;
+  auto* out = static_cast<T*>(c);
+  const auto* x = static_cast<const T*>(a);
+  const auto* y = static_cast<const T*>(b);
+  for (size_t i = 0; i < n; ++i)
+    out[i] = static_cast<T>(Op::apply(static_cast<A>(x[i]), static_cast<A>(y[i])));
+}
+
+template <class T>
+gloo::AllreduceOptions::Func allreduce_function(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Min: return &reduce_into<T, MinOp>;
+    case ReduceOp::Max: return &reduce_into<T, MaxOp>;
+    case ReduceOp::Sum:
+    case ReduceOp::Avg: break;
+  }
+  return &reduce_into<T, SumOp>;
+}
+
+// Avg is a sum divided by the group size afterwards; integers truncate toward zero, as NCCL's
+// ncclAvg does for them.
+void divide_in_place(at::Tensor& t, int world_size) {
+  if (world_size == 1) return;
+  if (at::isIntegralType(t.scalar_type(), /*includeBool=*/false))
+    t.div_(world_size, "trunc");
+  else
+    t.div_(world_size);
+}
+
+// ---------------------------------------------------------------------------------------------
+// reduce_scatter
+//
+// Not Gloo's ReduceScatterHalvingDoubling: its run() copies this rank's result to the start of
+// its buffer while a send it issued from that same region may still be queued in the I/O thread
+// (nothing orders the two), so the peer reduces overwritten values. Seen here at 2 ranks with
+// 1000003 float64 per rank (rank 0's last ~9000 elements wrong) and at 7 ranks with 1025 per
+// rank (every run); it also returns without waiting for its sends, so a freed buffer can be
+// read afterwards. The ring below runs on Gloo's unbound buffers, as its all-reduce does.
+//
+// Ring reduce-scatter of input = [size][len] into output = [len], this rank's chunk. In step s
+// rank r sends the partial sum of chunk (r - s - 1) to rank r + 1 and receives that of chunk
+// (r - s - 2) from rank r - 1, adds its own input chunk to it, and forwards the result in the
+// next step; the last chunk it receives is chunk r, summed over every rank, and goes straight
+// to the output. Each rank sends size - 1 chunks, (size - 1) / size of its input, the least a
+// reduce-scatter can (this is the first half of Gloo's ring all-reduce). As there, a chunk
+// travels in segments of at most 1 MiB with two in flight, so adding one segment overlaps
+// receiving the next. The input is only read;
+// the scratch (kept by the caller between calls, so its pages are not faulted in every time)
+// holds two incoming segments and, from 3 ranks on, two partial-sum chunks: one being sent
+// while the next is computed. Every send is complete before its step ends, so nothing is
+// written or freed while Gloo's I/O thread may still read it.
+constexpr size_t kSegmentBytes = size_t(1) << 20;
+
+template <class T>
+void ring_reduce_scatter(const std::shared_ptr<gloo::Context>& context, const T* input,
+                         T* output, size_t len, gloo::AllreduceOptions::Func reduce,
+                         uint64_t slot, Millis timeout, std::vector<unsigned char>& scratch) {
+  const int size = context->size;
+  const int rank = context->rank;
+  if (size == 1) {
+    if (output != input) std::memcpy(output, input, len * sizeof(T));
+    return;
+  }
+  const size_t seg = std::max<size_t>(1, std::min(len, kSegmentBytes / sizeof(T)));
+  const size_t segments = (len + seg - 1) / seg;
+  auto seg_len = [&](size_t j) { return std::min(seg, len - j * seg); };
+  const size_t partial_len = size > 2 ? 2 * len : 0;
+  scratch.resize(std::max(scratch.size(), (2 * seg + partial_len) * sizeof(T)));
+  T* incoming = reinterpret_cast<T*>(scratch.data());
+  T* partial = incoming + 2 * seg;
+
+  auto input_buf = context->createUnboundBuffer(const_cast<T*>(input), size * len * sizeof(T));
+  auto incoming_buf = context->createUnboundBuffer(incoming, 2 * seg * sizeof(T));
+  std::unique_ptr<gloo::transport::UnboundBuffer> partial_buf;
+  if (partial_len) partial_buf = context->createUnboundBuffer(partial, partial_len * sizeof(T));
+  auto chunk = [size](int c) { return static_cast<size_t>(((c % size) + size) % size); };
+  const int next = (rank + 1) % size;
+  const int prev = (rank + size - 1) % size;
+  auto post_recv = [&](size_t j) {
+    incoming_buf->recv(prev, slot, (j % 2) * seg * sizeof(T), seg_len(j) * sizeof(T));
+  };
+
+  for (int step = 0; step < size - 1; ++step) {
+    // Step 0 forwards this rank's own chunk; later steps the partial sum of the step before.
+    gloo::transport::UnboundBuffer* from = step == 0 ? input_buf.get() : partial_buf.get();
+    const size_t from_elem = step == 0 ? chunk(rank - 1) * len : ((step - 1) % 2) * len;
+    for (size_t j = 0; j < segments; ++j)
+      from->send(next, slot, (from_elem + j * seg) * sizeof(T), seg_len(j) * sizeof(T));
+    T* sum = step == size - 2 ? output : partial + (step % 2) * len;
+    const T* own = input + chunk(rank - step - 2) * len;
+    post_recv(0);
+    if (segments > 1) post_recv(1);
+    for (size_t j = 0; j < segments; ++j) {
+      incoming_buf->waitRecv(timeout);
+      reduce(sum + j * seg, own + j * seg, incoming + (j % 2) * seg, seg_len(j));
+      if (j + 2 < segments) post_recv(j + 2);
+    }
+    for (size_t j = 0; j < segments; ++j) from->waitSend(timeout);
+  }
+}
+
+constexpr uint8_t kReduceScatterSlotPrefix = 0x71;  // unused by Gloo's collectives (0x01-0x08)
+
+// ---------------------------------------------------------------------------------------------
+// Gloo's rendezvous store on top of c10d's
+
+// Gloo's connectFullMesh needs a gloo::rendezvous::Store; the job's store is a c10d one
+// (TCPStore, or HashStore for a world of one), shared by every group. Keys get the group's
+// prefix here rather than through c10d::PrefixStore, which wants an intrusive_ptr to a store
+// that comm-common hands out as a shared_ptr.
+class GlooStore final : public gloo::rendezvous::Store {
+ public:
+  GlooStore(std::shared_ptr<c10d::Store> store, std::string prefix, Millis timeout)
+      : store_(std::move(store)), prefix_(std::move(prefix)), timeout_(timeout) {}
+
+  void set(const std::string& key, const std::vector<char>& data) override {
+    store_->set(prefix_ + key, std::vector<uint8_t>(data.begin(), data.end()));
+  }
+  std::vector<char> get(const std::string& key) override {
+    const auto v = store_->get(prefix_ + key);
+    return std::vector<char>(v.begin(), v.end());
+  }
+  void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }
+  void wait(const std::vector<std::string>& keys, const Millis& timeout) override {
+    std::vector<std::string> full;
+    full.reserve(keys.size());
+    for (const auto& k : keys) full.push_back(prefix_ + k);
+    store_->wait(full, timeout);
+  }
+
+ private:
+  std::shared_ptr<c10d::Store> store_;
+  std::string prefix_;
+  Millis timeout_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// A thread that runs tasks in the order they were posted
+
+class SerialQueue {
+ public:
+  SerialQueue() : thread_([this] { loop(); }) {}
+  ~SerialQueue() { stop(); }
+
+  void post(std::function<void()> task) {
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      tasks_.push_back(std::move(task));
+    }
+    cv_.notify_all();
+  }
+  /// Runs what is queued, then joins.
+  void stop() {
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  void loop() {
+    for (;;) {
+      std::function<void()> task;
+      {
+        std::unique_lock<std::mutex> lk(mu_);
+        cv_.wait(lk, [this] { return stopping_ || !tasks_.empty(); });
+        if (tasks_.empty()) return;
+        task = std::move(tasks_.front());
+        tasks_.pop_front();
+      }
+      task();  // tasks catch their own errors
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> tasks_;
+  bool stopping_ = false;
+  std::thread thread_;
+};
+
+// Slots of point-to-point messages: a prefix no Gloo collective uses (theirs are 0x01-0x08;
+// old-style algorithms take small integers from Context::nextSlot), then the tag, then a hash
+// of dtype and byte count. Gloo enforces matching sizes inside its I/O thread, where a mismatch
+// ends the process; with the size in the slot a mismatched send/recv pair never matches and
+// both sides time out with an error naming the operation instead.
+constexpr uint64_t kPointToPointSlotPrefix = 0x70;
+
+uint64_t point_to_point_slot(int tag, c10::ScalarType dtype, int64_t bytes) {
+  uint64_t h = static_cast<uint64_t>(bytes) * 0x9E3779B97F4A7C15ull ^
+               (static_cast<uint64_t>(dtype) + 1) * 0xC2B2AE3D27D4EB4Full;
+  h ^= h >> 29;
+  return (kPointToPointSlotPrefix << 56) |
+         (static_cast<uint64_t>(static_cast<uint32_t>(tag)) << 24) | (h & 0xFFFFFF);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// GlooCommunicator
+
+struct GlooCommunicator::Impl {
+  std::shared_ptr<c10d::Store> store;
+  std::shared_ptr<gloo::transport::Device> device;
+  GlooSettings settings;
+  std::string id;      // "" for the world, "1", "1.2" for sub-groups
+  std::string name;    // "world", "1 [0, 2]": messages say "group <name>"
+  std::string prefix;  // store keys of this group: "g0/", "g1/", "g1.2/"
+  std::vector<int> global_ranks;
+  int rank = 0;
+  int size = 1;
+  std::shared_ptr<gloo::rendezvous::Context> context;
+  std::shared_ptr<comm::Monitor> monitor;
+
+  // Held from Monitor::issue until the task is queued, so that queue order is sequence order
+  // even when several threads issue. Also guards groups_created.
+  std::mutex issue_mu;
+  int groups_created = 0;
+
+  // poison: the first error; later calls rethrow it. broken: the transport is unusable, queued
+  // operations fail without running. A collective-order mismatch poisons at once but breaks
+  // only after the operations issued before it ran (the peers need them).
+  std::mutex state_mu;
+  std::exception_ptr poison;
+  bool broken = false;
+  gloo::transport::UnboundBuffer* reaping = nullptr;  // the buffer the reaper waits on
+  bool reaping_send = false;
+  // Operations issued and not yet completed; counted down before their Work completes, so a
+  // caller that waited for everything sees 0.
+  std::atomic<int64_t> in_flight{0};
+  std::vector<unsigned char> reduce_scatter_scratch;  // the worker's, reused between calls
+
+  // Declared last: destroyed (drained and joined) first, while everything above still exists.
+  SerialQueue reaper;  // waits for point-to-point completions
+  SerialQueue worker;  // runs operations in issue order
+
+  std::string peer_name(int r) const {
+    if (id.empty()) return "rank " + std::to_string(r);
+    return "rank " + std::to_string(r) + " (global " + std::to_string(global_ranks[r]) + ")";
+  }
+
+  double resolve_timeout(double t) const { return t > 0 ? t : settings.timeout_s; }
+
+  std::shared_ptr<comm::FutureWork> new_work(uint64_t seq, std::string text, double timeout_s) {
+    ++in_flight;
+    return std::make_shared<comm::FutureWork>(monitor, seq, std::move(text), timeout_s);
+  }
+  void complete(comm::FutureWork& work, std::exception_ptr error) {
+    --in_flight;
+    work.finish(std::move(error));
+  }
+
+  void throw_if_poisoned() {
+    std::exception_ptr p;
+    {
+      std::lock_guard<std::mutex> g(state_mu);
+      p = poison;
+    }
+    if (p) std::rethrow_exception(p);
+  }
+
+  std::exception_ptr broken_error() {
+    std::lock_guard<std::mutex> g(state_mu);
+    return broken ? poison : nullptr;
+  }
+
+  // Closes every connection of this group's mesh. Gloo has no call that both closes the pairs
+  // and wakes this process's own threads blocked on them (Context::closeConnections wakes
+  // nobody), but its TCP transport does exactly that when a wait on an unbound buffer times
+  // out: it signals every pair of the context, whose pending operations then throw, and closes
+  // their sockets, so the peers' operations fail with "connection closed" at once. A 1 ms wait
+  // on a buffer with nothing posted is that timeout.
+  void abort_transport() {
+    char byte = 0;
+    try {
+      auto buf = context->createUnboundBuffer(&byte, 1);
+      buf->waitRecv(Millis(1));
+    } catch (const std::exception&) {
+      // the expected timeout
+    }
+    std::lock_guard<std::mutex> g(state_mu);
+    if (reaping) reaping_send ? reaping->abortWaitSend() : reaping->abortWaitRecv();
+  }
+
+  // Records the first failure, breaks the transport, and returns the error every failed
+  // operation reports: the first one, whichever thread saw it.
+  std::exception_ptr fail(std::exception_ptr error) {
+    bool first_break = false;
+    {
+      std::lock_guard<std::mutex> g(state_mu);
+      if (!poison) poison = error;
+      if (!broken) broken = first_break = true;
+      error = poison;
+    }
+    if (first_break) abort_transport();
+    return error;
+  }
+
+  // Issues a collective and queues `body`, which runs on the worker with the operation's Gloo
+  // tag and timeout.
+  std::shared_ptr<Work> enqueue(const comm::OpDesc& desc, double timeout_s,
+                                std::function<void(uint32_t tag, Millis timeout)> body) {
+    throw_if_poisoned();
+    std::lock_guard<std::mutex> g(issue_mu);
+    uint64_t seq;
+    try {
+      seq = monitor->issue(desc);
+    } catch (const std::exception&) {
+      // The peers are blocked in the collective they issued at this sequence number; once the
+      // operations issued before it have run, closing the mesh releases them.
+      {
+        std::lock_guard<std::mutex> s(state_mu);
+        if (!poison) poison = std::current_exception();
+      }
+      worker.post([this] { fail(nullptr); });
+      throw;
+    }
+    auto work = new_work(seq, desc.text(), timeout_s);
+    const Millis timeout = to_millis(timeout_s);
+    worker.post([this, work, seq, timeout, body = std::move(body)] {
+      std::exception_ptr error = broken_error();
+      if (!error) {
+        try {
+          // Sequence numbers are equal on every rank, so consecutive collectives never share
+          // Gloo slots, even when one rank is already in the next one.
+          body(static_cast<uint32_t>(seq), timeout);
+        } catch (const std::exception& e) {
+          error = fail(std::make_exception_ptr(
+              Error(monitor->describe_failure(seq, "failed: " + what_of(e)))));
+        }
+      }
+      monitor->finished(seq);
+      complete(*work, error);
+    });
+    return work;
+  }
+
+  std::shared_ptr<Work> point_to_point(bool is_send, const at::Tensor& tensor,
+                                       const PointToPointOptions& opts) {
+    const char* op = is_send ? "send" : "recv";
+    comm::check_tensor(tensor, kBackend, op, "the");
+    TR_CHECK(opts.peer >= 0 && opts.peer < size, kBackend, ": ", op, " in group ", name,
+             ": peer rank ", opts.peer, " is not a rank of this group (world_size ", size, ")");
+    TR_CHECK(opts.peer != rank, kBackend, ": ", op, " in group ", name, ": peer rank ",
+             opts.peer, " is this rank itself");
+    throw_if_poisoned();
+    const double timeout_s = resolve_timeout(opts.timeout_s);
+    const int64_t bytes = tensor.numel() * static_cast<int64_t>(tensor.element_size());
+    const std::string text = detail::cat(
+        kBackend, ": ", op, "(", comm::dtype_name(tensor.scalar_type()), " x ", tensor.numel(),
+        ", ", bytes, " B) ", is_send ? "to " : "from ", peer_name(opts.peer), ", tag ", opts.tag,
+        ", in group ", name);
+    auto work = new_work(0, text, timeout_s);
+    const uint64_t slot = point_to_point_slot(opts.tag, tensor.scalar_type(), bytes);
+    const int peer = opts.peer;
+    const Millis timeout = to_millis(timeout_s);
+    // Posted by the worker so that it follows the collectives issued before it (a send of a
+    // tensor that an earlier all_reduce writes sends the reduced values); waited for on the
+    // reaper so that the worker can post the matching half of an exchange meanwhile.
+    worker.post([this, work, tensor, slot, peer, is_send, timeout, text] {
+      if (auto error = broken_error()) return complete(*work, error);
+      std::shared_ptr<gloo::transport::UnboundBuffer> buf;
+      try {
+        buf = context->createUnboundBuffer(tensor.data_ptr(), tensor.nbytes());
+        if (is_send)
+          buf->send(peer, slot);
+        else
+          buf->recv(peer, slot);
+      } catch (const std::exception& e) {
+        return complete(*work, fail(std::make_exception_ptr(Error(text + " failed: " + what_of(e)))));
+      }
+      const auto deadline = std::chrono::steady_clock::now() + timeout;
+      reaper.post([this, work, tensor, buf, is_send, deadline, text] {
+        std::exception_ptr error;
+        {
+          std::lock_guard<std::mutex> g(state_mu);
+          reaping = buf.get();
+          reaping_send = is_send;
+          if (broken) error = poison;
+        }
+        if (!error) {
+          try {
+            const auto left = std::max(Millis(1), std::chrono::duration_cast<Millis>(
+                                                      deadline - std::chrono::steady_clock::now()));
+            const bool done = is_send ? buf->waitSend(left) : buf->waitRecv(left);
+            if (!done) error = broken_error();  // aborted by fail()
+          } catch (const std::exception& e) {
+            error = broken_error();
+            if (!error) error = fail(std::make_exception_ptr(Error(text + " failed: " + what_of(e))));
+          }
+        }
+        {
+          std::lock_guard<std::mutex> g(state_mu);
+          reaping = nullptr;
+        }
+        complete(*work, error);
+      });
+    });
+    return work;
+  }
+};
+
+GlooCommunicator::GlooCommunicator(std::shared_ptr<c10d::Store> store,
+                                   std::shared_ptr<gloo::transport::Device> device,
+                                   GlooSettings settings, std::string id, std::string name,
+                                   std::vector<int> global_ranks, int rank)
+    : impl_(std::make_unique<Impl>()) {
+  auto& m = *impl_;
+  m.store = std::move(store);
+  m.device = std::move(device);
+  m.settings = settings;
+  m.id = std::move(id);
+  m.name = std::move(name);
+  m.prefix = "g" + (m.id.empty() ? std::string("0") : m.id) + "/";
+  m.global_ranks = std::move(global_ranks);
+  m.rank = rank;
+  m.size = static_cast<int>(m.global_ranks.size());
+  const std::string where = detail::cat(kBackend, ": group ", m.name);
+
+  // A sub-group's members must have passed the same list; compared after the rendezvous, when
+  // every member's list is in the store.
+  const std::string members_key = m.prefix + "members/";
+  if (!m.id.empty())
+    m.store->set(members_key + std::to_string(m.global_ranks[rank]),
+                 [&] {
+                   const std::string s = join(m.global_ranks);
+                   return std::vector<uint8_t>(s.begin(), s.end());
+                 }());
+  auto peers = comm::rendezvous(*m.store, m.prefix + "rendezvous/", m.rank, m.size,
+                                m.settings.rendezvous_timeout_s, where);
+  if (!m.id.empty()) {
+    const std::string mine = join(m.global_ranks);
+    for (int g : m.global_ranks) {
+      const auto v = m.store->get(members_key + std::to_string(g));
+      const std::string theirs(v.begin(), v.end());
+      TR_CHECK(theirs == mine, where, ": global rank ", m.global_ranks[rank],
+               " called new_group with global ranks [", mine, "] but rank ", g,
+               " called it with [", theirs,
+               "] (every rank of the parent group must pass the same list)");
+    }
+  }
+
+  try {
+    m.context = std::make_shared<gloo::rendezvous::Context>(m.rank, m.size);
+    // Fixed for the life of the mesh: Gloo's pairs take it when connecting, and its bcube
+    // all-reduce waits with it.
+    m.context->setTimeout(to_millis(m.settings.timeout_s));
+    GlooStore gloo_store(m.store, m.prefix + "gloo/", to_millis(m.settings.rendezvous_timeout_s));
+    m.context->connectFullMesh(gloo_store, m.device);
+  } catch (const std::exception& e) {
+    TR_FAIL(where, ": rank ", m.global_ranks[rank], " could not connect Gloo's TCP mesh of ",
+            m.size, " ranks (", m.device->str(), "): ", what_of(e));
+  }
+
+  comm::Monitor::Config mc;
+  mc.backend = kBackend;
+  mc.group = m.name;
+  mc.prefix = m.prefix;
+  mc.rank = m.rank;
+  mc.world_size = m.size;
+  mc.global_ranks = m.global_ranks;
+  mc.stall_warning_s = m.settings.stall_warning_s;
+  mc.check_order = m.settings.check_collectives;
+  m.monitor = std::make_shared<comm::Monitor>(m.store, mc, std::move(peers));
+  m.monitor->timeout_s = m.settings.timeout_s;
+}
+
+GlooCommunicator::~GlooCommunicator() {
+  auto& m = *impl_;
+  // Nobody will wait for what is still queued or running: fail it now rather than block here
+  // until it times out, and let the peers' matching operations fail too.
+  if (m.in_flight > 0) {
+    {
+      std::lock_guard<std::mutex> g(m.state_mu);
+      if (!m.poison)
+        m.poison = std::make_exception_ptr(Error(detail::cat(
+            kBackend, ": group ", m.name, ": the communicator was destroyed while operations "
+            "were still queued or running")));
+    }
+    m.fail(nullptr);
+  }
+  m.worker.stop();
+  m.reaper.stop();
+}
+
+int GlooCommunicator::rank() const { return impl_->rank; }
+int GlooCommunicator::world_size() const { return impl_->size; }
+const std::string& GlooCommunicator::group_name() const { return impl_->name; }
+
+std::shared_ptr<Work> GlooCommunicator::all_reduce(at::Tensor& tensor,
+                                                   const AllReduceOptions& opts) {
+  auto& m = *impl_;
+  comm::check_tensor(tensor, kBackend, "all_reduce", "the");
+  comm::OpDesc desc{"all_reduce", comm::reduce_op_name(opts.op), tensor.scalar_type(),
+                    tensor.numel(), static_cast<int64_t>(tensor.nbytes())};
+  const auto algorithm = m.settings.bcube ? gloo::AllreduceOptions::Algorithm::BCUBE
+                                          : gloo::AllreduceOptions::Algorithm::RING;
+  return m.enqueue(desc, m.resolve_timeout(opts.timeout_s),
+                   [&m, tensor, op = opts.op, algorithm](uint32_t tag, Millis timeout) mutable {
+                     if (tensor.numel() == 0) return;
+                     dispatch(tensor.scalar_type(), [&](auto t) {
+                       using T = typename decltype(t)::type;
+                       gloo::AllreduceOptions o(m.context);
+                       o.setOutput<T>(tensor.data_ptr<T>(), tensor.numel());
+                       o.setReduceFunction(allreduce_function<T>(op));
+                       o.setAlgorithm(algorithm);
+                       o.setTag(tag);
+                       o.setTimeout(timeout);
+                       gloo::allreduce(o);
+                     });
+                     if (op == ReduceOp::Avg) divide_in_place(tensor, m.size);
+                   });
+}
+
+std::shared_ptr<Work> GlooCommunicator::reduce_scatter(const at::Tensor& input,
+                                                       at::Tensor& output,
+                                                       const ReduceScatterOptions& opts) {
+  auto& m = *impl_;
+  comm::check_tensor(input, kBackend, "reduce_scatter", "input");
+  comm::check_tensor(output, kBackend, "reduce_scatter", "output");
+  TR_CHECK(input.scalar_type() == output.scalar_type(), kBackend, ": reduce_scatter: input dtype ",
+           comm::dtype_name(input.scalar_type()), " differs from output dtype ",
+           comm::dtype_name(output.scalar_type()));
+  TR_CHECK(input.numel() == m.size * output.numel(), kBackend,
+           ": reduce_scatter: input must hold world_size * output.numel() elements (", m.size,
+           " x ", output.numel(), " = ", m.size * output.numel(), "), got ", input.numel());
+  comm::OpDesc desc{"reduce_scatter", comm::reduce_op_name(opts.op), input.scalar_type(),
+                    input.numel(), static_cast<int64_t>(input.nbytes())};
+  return m.enqueue(desc, m.resolve_timeout(opts.timeout_s),
+                   [&m, input, output, op = opts.op](uint32_t tag, Millis timeout) mutable {
+                     if (output.numel() == 0) return;
+                     // In place (output = this rank's chunk of the input, as NCCL allows) is
+                     // safe: that chunk is read last, in the step that writes the output. Any
+                     // other overlap would overwrite input the ring still has to read.
+                     const auto* in = static_cast<const char*>(input.data_ptr());
+                     const auto* out = static_cast<const char*>(output.data_ptr());
+                     const bool overlap = out < in + input.nbytes() && in < out + output.nbytes();
+                     const bool in_place = out == in + m.rank * output.nbytes();
+                     const at::Tensor source = overlap && !in_place ? input.clone() : input;
+                     dispatch(input.scalar_type(), [&](auto t) {
+                       using T = typename decltype(t)::type;
+                       ring_reduce_scatter<T>(m.context, source.data_ptr<T>(),
+                                              output.data_ptr<T>(),
+                                              static_cast<size_t>(output.numel()),
+                                              allreduce_function<T>(op),
+                                              gloo::Slot::build(kReduceScatterSlotPrefix, tag),
+                                              timeout, m.reduce_scatter_scratch);
+                     });
+                     if (op == ReduceOp::Avg) divide_in_place(output, m.size);
+                   });
+}
+
+std::shared_ptr<Work> GlooCommunicator::all_gather(const at::Tensor& input, at::Tensor& output,
+                                                   const AllGatherOptions& opts) {
+  auto& m = *impl_;
+  comm::check_tensor(input, kBackend, "all_gather", "input");
+  comm::check_tensor(output, kBackend, "all_gather", "output");
+  TR_CHECK(input.scalar_type() == output.scalar_type(), kBackend, ": all_gather: input dtype ",
+           comm::dtype_name(input.scalar_type()), " differs from output dtype ",
+           comm::dtype_name(output.scalar_type()));
+  TR_CHECK(output.numel() == m.size * input.numel(), kBackend,
+           ": all_gather: output must hold world_size * input.numel() elements (", m.size, " x ",
+           input.numel(), " = ", m.size * input.numel(), "), got ", output.numel());
+  comm::OpDesc desc{"all_gather", "", input.scalar_type(), input.numel(),
+                    static_cast<int64_t>(input.nbytes())};
+  return m.enqueue(desc, m.resolve_timeout(opts.timeout_s),
+                   [&m, input, output](uint32_t tag, Millis timeout) {
+                     if (input.numel() == 0) return;
+                     // Plain bytes: a gather does no arithmetic.
+                     gloo::AllgatherOptions o(m.context);
+                     o.setInput<uint8_t>(static_cast<uint8_t*>(input.data_ptr()), input.nbytes());
+                     o.setOutput<uint8_t>(static_cast<uint8_t*>(output.data_ptr()),
+                                          output.nbytes());
+                     o.setTag(tag);
+                     o.setTimeout(timeout);
+                     gloo::allgather(o);
+                   });
+}
+
+std::shared_ptr<Work> GlooCommunicator::broadcast(at::Tensor& tensor,
+                                                  const BroadcastOptions& opts) {
+  auto& m = *impl_;
+  comm::check_tensor(tensor, kBackend, "broadcast", "the");
+  TR_CHECK(opts.root >= 0 && opts.root < m.size, kBackend, ": broadcast in group ", m.name,
+           ": root ", opts.root, " is not a rank of this group (world_size ", m.size, ")");
+  comm::OpDesc desc{"broadcast", "root " + std::to_string(opts.root), tensor.scalar_type(),
+                    tensor.numel(), static_cast<int64_t>(tensor.nbytes())};
+  return m.enqueue(desc, m.resolve_timeout(opts.timeout_s),
+                   [&m, tensor, root = opts.root](uint32_t tag, Millis timeout) {
+                     if (tensor.numel() == 0) return;
+                     gloo::BroadcastOptions o(m.context);
+                     o.setOutput<uint8_t>(static_cast<uint8_t*>(tensor.data_ptr()),
+                                          tensor.nbytes());
+                     o.setRoot(root);
+                     o.setTag(tag);
+                     o.setTimeout(timeout);
+                     gloo::broadcast(o);
+                   });
+}
+
+std::shared_ptr<Work> GlooCommunicator::barrier(const BarrierOptions& opts) {
+  auto& m = *impl_;
+  comm::OpDesc desc{"barrier", "", c10::ScalarType::Undefined, 0, 0};
+  return m.enqueue(desc, m.resolve_timeout(opts.timeout_s), [&m](uint32_t tag, Millis timeout) {
+    gloo::BarrierOptions o(m.context);
+    o.setTag(tag);
+    o.setTimeout(timeout);
+    gloo::barrier(o);
+  });
+}
+
+std::shared_ptr<Work> GlooCommunicator::send(const at::Tensor& tensor,
+                                             const PointToPointOptions& opts) {
+  return impl_->point_to_point(true, tensor, opts);
+}
+
+std::shared_ptr<Work> GlooCommunicator::recv(at::Tensor& tensor,
+                                             const PointToPointOptions& opts) {
+  return impl_->point_to_point(false, tensor, opts);
+}
+
+std::shared_ptr<Communicator> GlooCommunicator::new_group(const std::vector<int>& ranks) {
+  auto& m = *impl_;
+  TR_CHECK(!ranks.empty(), kBackend, ": new_group in group ", m.name, ": the rank list is empty");
+  std::vector<int> seen(m.size, 0);
+  for (int r : ranks) {
+    TR_CHECK(r >= 0 && r < m.size, kBackend, ": new_group in group ", m.name, ": rank ", r,
+             " is not a rank of this group (world_size ", m.size, ")");
+    TR_CHECK(!seen[r]++, kBackend, ": new_group in group ", m.name, ": rank ", r,
+             " is listed twice in [", join(ranks), "]");
+  }
+  m.throw_if_poisoned();
+  int number;
+  {
+    // Counted on every rank of this group, member or not, so that the n-th new_group call
+    // gets the same id (and store prefix) everywhere.
+    std::lock_guard<std::mutex> g(m.issue_mu);
+    number = ++m.groups_created;
+  }
+  const auto it = std::find(ranks.begin(), ranks.end(), m.rank);
+  if (it == ranks.end()) return nullptr;
+  const std::string id = (m.id.empty() ? "" : m.id + ".") + std::to_string(number);
+  std::vector<int> global;
+  for (int r : ranks) global.push_back(m.global_ranks[r]);
+  const std::string name = id + " [" + join(global) + "]";
+  return std::make_shared<GlooCommunicator>(m.store, m.device, m.settings, id, name,
+                                            std::move(global),
+                                            static_cast<int>(it - ranks.begin()));
+}
+
+// ---------------------------------------------------------------------------------------------
+// GlooAccelerator
+
+namespace {
+
+// As cpu's: LibTorch lets the inter-op pool size be set once per process, before it starts.
+void set_interop_threads_once(int n) {
+  static std::once_flag once;
+  std::call_once(once, [n] {
+    if (at::get_num_interop_threads() == n) return;
+    try {
+      at::set_num_interop_threads(n);
+    } catch (const c10::Error&) {
+      std::fprintf(stderr,
+                   "trainrun gloo-cpu: warning: inter-op threads already fixed at %d by earlier "
+                   "LibTorch work; keeping that (intra-op threads set to %d)\n",
+                   at::get_num_interop_threads(), n);
+    }
+  });
+}
+
+double rendezvous_timeout_from_environment() {
+  const char* v = std::getenv("TRAINRUN_RENDEZVOUS_TIMEOUT_S");
+  if (!v || !*v) return 300.0;
+  char* end = nullptr;
+  const double s = std::strtod(v, &end);
+  TR_CHECK_TYPED(ConfigError, end && *end == '\0' && std::isfinite(s) && s > 0,
+                 "TRAINRUN_RENDEZVOUS_TIMEOUT_S='", v, "' is not a positive number of seconds");
+  return s;
+}
+
+// Peers on one machine reach each other over loopback; Gloo would otherwise bind to the
+// address of the host name, which on Debian resolves to 127.0.1.1 or to an external interface.
+bool is_loopback(const std::string& host) {
+  if (host == "localhost") return true;
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  if (getaddrinfo(host.c_str(), nullptr, &hints, &res) != 0 || !res) return false;
+  bool all = true;
+  for (addrinfo* a = res; a; a = a->ai_next) {
+    if (a->ai_family == AF_INET) {
+      const auto* in = reinterpret_cast<const sockaddr_in*>(a->ai_addr);
+      all = all && (ntohl(in->sin_addr.s_addr) >> 24) == 127;
+    } else if (a->ai_family == AF_INET6) {
+      const auto* in6 = reinterpret_cast<const sockaddr_in6*>(a->ai_addr);
+      all = all && IN6_IS_ADDR_LOOPBACK(&in6->sin6_addr);
+    } else {
+      all = false;
+    }
+  }
+  freeaddrinfo(res);
+  return all;
+}
+
+}  // namespace
+
+void GlooAccelerator::declare_options(OptionSchema& schema) {
+  schema.integer("threads", 0,
+                 "LibTorch intra-op and inter-op threads (0 = LibTorch's default, usually one "
+                 "per core)",
+                 0.0, 4096.0);
+  schema.duration("timeout_s", 600.0,
+                  "default timeout of every collective and point-to-point operation", 0.001);
+  schema.duration("stall_warning_s", 60.0,
+                  "warn (naming the ranks not arrived) when an operation has waited this long; "
+                  "0 = off",
+                  0.0);
+  schema.boolean("check_collectives", true,
+                 "check through the store that every rank issues the same collective (op, "
+                 "dtype, size) at the same position; a mismatch is an error naming both");
+  schema.choice("allreduce_algorithm", "ring", {"ring", "bcube"},
+                "Gloo all-reduce algorithm: ring (bandwidth-optimal) or bcube (fewer steps, "
+                "better for small tensors)");
+}
+
+GlooAccelerator::GlooAccelerator(const Options& options, const RunContext& ctx) {
+  const int64_t threads = options.get_int("threads");
+  TR_CHECK_TYPED(ConfigError, threads >= 0, options.context(), ": threads must be >= 0, got ",
+                 threads);
+  if (threads > 0) {
+    at::set_num_threads(static_cast<int>(threads));
+    set_interop_threads_once(static_cast<int>(threads));
+  }
+  GlooSettings s;
+  s.timeout_s = options.get_seconds("timeout_s");
+  TR_CHECK_TYPED(ConfigError, s.timeout_s > 0, options.context(),
+                 ": timeout_s must be > 0, got ", s.timeout_s);
+  s.stall_warning_s = options.get_seconds("stall_warning_s");
+  TR_CHECK_TYPED(ConfigError, s.stall_warning_s >= 0, options.context(),
+                 ": stall_warning_s must be >= 0, got ", s.stall_warning_s);
+  s.check_collectives = options.get_bool("check_collectives");
+  s.bcube = options.get_string("allreduce_algorithm") == "bcube";
+  s.rendezvous_timeout_s = rendezvous_timeout_from_environment();
+  TR_CHECK_TYPED(ConfigError, ctx.world_size >= 1 && ctx.rank >= 0 && ctx.rank < ctx.world_size,
+                 kBackend, ": rank ", ctx.rank, " is not in [0, world_size ", ctx.world_size, ")");
+
+  const auto address = comm::store_address_from_environment();
+  std::shared_ptr<c10d::Store> store;
+  gloo::transport::tcp::attr attr;
+  if (!address) {
+    TR_CHECK_TYPED(ConfigError, ctx.world_size == 1, kBackend, ": world_size ", ctx.world_size,
+                   " needs MASTER_ADDR and MASTER_PORT (the rendezvous store); start the ranks "
+                   "with the trainrun launcher or torchrun");
+    store = std::make_shared<c10d::HashStore>();
+    attr.hostname = "127.0.0.1";
+  } else {
+    store = comm::open_store(*address, ctx.rank, ctx.world_size, s.rendezvous_timeout_s);
+    const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
+    if (is_loopback(address->host))
+      attr.hostname = "127.0.0.1";
+    else if (ifname && *ifname)
+      attr.iface = ifname;
+    else
+      attr.hostname = comm::host_name();
+  }
+  transport_ = "tcp " + (attr.iface.empty() ? attr.hostname : attr.iface);
+  std::shared_ptr<gloo::transport::Device> device;
+  try {
+    device = gloo::transport::tcp::CreateDevice(attr);
+  } catch (const std::exception& e) {
+    TR_FAIL(kBackend, ": cannot open a TCP device on ",
+            attr.iface.empty() ? "host " + attr.hostname
+                               : "interface '" + attr.iface + "' (GLOO_SOCKET_IFNAME)",
+            ": ", what_of(e));
+  }
+  std::vector<int> world(ctx.world_size);
+  for (int r = 0; r < ctx.world_size; ++r) world[r] = r;
+  comm_ = std::make_unique<GlooCommunicator>(std::move(store), std::move(device), s, "", "world",
+                                             std::move(world), ctx.rank);
+}
+
+std::string GlooAccelerator::describe() const {
+  return detail::cat(kBackend, " (", transport_, "), rank ", comm_->rank(), " of ",
+                     comm_->world_size(), ", ", at::get_num_threads(), " threads");
+}
+
+}  // namespace trainrun::plugins
+
+// The unit tests compile this file into one binary with the other plugins; each plugin's entry
+// symbol has the same name, so the tests leave it out.
+#ifndef TRAINRUN_NO_PLUGIN_ENTRY
+TRAINRUN_PLUGIN("gloo-cpu", "0.1.0",
+                trainrun::v1::component<trainrun::v1::Accelerator,
+                                        trainrun::plugins::GlooAccelerator>(
+                    "gloo-cpu",
+                    "the host CPU with a Gloo (TCP) communicator across processes: all-reduce, "
+                    "reduce-scatter, all-gather, broadcast, send/recv, barrier, sub-groups"))
+#endif

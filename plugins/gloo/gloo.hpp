@@ -1,0 +1,121 @@
+#pragma once
+// Accelerator `gloo-cpu`: the host CPU and a communicator over Gloo's TCP transport, one process
+// per rank (started by the trainrun launcher, torchrun or by hand with the torchrun
+// environment). Rendezvous, the collective-order check and the stall inspector come from
+// comm-common; this file owns the Gloo side: the TCP mesh, one worker thread per group, the
+// mapping of each operation onto a Gloo algorithm, and failure handling.
+#include <trainrun/interfaces.hpp>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace c10d {
+class Store;
+}
+namespace gloo::transport {
+class Device;
+}
+
+namespace trainrun::plugins {
+
+using namespace trainrun::v1;
+
+/// What every communicator of one accelerator (the world and its sub-groups) shares.
+struct GlooSettings {
+  double timeout_s = 600;             ///< default timeout of every operation (seconds)
+  double stall_warning_s = 60;        ///< 0 = stall inspector off
+  double rendezvous_timeout_s = 300;  ///< rendezvous of the world and of every new_group
+  bool check_collectives = true;      ///< cross-rank order/fingerprint check of collectives
+  bool bcube = false;                 ///< all_reduce by Gloo's bcube instead of its ring
+};
+
+/// Collectives over Gloo's TCP transport among the ranks of one group (backend "gloo-cpu").
+///
+/// Threads and order: the calling thread checks preconditions, gives a collective its sequence
+/// number and cross-rank order check (comm::Monitor::issue) and queues it; one worker thread per
+/// communicator runs the queue in issue order, so two collectives on the same tensor need no
+/// wait() in between. Point-to-point operations are posted by that worker in the same order but
+/// complete on a second thread, so that a send and the matching recv issued in opposite orders
+/// on two ranks (an exchange) cannot deadlock; they are not sequence-numbered, and a tensor
+/// given to send/recv must not be touched until its Work's wait() returns. send and recv must
+/// agree on tag, dtype and element count: otherwise neither matches and both time out.
+///
+/// Failures: a Gloo error (a peer closed its connections, a timeout) fails the operation with
+/// an Error naming it, its group and the ranks that have not arrived; the communicator is then
+/// poisoned: every later call throws that first error at once, queued operations fail with it,
+/// and its TCP connections are closed so the peers' pending operations fail within moments
+/// instead of at their own timeouts. A collective-order mismatch poisons it too.
+///
+/// Timeouts: an operation's timeout_s > 0, else the accelerator's timeout_s, bounds both the
+/// Work's wait() and Gloo's own waits (bcube all_reduce waits inside Gloo with the
+/// accelerator's timeout_s, which Gloo fixes when the mesh is connected).
+///
+/// Algorithms: all_reduce is Gloo's ring or bcube (option allreduce_algorithm); all_gather,
+/// broadcast and barrier are Gloo's; reduce_scatter is a ring on Gloo's unbound buffers (Gloo's
+/// ReduceScatterHalvingDoubling returns wrong results when a send is still queued; see gloo.cpp).
+///
+/// Destroying a communicator with operations still queued or running aborts them.
+class GlooCommunicator final : public Communicator {
+ public:
+  /// Joins one group: rendezvous of its members through `store` (keys under "g0/" for the
+  /// world, "g<id>/" for a sub-group), then a Gloo full mesh on `device`. `id` numbers
+  /// sub-groups ("" for the world, "1", "1.2" for sub-group 1's second); `global_ranks[i]` is
+  /// the global rank of group rank i; `rank` is this process's group rank; `name` follows
+  /// "group" in messages ("world", "1 [0, 2]"). Blocks until every member has arrived; throws
+  /// Error naming the ranks that did not within rendezvous_timeout_s, or those whose rank list
+  /// differs.
+  GlooCommunicator(std::shared_ptr<c10d::Store> store,
+                   std::shared_ptr<gloo::transport::Device> device, GlooSettings settings,
+                   std::string id, std::string name, std::vector<int> global_ranks, int rank);
+  ~GlooCommunicator() override;
+  GlooCommunicator(const GlooCommunicator&) = delete;
+  GlooCommunicator& operator=(const GlooCommunicator&) = delete;
+
+  int rank() const override;
+  int world_size() const override;
+  std::string backend() const override { return "gloo-cpu"; }
+  /// "world" or "1 [0, 2]" (sub-group 1, global ranks 0 and 2); messages say "group <name>".
+  const std::string& group_name() const;
+
+  std::shared_ptr<Work> all_reduce(at::Tensor& tensor, const AllReduceOptions& opts = {}) override;
+  std::shared_ptr<Work> reduce_scatter(const at::Tensor& input, at::Tensor& output,
+                                       const ReduceScatterOptions& opts = {}) override;
+  std::shared_ptr<Work> all_gather(const at::Tensor& input, at::Tensor& output,
+                                   const AllGatherOptions& opts = {}) override;
+  std::shared_ptr<Work> broadcast(at::Tensor& tensor, const BroadcastOptions& opts = {}) override;
+  std::shared_ptr<Work> send(const at::Tensor& tensor, const PointToPointOptions& opts) override;
+  std::shared_ptr<Work> recv(at::Tensor& tensor, const PointToPointOptions& opts) override;
+  std::shared_ptr<Work> barrier(const BarrierOptions& opts = {}) override;
+  /// c10d semantics: every rank of this group calls it with the same list (ranks of this
+  /// group); ranks not in the list get nullptr, members a communicator with its own Gloo mesh,
+  /// order check and stall inspector, in which their rank is their position in the list.
+  std::shared_ptr<Communicator> new_group(const std::vector<int>& ranks) override;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+/// The host CPU with a Gloo communicator across all ranks of the job. Options: `threads` (as
+/// cpu's), `timeout_s`, `stall_warning_s`, `check_collectives`, `allreduce_algorithm`
+/// (ring|bcube). The world's store comes from MASTER_ADDR/MASTER_PORT (an in-process store
+/// when world_size is 1 and neither is set); the rendezvous timeout from
+/// TRAINRUN_RENDEZVOUS_TIMEOUT_S (default 300 s). Gloo listens on 127.0.0.1 when MASTER_ADDR
+/// is a loopback address, else on GLOO_SOCKET_IFNAME's interface when set, else on the address
+/// of this host's name.
+class GlooAccelerator final : public Accelerator {
+ public:
+  static void declare_options(OptionSchema& schema);
+  GlooAccelerator(const Options& options, const RunContext& ctx);
+  c10::Device device() const override { return c10::Device(c10::kCPU); }
+  Communicator& communicator() override { return *comm_; }
+  MemoryStats memory_stats() const override { return {}; }
+  std::string describe() const override;
+
+ private:
+  std::string transport_;  ///< "tcp 127.0.0.1", "tcp eth0", "tcp host-a"
+  std::unique_ptr<GlooCommunicator> comm_;
+};
+
+}  // namespace trainrun::plugins
