@@ -24,6 +24,12 @@ void check_tensor(const at::Tensor& t, const char* op, const char* role) {
            " tensor must be dense (strided), got layout ", t.layout());
   TR_CHECK(t.is_contiguous(), "local communicator: ", op, ": ", role,
            " tensor must be contiguous (shape ", t.sizes(), ", strides ", t.strides(), ")");
+  const auto d = t.scalar_type();
+  TR_CHECK(d == at::kFloat || d == at::kDouble || d == at::kBFloat16 || d == at::kHalf ||
+               d == at::kInt || d == at::kLong || d == at::kByte,
+           "local communicator: ", op, ": ", role, " tensor has dtype ", d,
+           "; supported: float32, float64, bfloat16, float16, int32, int64, uint8 (as the "
+           "multi-process backends)");
 }
 
 // input holds world_size * n elements and output n (or the reverse for all_gather); with one
@@ -126,8 +132,13 @@ void CpuAccelerator::declare_options(OptionSchema& schema) {
   schema.duration("timeout_s", 600.0, "default timeout of collective operations", 0.0);
 }
 
-CpuAccelerator::CpuAccelerator(const Options& options, const RunContext&)
+CpuAccelerator::CpuAccelerator(const Options& options, const RunContext& ctx)
     : comm_(options.get_seconds("timeout_s")) {
+  // Each rank would otherwise train alone on its slice of the data and nobody would notice.
+  TR_CHECK_TYPED(ConfigError, ctx.world_size == 1, options.context(),
+                 ": accelerator 'cpu' connects no processes (its communicator is a world of one), "
+                 "but this job has world_size ", ctx.world_size,
+                 "; use a collective backend: plugin = \"gloo-cpu\" or \"mpi\"");
   const int64_t threads = options.get_int("threads");
   TR_CHECK_TYPED(ConfigError, threads >= 0, options.context(), ": threads must be >= 0, got ",
                  threads);
