@@ -2,8 +2,10 @@
 //   trainrun --config job.toml [--set key=value]... [--plugin-path P]...   train
 //   trainrun check --config job.toml [--set ...]                           validate, print the job
 //   trainrun plugins [NAME]                                                list plugins / options
+//   trainrun bench collectives --backend B --nproc N [--verify]            collective bandwidth
 // Exit codes: 0 success, 1 failure while training, 2 bad input (job file, option, plugin),
-// 130 interrupted.
+// 130 interrupted. A job whose [launch] asks for more than one process is launched: this process
+// becomes the node agent and runs its own command line again once per worker (core/launcher).
 #include <boost/program_options.hpp>
 #include <c10/util/Exception.h>
 
@@ -12,7 +14,9 @@
 #include <iostream>
 #include <sstream>
 
+#include "collectives.hpp"
 #include "trainrun/core/config.hpp"
+#include "trainrun/core/launcher.hpp"
 #include "trainrun/core/log.hpp"
 #include "trainrun/core/registry.hpp"
 #include "trainrun/core/trainer.hpp"
@@ -107,17 +111,50 @@ int cmd_plugins(const Registry& reg, const std::string& name) {
   return 0;
 }
 
+// One write for the whole line: a worker's stderr is a pipe that the launcher (or mpiexec)
+// reads in chunks, and a worker stopped mid-line would otherwise leave half a message.
+void print_error(const std::string& message) {
+  std::cerr << ("trainrun: error: " + message + "\n") << std::flush;
+}
+
+// The agent's plan for this node, from a validated job.
+core::LaunchSpec launch_spec(const core::JobConfig& job, int argc, char** argv) {
+  core::LaunchSpec spec;
+  spec.nproc_per_node = static_cast<int>(job.launch.get_int("nproc_per_node"));
+  spec.nnodes = static_cast<int>(job.launch.get_int("nnodes"));
+  spec.node_rank = static_cast<int>(job.launch.get_int("node_rank"));
+  spec.master_addr = job.launch.get_string("master_addr");
+  spec.master_port = static_cast<int>(job.launch.get_int("master_port"));
+  spec.rendezvous_timeout_s = job.launch.get_seconds("rendezvous_timeout_s");
+  spec.grace_s = job.launch.get_seconds("stop_grace_s");
+  spec.run_dir = core::run_dir_of(job);
+  spec.rotate_run_dir = true;
+  spec.mpiexec = core::launcher_of(job) == "mpiexec";
+  // Workers run this very command again and find out who they are from the environment.
+  spec.argv.push_back(core::self_executable());
+  for (int i = 1; i < argc; ++i) spec.argv.push_back(argv[i]);
+  return spec;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  // `bench` has its own flags (Boost.PO rejects unknown ones), so it is dispatched first.
+  if (argc > 1 && std::string(argv[1]) == "bench") return trainrun::app::run_bench_command(argc, argv);
   po::options_description opts("trainrun options");
   std::string config, command, name;
   std::vector<std::string> overrides, plugin_paths;
+  std::string nproc_per_node, nnodes, node_rank, master_addr, master_port;
   opts.add_options()("help,h", "show this help")("version", "print the version")(
       "config,c", po::value(&config), "job file (TOML)")(
       "set", po::value(&overrides)->composing(), "override a job key: --set trainer.max_steps=100")(
       "plugin-path", po::value(&plugin_paths)->composing(),
-      "plugin directory or file, searched first (repeatable)");
+      "plugin directory or file, searched first (repeatable)")(
+      "nproc-per-node", po::value(&nproc_per_node), "worker processes on this node (= --set launch.nproc_per_node=N)")(
+      "nnodes", po::value(&nnodes), "number of nodes (= --set launch.nnodes=N)")(
+      "node-rank", po::value(&node_rank), "this node's index (= --set launch.node_rank=N)")(
+      "master-addr", po::value(&master_addr), "node 0's address (= --set launch.master_addr=HOST)")(
+      "master-port", po::value(&master_port), "rendezvous port (= --set launch.master_port=PORT)");
   po::options_description hidden;
   hidden.add_options()("command", po::value(&command))("name", po::value(&name));
   po::options_description all;
@@ -135,7 +172,9 @@ int main(int argc, char** argv) {
   if (vm.count("help")) {
     std::cout << "usage: trainrun --config job.toml [--set key=value]...\n"
                  "       trainrun check --config job.toml [--set key=value]... [--plugin-path P]...\n"
-                 "       trainrun plugins [NAME]\n\n"
+                 "       trainrun plugins [NAME]\n"
+                 "       trainrun bench collectives --backend gloo-cpu|mpi --nproc N [--verify] "
+                 "(see trainrun bench collectives --help)\n\n"
               << opts << std::endl;
     return 0;
   }
@@ -144,10 +183,15 @@ int main(int argc, char** argv) {
               << v1::kAbiMinor << ", LibTorch " << TRAINRUN_BUILD_TORCH_VERSION << ")" << std::endl;
     return 0;
   }
+  // The launch flags are --set overrides, applied after the --set flags, so they win.
+  for (const auto& [key, value] : {std::pair{"nproc_per_node", &nproc_per_node}, {"nnodes", &nnodes},
+                                   {"node_rank", &node_rank}, {"master_addr", &master_addr},
+                                   {"master_port", &master_port}})
+    if (!value->empty()) overrides.push_back(std::string("launch.") + key + "=" + *value);
   if (command.empty()) command = "train";
   if (command != "train" && command != "check" && command != "plugins") {
     std::cerr << "trainrun: error: unknown command '" << command
-              << "' (commands: train, check, plugins)" << std::endl;
+              << "' (commands: train, check, plugins, bench)" << std::endl;
     return 2;
   }
   try {
@@ -181,18 +225,21 @@ int main(int argc, char** argv) {
                   << c.info->file << ")\n";
       return 0;
     }
+    if (!core::detect_worker_environment().is_worker &&
+        job.launch.get_int("nproc_per_node") * job.launch.get_int("nnodes") > 1)
+      return core::launch(launch_spec(job, argc, argv));
     return core::train(job, reg);
   } catch (const v1::ConfigError& e) {
-    std::cerr << "trainrun: error: " << e.what() << std::endl;
+    print_error(e.what());
     return 2;
   } catch (const v1::PluginError& e) {
-    std::cerr << "trainrun: error: " << e.what() << std::endl;
+    print_error(e.what());
     return 2;
   } catch (const c10::Error& e) {
-    std::cerr << "trainrun: error: " << e.what_without_backtrace() << std::endl;
+    print_error(e.what_without_backtrace());
     return 1;
   } catch (const std::exception& e) {
-    std::cerr << "trainrun: error: " << e.what() << std::endl;
+    print_error(e.what());
     return 1;
   }
 }

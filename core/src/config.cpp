@@ -168,8 +168,16 @@ v1::OptionSchema launch_schema() {
   s.integer("nproc_per_node", 1, "Worker processes (ranks) on this node", 1, 4096);
   s.integer("nnodes", 1, "Number of nodes", 1, 65536);
   s.integer("node_rank", 0, "This node's index in [0, nnodes)", 0, 65535);
-  s.string("master_addr", "127.0.0.1", "Address of rank 0's rendezvous store");
-  s.integer("master_port", 0, "Port of the rendezvous store; 0 = pick a free one", 0, 65535);
+  s.string("master_addr", "127.0.0.1", "Address of node 0's rendezvous store");
+  s.integer("master_port", 0,
+            "Port of the rendezvous store; 0 = pick a free one (nnodes = 1 only)", 0, 65535);
+  s.duration("rendezvous_timeout_s", 300.0,
+             "How long agents and workers wait for each other to arrive", 0.1, 1e7);
+  s.duration("stop_grace_s", 5.0,
+             "When stopping workers: SIGTERM, then SIGKILL after this long", 0.0, 3600.0);
+  s.choice("launcher", "auto", {"auto", "trainrun", "mpiexec"},
+           "How workers are started: trainrun's own agent, or MPICH's mpiexec; auto = mpiexec "
+           "when [accelerator] plugin is \"mpi\", else trainrun");
   return s;
 }
 
@@ -177,6 +185,12 @@ v1::OptionSchema plugins_schema() {
   v1::OptionSchema s;
   s.string_list("path", {}, "Plugin directories or files, searched after --plugin-path");
   return s;
+}
+
+std::string launcher_of(const JobConfig& job) {
+  const std::string& l = job.launch.get_string("launcher");
+  if (l != "auto") return l;
+  return job.accelerator.plugin == "mpi" ? "mpiexec" : "trainrun";
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -509,6 +523,26 @@ JobConfig JobFile::validate(const Registry& registry) const {
                         error);
   }
 
+  // The layout of the nodes is checked here, not only by the launcher, so `trainrun check`
+  // reports it with the key's place in the file.
+  {
+    const auto* launch_table = root.get_as<toml::table>("launch");
+    auto loc_of = [&](const char* key) {
+      const toml::node* n = launch_table ? launch_table->get(key) : nullptr;
+      return n ? where(n->source(), file) : file;
+    };
+    const int64_t nnodes = job.launch.get_int("nnodes");
+    const int64_t node_rank = job.launch.get_int("node_rank");
+    if (node_rank >= nnodes)
+      throw ConfigError(loc_of("node_rank") + ": [launch] node_rank " + std::to_string(node_rank) +
+                        " must be less than nnodes " + std::to_string(nnodes));
+    if (nnodes > 1 && job.launch.get_int("master_port") == 0)
+      throw ConfigError(loc_of("master_port") +
+                        ": [launch] master_port = 0 (pick a free port) works only with nnodes = 1; "
+                        "with nnodes = " + std::to_string(nnodes) +
+                        " every node must be given the same port (e.g. master_port = 29500)");
+  }
+
   auto component = [&](const toml::table& t, ComponentKind kind, const std::string& section,
                        const char* default_plugin) {
     ComponentConfig c;
@@ -553,6 +587,16 @@ JobConfig JobFile::validate(const Registry& registry) const {
     for (const auto& n : *arr)
       job.callbacks.push_back(component(*n.as_table(), ComponentKind::Callback,
                                         "[[callbacks]][" + std::to_string(i++) + "]", nullptr));
+  }
+
+  if (job.launch.get_int("nnodes") > 1 && launcher_of(job) == "mpiexec") {
+    const auto* launch_table = root.get_as<toml::table>("launch");
+    const toml::node* n = launch_table ? launch_table->get("nnodes") : nullptr;
+    throw ConfigError((n ? where(n->source(), file) : file) + ": [launch] nnodes = " +
+                      std::to_string(job.launch.get_int("nnodes")) +
+                      " with the mpiexec launcher: trainrun starts mpiexec on one node only; for "
+                      "several nodes run `mpiexec -f hostfile -n N trainrun --config ...` yourself "
+                      "(each process then reads its rank from mpiexec)");
   }
 
   // Resolved job: every table with its defaults, for the run directory and `trainrun check`.

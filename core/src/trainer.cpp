@@ -18,6 +18,7 @@
 #include <iostream>
 #include <sstream>
 
+#include "trainrun/core/launcher.hpp"
 #include "trainrun/core/log.hpp"
 
 namespace fs = std::filesystem;
@@ -34,17 +35,6 @@ extern "C" void on_stop_signal(int sig) {
   g_stop_signal.store(sig);
   // A second Ctrl-C ends the process at once.
   std::signal(sig, SIG_DFL);
-}
-
-int env_int(const char* name, int def) {
-  const char* v = std::getenv(name);
-  if (!v || !*v) return def;
-  try {
-    return std::stoi(v);
-  } catch (...) {
-    throw ConfigError(std::string("environment variable ") + name + "='" + v +
-                      "' is not an integer");
-  }
 }
 
 std::string fmt_duration(double s) {
@@ -73,43 +63,53 @@ Slot<T> build(const Registry& reg, const ComponentConfig& c, const v1::RunContex
   return Slot<T>{reg.create<T>(*c.info, c.options, ctx), describe_component(*c.info)};
 }
 
-// A run_dir that already holds a run keeps it: that run's files move to previous-N/, so the
-// metrics of two runs never mix and nothing is overwritten.
-void keep_previous_run(const fs::path& dir) {
-  if (!fs::exists(dir / "job.toml")) return;
+}  // namespace
+
+// A run_dir that already holds a run keeps it: that run's files (and its logs/ folder of
+// per-rank output) move to previous-N/, so the metrics of two runs never mix and nothing is
+// overwritten. A run that failed before writing job.toml may still have left logs/.
+std::string keep_previous_run(const std::string& run_dir) {
+  const fs::path dir(run_dir);
+  if (!fs::exists(dir / "job.toml") && !fs::exists(dir / "logs")) return "";
   int n = 1;
   while (fs::exists(dir / ("previous-" + std::to_string(n)))) ++n;
   const fs::path dst = dir / ("previous-" + std::to_string(n));
   fs::create_directory(dst);
   for (const auto& e : fs::directory_iterator(dir))
-    if (e.is_regular_file()) fs::rename(e.path(), dst / e.path().filename());
+    if (e.is_regular_file() || (e.is_directory() && e.path().filename() == "logs"))
+      fs::rename(e.path(), dst / e.path().filename());
   log_info("run_dir " + dir.string() + " held an earlier run: its files are now in " +
            dst.string());
+  return dst.string();
 }
 
-}  // namespace
-
-v1::RunContext context_from_environment(const JobConfig& job) {
-  v1::RunContext ctx;
-  ctx.world_size = env_int("WORLD_SIZE", 1);
-  ctx.rank = env_int("RANK", 0);
-  ctx.local_rank = env_int("LOCAL_RANK", ctx.rank);
-  ctx.local_world_size = env_int("LOCAL_WORLD_SIZE", ctx.world_size);
-  const int64_t requested =
-      job.launch.get_int("nproc_per_node") * job.launch.get_int("nnodes");
-  if (ctx.world_size == 1 && requested > 1)
-    throw ConfigError(job.file + ": [launch] asks for " + std::to_string(requested) +
-                      " processes, but this trainrun build has no multi-process launcher or "
-                      "collective backend yet; set nproc_per_node = 1 and nnodes = 1");
-  if (ctx.world_size > 1)
-    throw ConfigError("WORLD_SIZE=" + std::to_string(ctx.world_size) +
-                      ": multi-process runs need a collective backend, which this build does "
-                      "not have yet");
-  ctx.seed = static_cast<uint64_t>(job.trainer.get_int("seed"));
-  ctx.job_file = job.file;
+std::string run_dir_of(const JobConfig& job) {
   std::string run_dir = job.trainer.get_string("run_dir");
   if (run_dir.empty()) run_dir = (fs::path("runs") / fs::path(job.file).stem()).string();
-  ctx.run_dir = run_dir;
+  return run_dir;
+}
+
+v1::RunContext context_from_environment(const JobConfig& job) {
+  const WorkerEnvironment env = detect_worker_environment();
+  v1::RunContext ctx;
+  ctx.rank = env.rank;
+  ctx.world_size = env.world_size;
+  ctx.local_rank = env.local_rank;
+  ctx.local_world_size = env.local_world_size;
+  const int64_t nproc = job.launch.get_int("nproc_per_node");
+  const int64_t nnodes = job.launch.get_int("nnodes");
+  if (!env.is_worker && nproc * nnodes > 1)
+    throw ConfigError(job.file + ": [launch] asks for " + std::to_string(nproc * nnodes) +
+                      " processes, but this process was not started by a launcher; run it "
+                      "with `trainrun --config` (which launches them) or under mpiexec/srun");
+  if (env.is_worker && env.world_size != nproc * nnodes && env.rank == 0)
+    log_info(env.source + " started " + std::to_string(env.world_size) +
+             " process(es); [launch] asks for " + std::to_string(nproc * nnodes) +
+             " (nproc_per_node " + std::to_string(nproc) + " x nnodes " + std::to_string(nnodes) +
+             "): the launcher's world size is used");
+  ctx.seed = static_cast<uint64_t>(job.trainer.get_int("seed"));
+  ctx.job_file = job.file;
+  ctx.run_dir = run_dir_of(job);
   return ctx;
 }
 
@@ -140,16 +140,30 @@ int train(const JobConfig& job, const Registry& registry) {
   const auto t_start = clock::now();
   v1::RunContext ctx = context_from_environment(job);
   const bool lead = ctx.rank == 0;
+  // Under trainrun's agent, run_dir was rotated before any worker started. Under mpiexec, srun
+  // or torchrun nobody did it, and rank 0 must move an earlier run aside before any other rank
+  // writes there. The ranks agree on that with a barrier of the accelerator's communicator,
+  // right after it is built (before it, nothing but this create_directories touches run_dir):
+  // it needs no shared identifier of the launch (which a marker file would, and which mpiexec
+  // and srun do not give in a portable way), leaves no stale marker behind, and is bounded by
+  // the collective timeout instead of a poll on a possibly shared file system.
+  const bool rotate_here = !detect_worker_environment().run_dir_ready;
   fs::create_directories(ctx.run_dir);
-  if (lead) keep_previous_run(ctx.run_dir);
-  {
+
+  torch::manual_seed(ctx.seed);
+  auto accelerator = build<v1::Accelerator>(registry, job.accelerator, ctx);
+  if (lead) {
+    if (rotate_here) keep_previous_run(ctx.run_dir);
     std::ofstream f(fs::path(ctx.run_dir) / "job.toml");
     f << "# resolved from " << job.file << " (every default filled in)\n" << job.resolved_toml;
     if (!f) throw v1::Error("cannot write " + (fs::path(ctx.run_dir) / "job.toml").string());
   }
-
-  torch::manual_seed(ctx.seed);
-  auto accelerator = build<v1::Accelerator>(registry, job.accelerator, ctx);
+  if (rotate_here && ctx.world_size > 1) {
+    accelerator.call("barrier (run_dir ready)", [](v1::Accelerator& a) {
+      a.communicator().barrier()->wait();
+      return 0;
+    });
+  }
   auto dataset = build<v1::Dataset>(registry, job.data, ctx);
   ctx.data = dataset.call("info", [](v1::Dataset& d) { return d.info(); });
   // Re-seed so the model's initial weights depend on the seed alone, not on what the dataset

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 
@@ -124,7 +125,20 @@ std::string format_duration(double s) {
 int terminal_columns() {
   winsize ws{};
   if (ioctl(STDERR_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0) return ws.ws_col;
+  // Under the launcher stderr is a pipe; the launcher passes its terminal's width.
+  if (const char* c = std::getenv("COLUMNS")) {
+    const int n = std::atoi(c);
+    if (n > 0) return n;
+  }
   return 80;
+}
+
+// The launcher sets TRAINRUN_TTY=1 for rank 0 when its own stderr is a terminal: the bar is then
+// drawn into the pipe, and the launcher passes it through to the terminal.
+bool stderr_is_terminal() {
+  if (isatty(STDERR_FILENO) == 1) return true;
+  const char* v = std::getenv("TRAINRUN_TTY");
+  return v && std::strcmp(v, "1") == 0;
 }
 
 }  // namespace
@@ -162,7 +176,7 @@ void ProgressCallback::declare_options(OptionSchema& schema) {
 }
 
 ProgressCallback::ProgressCallback(const Options& options, const RunContext& ctx)
-    : active_(ctx.rank == 0 && isatty(STDERR_FILENO) == 1),
+    : active_(ctx.rank == 0 && stderr_is_terminal()),
       refresh_s_(options.get_seconds("refresh_s")) {}
 
 void ProgressCallback::on_train_start(const TrainPlan& plan) { total_steps_ = plan.total_steps; }

@@ -71,6 +71,10 @@ class JobFile {
   std::unique_ptr<Impl> impl_;
 };
 
+/// The launcher a validated job runs under: "trainrun" or "mpiexec" ([launch] launcher, with
+/// auto resolved from the [accelerator] plugin: "mpi" means mpiexec).
+std::string launcher_of(const JobConfig& job);
+
 /// Core schemas of the [trainer], [launch] and [plugins] tables.
 v1::OptionSchema trainer_schema();
 v1::OptionSchema launch_schema();

@@ -8,8 +8,19 @@
 namespace trainrun::core {
 
 /// Where this process stands: rank and world size from the environment the launcher (or
-/// mpiexec/SLURM) set, rank 0 of 1 otherwise.
+/// mpiexec/SLURM/torchrun) set (detect_worker_environment), rank 0 of 1 otherwise. A launcher's
+/// world size wins over [launch] nproc_per_node x nnodes (rank 0 notes the difference). Throws
+/// ConfigError when the job asks for several processes but this process was not started by a
+/// launcher (only `trainrun` itself, which launches, may call train() then).
 v1::RunContext context_from_environment(const JobConfig& job);
+
+/// [trainer] run_dir, or runs/<job file name> when it is empty.
+std::string run_dir_of(const JobConfig& job);
+
+/// When `run_dir` already holds a run (job.toml or logs/), moves that run's files and logs/ to
+/// run_dir/previous-N, so two runs never mix and nothing is overwritten. Returns the directory
+/// they moved to, or "" when there was nothing to move.
+std::string keep_previous_run(const std::string& run_dir);
 
 /// Derives accumulation steps and step counts; throws ConfigError naming the keys when the
 /// global batch does not divide or the run would be empty.

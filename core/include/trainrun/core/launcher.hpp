@@ -1,0 +1,79 @@
+#pragma once
+// The multi-process launcher (torchrun's role) and worker-environment detection.
+//
+// `trainrun --config job.toml` with [launch] nproc_per_node x nnodes > 1 becomes a node agent:
+// node 0's agent serves the rendezvous store (c10d TCPStore) at master_addr:master_port, every
+// agent registers there and checks the layout, then spawns its nproc_per_node workers (the same
+// command line, with the torchrun environment set), prefixes their output with [rank N], copies
+// it to <run_dir>/logs/rank-N.log, and supervises them: the first worker to fail (non-zero exit
+// or signal) stops all others (SIGTERM, then SIGKILL after a grace period) and is reported with
+// how it failed and the last lines of its log. A process that already runs under a launcher
+// (RANK set, mpiexec's PMI_RANK, Open MPI's OMPI_COMM_WORLD_RANK or SLURM's SLURM_PROCID) is a
+// worker and spawns nothing.
+//
+// Output of the workers: each line goes to the launcher's stdout/stderr as "[rank N] line" and,
+// unprefixed, to <run_dir>/logs/rank-N.log. When the launcher's stderr is a terminal, rank 0 gets
+// TRAINRUN_TTY=1 (and COLUMNS) so its progress bar is drawn into the pipe; the launcher passes
+// the bar's redraws through to the terminal, unprefixed and not logged. The launcher announces
+// each worker on stderr ("trainrun: started rank N (pid P)"), which tests use to find them.
+//
+// Multi-node: every agent polls the store key job/failed; the first agent whose worker fails
+// writes the cause there, and the others stop their workers and print it. Node 0's agent serves
+// the store and stays until the other agents have ended (or their heartbeat stopped).
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace trainrun::core {
+
+/// What the environment says about this process.
+struct WorkerEnvironment {
+  bool is_worker = false;    ///< started by a launcher (ours, mpiexec, SLURM, torchrun)
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;
+  int local_world_size = 1;
+  int node_rank = 0;         ///< GROUP_RANK (torchrun), SLURM_NODEID; 0 where not given
+  std::string source;        ///< "trainrun/torchrun", "mpiexec (PMI)", "Open MPI", "SLURM", ""
+  bool agent_store = false;  ///< TRAINRUN_AGENT_STORE=1: the launcher serves the store
+  bool run_dir_ready = false;  ///< TRAINRUN_RUN_DIR_READY=1: the agent already prepared run_dir
+};
+
+/// Reads, in this order of precedence (the first whose rank variable is set wins):
+/// RANK/WORLD_SIZE/LOCAL_RANK/LOCAL_WORLD_SIZE/GROUP_RANK (trainrun's agent, torchrun);
+/// PMI_RANK/PMI_SIZE/MPI_LOCALRANKID/MPI_LOCALNRANKS (MPICH hydra);
+/// OMPI_COMM_WORLD_RANK/SIZE/LOCAL_RANK/LOCAL_SIZE (Open MPI);
+/// SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID/SLURM_NODEID, with the local size from
+/// SLURM_NTASKS_PER_NODE or this node's entry of SLURM_TASKS_PER_NODE ("2(x3),1").
+/// Missing local variables mean every rank is on this node. Throws ConfigError naming the
+/// variable when a value is malformed or inconsistent (rank >= world_size, ...).
+WorkerEnvironment detect_worker_environment();
+
+/// How to run the workers of this node.
+struct LaunchSpec {
+  int nproc_per_node = 1;
+  int nnodes = 1;
+  int node_rank = 0;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 0;            ///< 0 = pick a free port (nnodes == 1 only)
+  double rendezvous_timeout_s = 300;  ///< agents and workers must all arrive within this
+  double grace_s = 5;             ///< SIGTERM -> SIGKILL delay when stopping workers ([launch] stop_grace_s)
+  std::string run_dir;            ///< logs go to <run_dir>/logs/rank-N.log; "" = no log files
+  bool rotate_run_dir = false;    ///< node 0 moves an earlier run in run_dir aside first
+  bool mpiexec = false;           ///< spawn through MPICH's mpiexec -prepend-rank (nnodes == 1)
+  std::vector<std::string> argv;  ///< worker command line; argv[0] = the trainrun executable
+};
+
+/// Runs this node's workers to completion (single-threaded; installs SIGINT/SIGTERM/SIGCHLD
+/// handlers for its duration and puts the previous ones back). Returns 0 when every worker exited 0; otherwise
+/// stops the rest and returns the failing worker's exit code (128 + signal number when it was
+/// killed by a signal); 130 when the launcher itself was interrupted (SIGINT/SIGTERM), after
+/// every worker is gone. Throws ConfigError for a bad layout (before anything is spawned) and
+/// Error when the rendezvous of the agents fails (port in use, a node that never arrives,
+/// nnodes mismatch).
+int launch(const LaunchSpec& spec);
+
+/// The path of the running executable (/proc/self/exe).
+std::string self_executable();
+
+}  // namespace trainrun::core

@@ -1,0 +1,1271 @@
+// The node agent (torchrun's role): rendezvous of the agents through c10d's TCPStore, spawning
+// and supervising this node's workers, and routing their output.
+//
+// Why it is shaped this way:
+//  - One thread and one poll() loop (100 ms tick) own everything: the workers' pipes, a
+//    self-pipe woken by SIGCHLD/SIGINT/SIGTERM, waitpid(WNOHANG), and the store queries of a
+//    multi-node job. No state is shared between threads, and every wait has a deadline, so the
+//    agent cannot hang on a worker or a peer.
+//  - Each worker runs in its own process group, so a Ctrl-C on the terminal reaches only the
+//    launcher, which then sends exactly one SIGTERM per worker (the trainer stops at the next
+//    step; a second signal would kill it at once), and a stop reaches the worker's children
+//    too. PR_SET_PDEATHSIG covers the launcher being killed with SIGKILL.
+//  - The first failure is the cause. Its exit time is taken from the moment its pipes closed,
+//    which poll() reports as it happens, rather than from waitpid order: ranks that fail
+//    because a peer died exit a few milliseconds later, and are then only collateral.
+#include "trainrun/core/launcher.hpp"
+
+#include <c10/util/Exception.h>
+#include <c10/util/Logging.h>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <trainrun/error.hpp>
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/ioctl.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <charconv>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <sstream>
+
+#include "trainrun/core/trainer.hpp"
+
+extern char** environ;
+
+namespace fs = std::filesystem;
+
+namespace trainrun::core {
+
+using v1::ConfigError;
+using v1::Error;
+
+// ---------------------------------------------------------------------------------------------
+// Worker environment
+
+namespace {
+
+std::optional<std::string> env_value(const char* name) {
+  const char* v = std::getenv(name);
+  if (!v) return std::nullopt;
+  return std::string(v);
+}
+
+int env_int(const char* name, const std::string& value) {
+  int out = -1;
+  const char* b = value.data();
+  const char* e = b + value.size();
+  auto [p, ec] = std::from_chars(b, e, out);
+  if (value.empty() || ec != std::errc() || p != e || out < 0)
+    throw ConfigError("environment variable " + std::string(name) + "='" + value +
+                      "' is not a non-negative integer");
+  return out;
+}
+
+// `name` must be set when `because` is; returns its value.
+int required_int(const char* name, const char* because) {
+  auto v = env_value(name);
+  if (!v)
+    throw ConfigError(std::string("environment variable ") + because + " is set but " + name +
+                      " is not; a launcher sets both");
+  return env_int(name, *v);
+}
+
+std::optional<int> optional_int(const char* name) {
+  auto v = env_value(name);
+  if (!v || v->empty()) return std::nullopt;
+  return env_int(name, *v);
+}
+
+// SLURM_TASKS_PER_NODE is "2(x3),1": 2 tasks on each of three nodes, then 1. Returns the count of
+// node `node` (or of the first node when the list is shorter, as for a step on fewer nodes).
+int slurm_tasks_on_node(const std::string& text, int node) {
+  std::vector<int> counts;
+  std::stringstream ss(text);
+  for (std::string field; std::getline(ss, field, ',');) {
+    int n = 0, repeat = 1;
+    const size_t paren = field.find('(');
+    try {
+      n = env_int("SLURM_TASKS_PER_NODE", field.substr(0, paren));
+      if (paren != std::string::npos) {
+        if (field.size() < paren + 4 || field.compare(paren, 2, "(x") != 0 || field.back() != ')')
+          throw ConfigError("");
+        repeat = env_int("SLURM_TASKS_PER_NODE", field.substr(paren + 2, field.size() - paren - 3));
+      }
+    } catch (const ConfigError&) {
+      throw ConfigError("environment variable SLURM_TASKS_PER_NODE='" + text +
+                        "' is not a task list such as \"2(x3),1\"");
+    }
+    for (int i = 0; i < repeat && counts.size() < 1000000; ++i) counts.push_back(n);
+  }
+  if (counts.empty())
+    throw ConfigError("environment variable SLURM_TASKS_PER_NODE is empty");
+  return node >= 0 && node < static_cast<int>(counts.size()) ? counts[node] : counts.front();
+}
+
+}  // namespace
+
+WorkerEnvironment detect_worker_environment() {
+  WorkerEnvironment w;
+  w.agent_store = env_value("TRAINRUN_AGENT_STORE").value_or("") == "1";
+  w.run_dir_ready = env_value("TRAINRUN_RUN_DIR_READY").value_or("") == "1";
+
+  // Variable names of the source found, for messages about inconsistent values.
+  const char *rank_var = nullptr, *size_var = nullptr, *lrank_var = nullptr, *lsize_var = nullptr;
+  std::optional<int> local_rank, local_size;
+  if (auto r = env_value("RANK"); r && !r->empty()) {
+    w.source = "trainrun/torchrun";
+    rank_var = "RANK", size_var = "WORLD_SIZE", lrank_var = "LOCAL_RANK",
+    lsize_var = "LOCAL_WORLD_SIZE";
+    w.node_rank = optional_int("GROUP_RANK").value_or(0);
+  } else if (auto p = env_value("PMI_RANK"); p && !p->empty()) {
+    w.source = "mpiexec (PMI)";
+    rank_var = "PMI_RANK", size_var = "PMI_SIZE", lrank_var = "MPI_LOCALRANKID",
+    lsize_var = "MPI_LOCALNRANKS";
+  } else if (auto o = env_value("OMPI_COMM_WORLD_RANK"); o && !o->empty()) {
+    w.source = "Open MPI";
+    rank_var = "OMPI_COMM_WORLD_RANK", size_var = "OMPI_COMM_WORLD_SIZE",
+    lrank_var = "OMPI_COMM_WORLD_LOCAL_RANK", lsize_var = "OMPI_COMM_WORLD_LOCAL_SIZE";
+  } else if (auto s = env_value("SLURM_PROCID"); s && !s->empty()) {
+    w.source = "SLURM";
+    rank_var = "SLURM_PROCID", size_var = env_value("SLURM_NTASKS") ? "SLURM_NTASKS" : "SLURM_NPROCS";
+    lrank_var = "SLURM_LOCALID";
+    w.node_rank = optional_int("SLURM_NODEID").value_or(0);
+    if (auto n = optional_int("SLURM_NTASKS_PER_NODE")) {
+      local_size = *n;
+      lsize_var = "SLURM_NTASKS_PER_NODE";
+    } else if (auto t = env_value("SLURM_TASKS_PER_NODE"); t && !t->empty()) {
+      local_size = slurm_tasks_on_node(*t, w.node_rank);
+      lsize_var = "SLURM_TASKS_PER_NODE";
+    }
+  } else {
+    return w;
+  }
+  w.is_worker = true;
+  w.rank = env_int(rank_var, *env_value(rank_var));
+  w.world_size = required_int(size_var, rank_var);
+  local_rank = optional_int(lrank_var);
+  if (!local_size && lsize_var) local_size = optional_int(lsize_var);
+  // Without the local variables, the launcher is taken to run every rank on this node.
+  w.local_rank = local_rank.value_or(w.rank);
+  w.local_world_size = local_size.value_or(w.world_size);
+  const std::string lsize_name = lsize_var ? lsize_var : size_var;
+  auto bad = [](const std::string& what) { return ConfigError("environment: " + what); };
+  if (w.world_size < 1) throw bad(std::string(size_var) + "=0: the world needs at least one rank");
+  if (w.rank >= w.world_size)
+    throw bad(std::string(rank_var) + "=" + std::to_string(w.rank) + " is not below " + size_var +
+              "=" + std::to_string(w.world_size));
+  if (w.local_world_size < 1 || w.local_world_size > w.world_size)
+    throw bad(lsize_name + "=" + std::to_string(w.local_world_size) + " must be in [1, " +
+              size_var + "=" + std::to_string(w.world_size) + "]");
+  if (w.local_rank >= w.local_world_size)
+    throw bad(std::string(local_rank ? lrank_var : rank_var) + "=" + std::to_string(w.local_rank) +
+              " is not below " + lsize_name + "=" + std::to_string(w.local_world_size));
+  return w;
+}
+
+std::string self_executable() {
+  std::error_code ec;
+  fs::path p = fs::read_symlink("/proc/self/exe", ec);
+  if (ec) throw Error("cannot read /proc/self/exe: " + ec.message());
+  return p.string();
+}
+
+// ---------------------------------------------------------------------------------------------
+// The agent
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr int kTickMs = 100;
+constexpr size_t kTailLines = 10;
+constexpr size_t kMaxLine = 64 * 1024;
+// A peer agent that has not advanced its heartbeat for this long is taken as gone; only matters
+// while node 0 waits for the other nodes to finish (running workers notice a lost peer
+// themselves, through their collectives).
+constexpr double kAgentLostS = 15.0;
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+std::string fixed1(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f", v);
+  return buf;
+}
+
+std::string host_name() {
+  char buf[256] = {};
+  if (gethostname(buf, sizeof buf - 1) != 0) return "?";
+  return buf;
+}
+
+std::string signal_name(int sig) {
+  const char* abbrev = sigabbrev_np(sig);
+  return abbrev ? std::string("SIG") + abbrev : "signal " + std::to_string(sig);
+}
+
+// "exited with code 2", "was killed by signal 9 (SIGKILL)"; the exit code a shell would show.
+std::pair<std::string, int> describe_status(int status) {
+  if (WIFSIGNALED(status)) {
+    const int sig = WTERMSIG(status);
+    return {"was killed by signal " + std::to_string(sig) + " (" + signal_name(sig) + ")",
+            128 + sig};
+  }
+  const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 1;
+  return {"exited with code " + std::to_string(code), code};
+}
+
+// --- signals: a self-pipe, so poll() wakes at once ------------------------------------------
+
+int g_wake_fd = -1;
+std::atomic<int> g_stop_signals{0};
+std::atomic<int> g_last_signal{0};
+
+extern "C" void on_launcher_signal(int sig) {
+  const int saved = errno;
+  if (sig == SIGINT || sig == SIGTERM) {
+    g_last_signal.store(sig);
+    g_stop_signals.fetch_add(1);
+  }
+  if (g_wake_fd >= 0) {
+    const char c = 0;
+    [[maybe_unused]] ssize_t n = write(g_wake_fd, &c, 1);
+  }
+  errno = saved;
+}
+
+// Installs the handlers for the life of one launch() and puts the old ones back.
+class SignalScope {
+ public:
+  SignalScope() {
+    int fds[2];
+    if (pipe2(fds, O_CLOEXEC | O_NONBLOCK) != 0)
+      throw Error(std::string("launcher: pipe2: ") + std::strerror(errno));
+    read_fd_ = fds[0];
+    write_fd_ = fds[1];
+    g_wake_fd = write_fd_;
+    g_stop_signals.store(0);
+    g_last_signal.store(0);
+    struct sigaction sa {};
+    sa.sa_handler = on_launcher_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    for (int s : {SIGINT, SIGTERM, SIGCHLD}) sigaction(s, &sa, &old_[s]);
+    struct sigaction ign {};
+    ign.sa_handler = SIG_IGN;
+    sigemptyset(&ign.sa_mask);
+    // A closed stdout (`trainrun ... | head`) must not kill the launcher while workers run.
+    sigaction(SIGPIPE, &ign, &old_[SIGPIPE]);
+  }
+  ~SignalScope() {
+    for (auto& [s, sa] : old_) sigaction(s, &sa, nullptr);
+    g_wake_fd = -1;
+    close(read_fd_);
+    close(write_fd_);
+  }
+  SignalScope(const SignalScope&) = delete;
+  SignalScope& operator=(const SignalScope&) = delete;
+  int fd() const { return read_fd_; }
+  void drain() const {
+    char buf[256];
+    while (read(read_fd_, buf, sizeof buf) > 0) {
+    }
+  }
+
+ private:
+  int read_fd_ = -1, write_fd_ = -1;
+  std::map<int, struct sigaction> old_;
+};
+
+// --- output ----------------------------------------------------------------------------------
+
+void write_all(int fd, const char* data, size_t n) {
+  while (n > 0) {
+    const ssize_t w = write(fd, data, n);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return;  // a closed terminal or pipe: the log files still get everything
+    }
+    data += w;
+    n -= static_cast<size_t>(w);
+  }
+}
+void write_all(int fd, const std::string& s) { write_all(fd, s.data(), s.size()); }
+
+// The launcher's terminal side: prefixed lines, and rank 0's progress bar passed through.
+class Console {
+ public:
+  Console() : tty_{isatty(STDOUT_FILENO) == 1, isatty(STDERR_FILENO) == 1} {}
+  bool stderr_tty() const { return tty_[1]; }
+  /// One whole line to stdout (fd 1) or stderr (fd 2); clears a visible progress bar first.
+  void line(int fd, const std::string& prefix, const std::string& text) {
+    if (bar_visible_ && tty_[fd == STDERR_FILENO ? 1 : 0]) {
+      write_all(STDERR_FILENO, "\r\033[K");
+      bar_visible_ = false;
+    }
+    write_all(fd, prefix + text + "\n");
+  }
+  void progress(const std::string& segment) {
+    write_all(STDERR_FILENO, segment);
+    bar_visible_ = true;
+  }
+  void progress_done() {
+    write_all(STDERR_FILENO, "\n");
+    bar_visible_ = false;
+  }
+
+ private:
+  bool tty_[2];
+  bool bar_visible_ = false;
+};
+
+// Where one rank's lines end up: the console (prefixed), its log file, and the tail kept for a
+// failure report.
+struct RankSink {
+  int rank = 0;
+  int log_fd = -1;
+  std::string log_path;
+  std::deque<std::string> tail;
+
+  void emit(Console& console, int fd, const std::string& text) {
+    console.line(fd, "[rank " + std::to_string(rank) + "] ", text);
+    if (log_fd >= 0) write_all(log_fd, text + "\n");
+    tail.push_back(text);
+    if (tail.size() > kTailLines) tail.pop_front();
+  }
+};
+
+// Splits one worker stream into lines. On rank 0's stderr with a terminal behind the launcher,
+// a segment from '\r' up to the erase-line sequence the progress callback ends its redraws
+// with is a progress bar update: passed through unprefixed and not logged.
+class LineSplitter {
+ public:
+  LineSplitter(RankSink* sink, int fd, bool progress) : sink_(sink), fd_(fd), progress_(progress) {}
+
+  void feed(Console& console, const char* data, size_t n) {
+    for (size_t i = 0; i < n; ++i) {
+      const char c = data[i];
+      if (in_bar_) {
+        bar_ += c;
+        if (bar_.size() >= 3 && bar_.compare(bar_.size() - 3, 3, "\033[K") == 0) {
+          console.progress(bar_);
+          bar_.clear();
+          in_bar_ = false;
+          after_bar_ = true;
+        } else if (c == '\n' || bar_.size() > kMaxLine) {
+          // Not a progress redraw after all: an ordinary line that began with '\r'.
+          line_ = bar_.substr(1, bar_.size() - (c == '\n' ? 2 : 1));
+          bar_.clear();
+          in_bar_ = false;
+          if (c == '\n') flush_line(console);
+        }
+        continue;
+      }
+      if (progress_ && c == '\r') {
+        if (!line_.empty()) flush_line(console);
+        in_bar_ = true;
+        bar_ = "\r";
+        continue;
+      }
+      if (c == '\n') {
+        if (after_bar_ && line_.empty()) {
+          console.progress_done();  // the bar's final newline
+          after_bar_ = false;
+          continue;
+        }
+        flush_line(console);
+        continue;
+      }
+      after_bar_ = false;
+      line_ += c;
+      if (line_.size() >= kMaxLine) flush_line(console);
+    }
+  }
+  /// At end of stream: a last line without its newline still counts.
+  void finish(Console& console) {
+    if (in_bar_) line_ = bar_.substr(1), in_bar_ = false;
+    if (!line_.empty()) flush_line(console);
+  }
+
+ private:
+  void flush_line(Console& console) {
+    sink_->emit(console, fd_, line_);
+    line_.clear();
+    after_bar_ = false;
+  }
+  RankSink* sink_;
+  int fd_;
+  bool progress_;
+  bool in_bar_ = false, after_bar_ = false;
+  std::string line_, bar_;
+};
+
+// MPICH hydra's -prepend-rank output: every chunk a rank wrote, and every line in it, starts
+// with "[k] ". A chunk need not end a line, so a prefix can also appear mid-line; each rank's
+// partial line is kept apart and completed by its next chunk. Text of mpiexec itself (no
+// prefix) goes to the console as it is and into mpiexec's own tail.
+class HydraSplitter {
+ public:
+  HydraSplitter(std::vector<RankSink>* sinks, int fd, std::deque<std::string>* own_tail)
+      : sinks_(sinks), fd_(fd), own_tail_(own_tail), partial_(sinks->size()) {}
+
+  void feed(Console& console, const char* data, size_t n) {
+    pending_.append(data, n);
+    size_t pos = 0;
+    while (pos < pending_.size()) {
+      if (pending_[pos] == '[') {
+        int rank = -1;
+        const size_t len = prefix_at(pos, &rank);
+        if (len == kIncomplete) break;  // wait for the rest of a possible prefix
+        if (len > 0) {
+          current_ = rank;
+          pos += len;
+          continue;
+        }
+      }
+      const char c = pending_[pos++];
+      std::string& buf = current_ >= 0 ? partial_[current_] : own_;
+      if (c == '\n') {
+        emit(console, current_, buf);
+        buf.clear();
+        current_ = -1;
+      } else {
+        buf += c;
+        if (buf.size() >= kMaxLine) emit(console, current_, buf), buf.clear();
+      }
+    }
+    pending_.erase(0, pos);
+  }
+  void finish(Console& console) {
+    for (char c : pending_) (current_ >= 0 ? partial_[current_] : own_) += c;
+    pending_.clear();
+    for (size_t r = 0; r < partial_.size(); ++r)
+      if (!partial_[r].empty()) emit(console, static_cast<int>(r), partial_[r]), partial_[r].clear();
+    if (!own_.empty()) emit(console, -1, own_), own_.clear();
+  }
+
+ private:
+  static constexpr size_t kIncomplete = static_cast<size_t>(-1);
+  // Length of a "[k] " prefix with 0 <= k < ranks at pos, 0 if there is none, kIncomplete if
+  // the buffer ends before it can be told.
+  size_t prefix_at(size_t pos, int* rank) const {
+    size_t i = pos + 1;
+    while (i < pending_.size() && i - pos <= 8 && std::isdigit(static_cast<unsigned char>(pending_[i]))) ++i;
+    if (i == pending_.size() || i + 1 == pending_.size()) return kIncomplete;
+    if (i == pos + 1 || pending_[i] != ']' || pending_[i + 1] != ' ') return 0;
+    const int k = std::atoi(pending_.substr(pos + 1, i - pos - 1).c_str());
+    if (k >= static_cast<int>(partial_.size())) return 0;
+    *rank = k;
+    return i + 2 - pos;
+  }
+  void emit(Console& console, int rank, const std::string& text) {
+    if (rank >= 0) {
+      (*sinks_)[rank].emit(console, fd_, text);
+      own_tail_->push_back("[rank " + std::to_string(rank) + "] " + text);
+    } else {
+      console.line(fd_, "", text);
+      own_tail_->push_back(text);
+    }
+    if (own_tail_->size() > kTailLines) own_tail_->pop_front();
+  }
+  std::vector<RankSink>* sinks_;
+  int fd_;
+  std::deque<std::string>* own_tail_;
+  std::vector<std::string> partial_;
+  std::string own_, pending_;
+  int current_ = -1;
+};
+
+// --- processes -------------------------------------------------------------------------------
+
+// argv/envp for execve, built before fork() (the child may only make async-signal-safe calls).
+struct ExecImage {
+  std::vector<std::string> args, env;
+  std::vector<char*> argv, envp;
+  std::string exec_error;  // written by the child when execvp fails
+  void seal() {
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    for (auto& e : env) envp.push_back(e.data());
+    envp.push_back(nullptr);
+    exec_error = "trainrun: cannot execute " + args[0] + ": errno ";
+  }
+};
+
+// The launcher's environment without the variables that say who a worker is (a stale RANK would
+// override what the launcher sets), plus `add`.
+std::vector<std::string> worker_env(const std::vector<std::pair<std::string, std::string>>& add) {
+  static const std::set<std::string> owned = {
+      "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
+      "MASTER_PORT", "TRAINRUN_AGENT_STORE", "TRAINRUN_RUN_DIR_READY", "TRAINRUN_TTY",
+      "TRAINRUN_RENDEZVOUS_TIMEOUT_S"};
+  std::set<std::string> added;
+  for (const auto& [k, v] : add) added.insert(k);
+  std::vector<std::string> out;
+  for (char** e = environ; e && *e; ++e) {
+    const std::string kv(*e);
+    const std::string key = kv.substr(0, kv.find('='));
+    if (!owned.count(key) && !added.count(key)) out.push_back(kv);
+  }
+  for (const auto& [k, v] : add) out.push_back(k + "=" + v);
+  return out;
+}
+
+void write_decimal(int fd, int v) {
+  char buf[16];
+  int i = sizeof buf;
+  buf[--i] = '\n';
+  do buf[--i] = static_cast<char>('0' + v % 10); while ((v /= 10) > 0 && i > 0);
+  [[maybe_unused]] ssize_t n = write(fd, buf + i, sizeof buf - i);
+}
+
+struct Pipe {
+  int r = -1, w = -1;
+  Pipe() {
+    int fds[2];
+    if (pipe2(fds, O_CLOEXEC) != 0) throw Error(std::string("launcher: pipe2: ") + std::strerror(errno));
+    r = fds[0], w = fds[1];
+  }
+};
+
+// fork + exec with stdout/stderr into pipes, stdin from /dev/null, in a process group of its
+// own, killed with SIGKILL when the launcher dies. Returns the pid; *out/*err get the read ends.
+pid_t spawn(ExecImage& image, int* out, int* err) {
+  Pipe po, pe;
+  const int devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  const pid_t parent = getpid();
+  const pid_t pid = fork();
+  if (pid < 0) {
+    const int e = errno;
+    close(po.r), close(po.w), close(pe.r), close(pe.w), close(devnull);
+    throw Error(std::string("launcher: fork: ") + std::strerror(e));
+  }
+  if (pid == 0) {
+    // Only async-signal-safe calls from here to exec: other threads (the store's) may have held
+    // locks at fork time.
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent) _exit(127);
+    setpgid(0, 0);
+    if (devnull >= 0) dup2(devnull, STDIN_FILENO);
+    dup2(po.w, STDOUT_FILENO);
+    dup2(pe.w, STDERR_FILENO);
+    syscall(SYS_close_range, 3U, ~0U, 0U);
+    struct sigaction dfl {};
+    dfl.sa_handler = SIG_DFL;
+    // The handlers the agent installed; anything else (nohup's SIGHUP) stays as inherited.
+    for (int s : {SIGINT, SIGTERM, SIGCHLD, SIGPIPE}) sigaction(s, &dfl, nullptr);
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
+    execvpe(image.argv[0], image.argv.data(), image.envp.data());
+    const int e = errno;
+    [[maybe_unused]] ssize_t n = write(STDERR_FILENO, image.exec_error.data(), image.exec_error.size());
+    write_decimal(STDERR_FILENO, e);
+    _exit(127);
+  }
+  setpgid(pid, pid);  // also here, so a stop sent right away reaches the group
+  close(po.w), close(pe.w);
+  if (devnull >= 0) close(devnull);
+  *out = po.r;
+  *err = pe.r;
+  return pid;
+}
+
+// One process the agent started: a worker, or mpiexec.
+struct Child {
+  std::string name;  ///< "rank 3", "mpiexec"
+  int rank = -1;     ///< global rank; -1 for mpiexec
+  pid_t pid = -1;
+  int fds[2] = {-1, -1};  ///< stdout, stderr read ends; -1 once at EOF
+  std::unique_ptr<LineSplitter> lines[2];
+  std::unique_ptr<HydraSplitter> hydra[2];
+  Clock::time_point started;
+  std::optional<Clock::time_point> pipes_closed;  ///< when both streams reached EOF
+  bool reaped = false;
+  int status = 0;
+
+  bool pipes_open() const { return fds[0] >= 0 || fds[1] >= 0; }
+  void signal_group(int sig) const {
+    // The group outlives the worker only through its own children, which keep the pipes open,
+    // so a group whose leader is reaped and whose pipes are closed is never signalled (its id
+    // may belong to someone else by then).
+    if (!reaped || pipes_open()) kill(-pid, sig);
+  }
+};
+
+// --- the store -------------------------------------------------------------------------------
+
+std::vector<uint8_t> bytes(const std::string& s) { return {s.begin(), s.end()}; }
+std::string text(const std::vector<uint8_t>& b) { return {b.begin(), b.end()}; }
+
+// c10d logs each failed bind or connect attempt (through glog in Debian's LibTorch, with a
+// "Logging before InitGoogleLogging" banner) and then throws; the agent reports the failure
+// itself, with the [launch] key to change, so those lines are held back while it opens the store.
+class QuietC10Logging {
+ public:
+#ifdef C10_USE_GLOG
+  QuietC10Logging() : saved_(FLAGS_minloglevel) { FLAGS_minloglevel = google::GLOG_FATAL; }
+  ~QuietC10Logging() { FLAGS_minloglevel = saved_; }
+
+ private:
+  int saved_;
+#endif
+};
+
+std::string c10_message(const std::exception& e) {
+  if (auto* c = dynamic_cast<const c10::Error*>(&e)) return c->what_without_backtrace();
+  return e.what();
+}
+
+// What an agent registers: "host\npid\nnproc_per_node\nnnodes".
+struct AgentRecord {
+  std::string host;
+  long pid = 0;
+  int nproc = 0, nnodes = 0;
+  std::string encode() const {
+    return host + "\n" + std::to_string(pid) + "\n" + std::to_string(nproc) + "\n" +
+           std::to_string(nnodes);
+  }
+  static AgentRecord decode(const std::string& s) {
+    AgentRecord r;
+    std::stringstream ss(s);
+    std::string pid, nproc, nnodes;
+    std::getline(ss, r.host), std::getline(ss, pid), std::getline(ss, nproc), std::getline(ss, nnodes);
+    r.pid = std::atol(pid.c_str()), r.nproc = std::atoi(nproc.c_str()), r.nnodes = std::atoi(nnodes.c_str());
+    return r;
+  }
+  std::string who(int node) const {
+    return "node " + std::to_string(node) + " (host " + host + ", pid " + std::to_string(pid) + ")";
+  }
+};
+
+std::string agent_key(int node) { return "trainrun/agent/" + std::to_string(node); }
+std::string beat_key(int node) { return "trainrun/beat/" + std::to_string(node); }
+std::string ended_key(int node) { return "trainrun/ended/" + std::to_string(node); }
+const char* const kResultKey = "trainrun/rendezvous/result";
+const char* const kDuplicateKey = "trainrun/rendezvous/duplicate";
+const char* const kFailedKey = "job/failed";
+
+// A job-wide failure as stored under job/failed: "<exit code>\n<report>".
+std::pair<int, std::string> decode_failure(const std::string& s) {
+  const size_t nl = s.find('\n');
+  return {std::atoi(s.substr(0, nl).c_str()), nl == std::string::npos ? "" : s.substr(nl + 1)};
+}
+
+class Agent {
+ public:
+  explicit Agent(const LaunchSpec& spec) : spec_(spec), t0_(Clock::now()) {}
+  /// Only reached with workers still running when the agent itself failed (an exception):
+  /// nothing it started may outlive it.
+  ~Agent() {
+    for (Child& c : children_) {
+      if (c.pid <= 0 || c.reaped) continue;
+      c.signal_group(SIGKILL);
+      waitpid(c.pid, nullptr, 0);
+      c.reaped = true;
+    }
+    for (Child& c : children_)
+      for (int& fd : c.fds)
+        if (fd >= 0) close(fd), fd = -1;
+    for (RankSink& s : sinks_)
+      if (s.log_fd >= 0) close(s.log_fd);
+  }
+  Agent(const Agent&) = delete;
+  Agent& operator=(const Agent&) = delete;
+  int run();
+
+ private:
+  // Rendezvous; returns false when interrupted before it completed.
+  bool rendezvous();
+  void open_store();
+  bool wait_for_agents();
+  bool wait_for_result();
+  void fail_rendezvous(const std::string& msg);
+
+  void open_logs();
+  void start_workers();
+  void start_mpiexec();
+  int supervise();
+  void read_ready(const std::vector<pollfd>& fds);
+  void close_stream(Child& c, int s);
+  void reap();
+  void begin_stop();
+  void on_failure(Child& c);
+  void poll_peers();
+  int finish();
+
+  std::string log_name(int rank) const {
+    return (fs::path(spec_.run_dir) / "logs" / ("rank-" + std::to_string(rank) + ".log")).string();
+  }
+  std::string where() const { return spec_.master_addr + ":" + std::to_string(port_); }
+  bool multi_node() const { return spec_.nnodes > 1; }
+  int world() const { return spec_.nproc_per_node * spec_.nnodes; }
+  void say(const std::string& msg) { console_.line(STDERR_FILENO, "trainrun: ", msg); }
+
+  const LaunchSpec& spec_;
+  const Clock::time_point t0_;
+  SignalScope signals_;
+  Console console_;
+  std::unique_ptr<c10d::TCPStore> store_;
+  int port_ = 0;
+  std::vector<RankSink> sinks_;  ///< this node's ranks (all ranks under mpiexec)
+  std::vector<Child> children_;
+  std::deque<std::string> mpiexec_tail_;
+
+  // Supervision state.
+  bool stopping_ = false;
+  bool killed_ = false;
+  Clock::time_point stop_at_;
+  std::optional<int> exit_code_;  ///< set by the cause (a local failure, a peer's, a signal)
+  bool interrupted_ = false;
+  bool store_lost_ = false;
+  Clock::time_point last_beat_sent_;
+  std::map<int, std::pair<int64_t, Clock::time_point>> peer_beats_;  ///< node -> (count, seen)
+};
+
+int Agent::run() {
+  if (!rendezvous()) return 130;
+  open_logs();
+  if (spec_.mpiexec) start_mpiexec();
+  else start_workers();
+  const int code = supervise();
+  return multi_node() ? finish() : code;
+}
+
+void Agent::open_store() {
+  if (spec_.node_rank == 0) {
+    c10d::TCPStoreOptions o;
+    o.port = static_cast<std::uint16_t>(spec_.master_port);
+    o.isServer = true;
+    o.waitWorkers = false;
+    // The server's own client connects to itself at once; the long timeout is for the peers'
+    // waits, set below.
+    o.timeout = std::chrono::milliseconds(10000);
+    try {
+      QuietC10Logging quiet;
+      store_ = std::make_unique<c10d::TCPStore>(spec_.master_addr, o);
+    } catch (const std::exception& e) {
+      const std::string msg = c10_message(e);
+      const std::string at = spec_.master_addr + ":" + std::to_string(spec_.master_port);
+      if (msg.find("in use") != std::string::npos || msg.find("errno: 98") != std::string::npos)
+        throw Error("cannot serve the rendezvous store on " + at + ": port " +
+                    std::to_string(spec_.master_port) +
+                    " is in use by another process ([launch] master_port); choose another "
+                    "port, or master_port = 0 for a free one (single node only)");
+      throw Error("cannot serve the rendezvous store on " + at + " ([launch] master_addr, "
+                  "master_port): " + msg);
+    }
+    port_ = store_->getPort();
+    store_->setTimeout(std::chrono::milliseconds(static_cast<int64_t>(spec_.rendezvous_timeout_s * 1000)));
+    return;
+  }
+  port_ = spec_.master_port;
+  c10d::TCPStoreOptions o;
+  o.port = static_cast<std::uint16_t>(spec_.master_port);
+  o.isServer = false;
+  o.waitWorkers = false;
+  o.timeout = std::chrono::milliseconds(static_cast<int64_t>(spec_.rendezvous_timeout_s * 1000));
+  try {
+    QuietC10Logging quiet;
+    store_ = std::make_unique<c10d::TCPStore>(spec_.master_addr, o);
+  } catch (const std::exception& e) {
+    throw Error("node " + std::to_string(spec_.node_rank) + ": could not reach node 0's "
+                "rendezvous store at " + where() + " within " + fixed1(spec_.rendezvous_timeout_s) +
+                " s ([launch] rendezvous_timeout_s); is trainrun running on node 0 with the same "
+                "master_addr and master_port? (" + c10_message(e) + ")");
+  }
+}
+
+bool Agent::rendezvous() {
+  // Node 0 moves an earlier run aside before anyone can write there: the other agents open
+  // their logs only after the rendezvous, which node 0 starts serving only after this.
+  if (spec_.node_rank == 0 && spec_.rotate_run_dir && !spec_.run_dir.empty())
+    keep_previous_run(spec_.run_dir);
+  open_store();
+  if (!multi_node()) return true;
+
+  AgentRecord me{host_name(), static_cast<long>(getpid()), spec_.nproc_per_node, spec_.nnodes};
+  const std::string mine = me.encode();
+  const std::string got = text(store_->compareSet(agent_key(spec_.node_rank), {}, bytes(mine)));
+  if (got != mine) {
+    const std::string msg =
+        "two agents claim node_rank " + std::to_string(spec_.node_rank) + ": " +
+        AgentRecord::decode(got).who(spec_.node_rank) + " and " + me.who(spec_.node_rank) +
+        "; give every node its own [launch] node_rank (--node-rank)";
+    store_->compareSet(kDuplicateKey, {}, bytes(msg));
+    throw Error(msg);
+  }
+  if (spec_.node_rank == 0) return wait_for_agents();
+  say("node " + std::to_string(spec_.node_rank) + " joined the rendezvous at " + where() +
+      "; waiting for node 0 to confirm the layout");
+  return wait_for_result();
+}
+
+void Agent::fail_rendezvous(const std::string& msg) {
+  // The other agents read the reason from the store; give them a few ticks before it goes.
+  store_->set(kResultKey, bytes("error\n" + msg));
+  ::poll(nullptr, 0, 3 * kTickMs);
+  throw Error(msg);
+}
+
+bool Agent::wait_for_agents() {
+  const auto deadline = t0_ + std::chrono::milliseconds(static_cast<int64_t>(spec_.rendezvous_timeout_s * 1000));
+  std::vector<std::string> keys;
+  for (int n = 0; n < spec_.nnodes; ++n) keys.push_back(agent_key(n));
+  say("rendezvous at " + where() + ": waiting for " + std::to_string(spec_.nnodes - 1) +
+      " more node(s), up to " + fixed1(spec_.rendezvous_timeout_s) + " s");
+  while (!store_->check(keys)) {
+    if (g_stop_signals.load()) {
+      say("interrupted during the rendezvous; no worker was started");
+      store_->set(kResultKey, bytes("error\nnode 0 was interrupted during the rendezvous"));
+      return false;
+    }
+    if (store_->check({kDuplicateKey})) fail_rendezvous(text(store_->get(kDuplicateKey)));
+    if (Clock::now() >= deadline) {
+      std::string missing, arrived;
+      for (int n = 0; n < spec_.nnodes; ++n) {
+        if (store_->check({agent_key(n)}))
+          arrived += (arrived.empty() ? "" : ", ") + AgentRecord::decode(text(store_->get(agent_key(n)))).who(n);
+        else
+          missing += (missing.empty() ? "" : ", ") + std::to_string(n);
+      }
+      fail_rendezvous("rendezvous at " + where() + ": node(s) " + missing + " of " +
+                      std::to_string(spec_.nnodes) + " did not arrive within " +
+                      fixed1(spec_.rendezvous_timeout_s) + " s ([launch] rendezvous_timeout_s); "
+                      "arrived: " + arrived);
+    }
+    pollfd p{signals_.fd(), POLLIN, 0};
+    ::poll(&p, 1, kTickMs);
+    signals_.drain();
+  }
+  const AgentRecord first = AgentRecord::decode(text(store_->get(agent_key(0))));
+  for (int n = 1; n < spec_.nnodes; ++n) {
+    const AgentRecord r = AgentRecord::decode(text(store_->get(agent_key(n))));
+    if (r.nproc != first.nproc || r.nnodes != first.nnodes)
+      fail_rendezvous(r.who(n) + " runs nproc_per_node " + std::to_string(r.nproc) + " x nnodes " +
+                      std::to_string(r.nnodes) + ", but " + first.who(0) + " runs nproc_per_node " +
+                      std::to_string(first.nproc) + " x nnodes " + std::to_string(first.nnodes) +
+                      "; every node must use the same [launch] layout");
+  }
+  store_->set(kResultKey, bytes("ok"));
+  return true;
+}
+
+bool Agent::wait_for_result() {
+  // Node 0 may have started up to a whole timeout after this node connected, and then waits a
+  // timeout of its own.
+  const auto deadline = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(spec_.rendezvous_timeout_s * 1000) + 5000);
+  for (;;) {
+    bool ready = false;
+    try {
+      ready = store_->check({kResultKey});
+    } catch (const std::exception& e) {
+      throw Error("node " + std::to_string(spec_.node_rank) + ": node 0's agent at " + where() +
+                  " went away during the rendezvous (see its output): " + c10_message(e));
+    }
+    if (ready) break;
+    if (g_stop_signals.load()) {
+      say("interrupted during the rendezvous; no worker was started");
+      return false;
+    }
+    if (Clock::now() >= deadline)
+      throw Error("node " + std::to_string(spec_.node_rank) + ": node 0 at " + where() +
+                  " did not complete the rendezvous within " + fixed1(spec_.rendezvous_timeout_s) +
+                  " s ([launch] rendezvous_timeout_s)");
+    pollfd p{signals_.fd(), POLLIN, 0};
+    ::poll(&p, 1, kTickMs);
+    signals_.drain();
+  }
+  const std::string result = text(store_->get(kResultKey));
+  if (result != "ok") throw Error(result.substr(result.find('\n') + 1));
+  return true;
+}
+
+void Agent::open_logs() {
+  const int first = spec_.mpiexec ? 0 : spec_.node_rank * spec_.nproc_per_node;
+  const int count = spec_.nproc_per_node;
+  if (!spec_.run_dir.empty()) {
+    std::error_code ec;
+    fs::create_directories(fs::path(spec_.run_dir) / "logs", ec);
+    if (ec) throw Error("cannot create " + (fs::path(spec_.run_dir) / "logs").string() + ": " + ec.message());
+  }
+  sinks_.resize(static_cast<size_t>(count));
+  for (int i = 0; i < count; ++i) {
+    RankSink& s = sinks_[static_cast<size_t>(i)];
+    s.rank = first + i;
+    if (spec_.run_dir.empty()) continue;
+    s.log_path = log_name(s.rank);
+    s.log_fd = open(s.log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (s.log_fd < 0) throw Error("cannot open " + s.log_path + ": " + std::strerror(errno));
+  }
+}
+
+void Agent::start_workers() {
+  const bool tty = console_.stderr_tty();
+  std::string columns;
+  if (tty) {
+    winsize ws{};
+    if (ioctl(STDERR_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0) columns = std::to_string(ws.ws_col);
+  }
+  children_.resize(static_cast<size_t>(spec_.nproc_per_node));
+  for (int local = 0; local < spec_.nproc_per_node; ++local) {
+    const int rank = spec_.node_rank * spec_.nproc_per_node + local;
+    std::vector<std::pair<std::string, std::string>> vars = {
+        {"RANK", std::to_string(rank)},
+        {"LOCAL_RANK", std::to_string(local)},
+        {"WORLD_SIZE", std::to_string(world())},
+        {"LOCAL_WORLD_SIZE", std::to_string(spec_.nproc_per_node)},
+        {"GROUP_RANK", std::to_string(spec_.node_rank)},
+        {"MASTER_ADDR", spec_.master_addr},
+        {"MASTER_PORT", std::to_string(port_)},
+        {"TRAINRUN_AGENT_STORE", "1"},
+        {"TRAINRUN_RUN_DIR_READY", "1"},
+        {"TRAINRUN_RENDEZVOUS_TIMEOUT_S", fixed1(spec_.rendezvous_timeout_s)}};
+    const bool bar = tty && rank == 0;
+    if (bar) {
+      vars.emplace_back("TRAINRUN_TTY", "1");
+      if (!columns.empty() && !std::getenv("COLUMNS")) vars.emplace_back("COLUMNS", columns);
+    }
+    ExecImage image;
+    image.args = spec_.argv;
+    image.env = worker_env(vars);
+    image.seal();
+    Child& c = children_[static_cast<size_t>(local)];
+    c.name = "rank " + std::to_string(rank);
+    c.rank = rank;
+    c.started = Clock::now();
+    c.pid = spawn(image, &c.fds[0], &c.fds[1]);
+    RankSink* sink = &sinks_[static_cast<size_t>(local)];
+    c.lines[0] = std::make_unique<LineSplitter>(sink, STDOUT_FILENO, false);
+    c.lines[1] = std::make_unique<LineSplitter>(sink, STDERR_FILENO, bar);
+    say("started rank " + std::to_string(rank) + " (pid " + std::to_string(c.pid) +
+        (multi_node() ? ", node " + std::to_string(spec_.node_rank) : "") + ")");
+  }
+}
+
+void Agent::start_mpiexec() {
+  // The flags below are MPICH hydra's; Open MPI's mpiexec has none of them.
+  {
+    std::string first;
+    if (FILE* p = popen("mpiexec --version 2>&1", "r")) {
+      char buf[512];
+      while (std::fgets(buf, sizeof buf, p)) first += buf;
+      const int rc = pclose(p);
+      if (rc != 0 && first.find("HYDRA") == std::string::npos)
+        throw ConfigError("[launch] launcher = mpiexec: `mpiexec --version` failed (exit status " +
+                          std::to_string(rc) + "); install MPICH (Debian: mpich) or put its "
+                          "mpiexec on PATH");
+    }
+    if (first.find("HYDRA") == std::string::npos)
+      throw ConfigError("[launch] launcher = mpiexec needs MPICH's hydra mpiexec (for "
+                        "-prepend-rank); `mpiexec --version` says: " + first.substr(0, first.find('\n')));
+  }
+  ExecImage image;
+  image.args = {"mpiexec", "-n", std::to_string(spec_.nproc_per_node), "-prepend-rank"};
+  image.args.insert(image.args.end(), spec_.argv.begin(), spec_.argv.end());
+  image.env = worker_env({{"MASTER_ADDR", spec_.master_addr},
+                          {"MASTER_PORT", std::to_string(port_)},
+                          {"TRAINRUN_AGENT_STORE", "1"},
+                          {"TRAINRUN_RUN_DIR_READY", "1"},
+                          {"TRAINRUN_RENDEZVOUS_TIMEOUT_S", fixed1(spec_.rendezvous_timeout_s)}});
+  image.seal();
+  children_.resize(1);
+  Child& c = children_[0];
+  c.name = "mpiexec";
+  c.started = Clock::now();
+  c.pid = spawn(image, &c.fds[0], &c.fds[1]);
+  c.hydra[0] = std::make_unique<HydraSplitter>(&sinks_, STDOUT_FILENO, &mpiexec_tail_);
+  c.hydra[1] = std::make_unique<HydraSplitter>(&sinks_, STDERR_FILENO, &mpiexec_tail_);
+  say("started mpiexec (pid " + std::to_string(c.pid) + ") for " +
+      std::to_string(spec_.nproc_per_node) + " ranks");
+}
+
+void Agent::close_stream(Child& c, int s) {
+  if (c.lines[s]) c.lines[s]->finish(console_);
+  if (c.hydra[s]) c.hydra[s]->finish(console_);
+  close(c.fds[s]);
+  c.fds[s] = -1;
+  if (!c.pipes_open()) c.pipes_closed = Clock::now();
+}
+
+void Agent::read_ready(const std::vector<pollfd>& fds) {
+  char buf[65536];
+  for (const pollfd& p : fds) {
+    if (p.revents == 0 || p.fd == signals_.fd()) continue;
+    for (Child& c : children_) {
+      for (int s = 0; s < 2; ++s) {
+        if (c.fds[s] != p.fd) continue;
+        const ssize_t n = read(p.fd, buf, sizeof buf);
+        if (n > 0) {
+          if (c.lines[s]) c.lines[s]->feed(console_, buf, static_cast<size_t>(n));
+          if (c.hydra[s]) c.hydra[s]->feed(console_, buf, static_cast<size_t>(n));
+        } else if (n == 0 || (errno != EINTR && errno != EAGAIN)) {
+          close_stream(c, s);
+        }
+      }
+    }
+  }
+}
+
+void Agent::begin_stop() {
+  if (stopping_) return;
+  stopping_ = true;
+  stop_at_ = Clock::now();
+  for (const Child& c : children_)
+    if (!c.reaped) c.signal_group(SIGTERM);
+}
+
+void Agent::on_failure(Child& c) {
+  const auto [how, code] = describe_status(c.status);
+  const double after = std::chrono::duration<double>(c.pipes_closed.value_or(Clock::now()) - c.started).count();
+  const bool others = children_.size() > 1 || multi_node() || spec_.mpiexec;
+  std::string report;
+  if (spec_.mpiexec) {
+    report = "mpiexec (pid " + std::to_string(c.pid) + ") " + how + " after " + fixed1(after) +
+             " s. Last lines of its output:";
+    for (const auto& l : mpiexec_tail_) report += "\n  " + l;
+  } else {
+    const RankSink& sink = sinks_[static_cast<size_t>(c.rank - sinks_.front().rank)];
+    report = c.name + " (pid " + std::to_string(c.pid) + ", node " + std::to_string(spec_.node_rank) +
+             ") " + how + " after " + fixed1(after) + " s" + (others ? "; other ranks stopped" : "") +
+             ". Last lines of " + (sink.log_path.empty() ? std::string("its output") : sink.log_path) + ":";
+    for (const auto& l : sink.tail) report += "\n  " + l;
+    if (sink.tail.empty()) report += "\n  (no output)";
+  }
+  if (multi_node() && !store_lost_) {
+    // The first agent to record a failure names the cause for the whole job.
+    const std::string mine = std::to_string(code) + "\n" + report;
+    try {
+      const std::string got = text(store_->compareSet(kFailedKey, {}, bytes(mine)));
+      if (got != mine) {
+        const auto [peer_code, peer_report] = decode_failure(got);
+        exit_code_ = peer_code;
+        say(peer_report);
+        say("(on this node, " + c.name + " " + how + " as well)");
+        begin_stop();
+        return;
+      }
+    } catch (const std::exception&) {
+      store_lost_ = true;
+    }
+  }
+  exit_code_ = code;
+  say(report);
+  begin_stop();
+}
+
+void Agent::reap() {
+  std::vector<Child*> failed;
+  for (Child& c : children_) {
+    if (c.reaped) continue;
+    int status = 0;
+    const pid_t r = waitpid(c.pid, &status, WNOHANG);
+    if (r != c.pid) continue;
+    c.reaped = true;
+    c.status = status;
+    if (!c.pipes_closed) c.pipes_closed = Clock::now();
+    const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    if (!ok) failed.push_back(&c);
+  }
+  if (failed.empty() || exit_code_ || stopping_) return;
+  // Several found in one tick: the earliest to close its pipes, and among equals a signal death
+  // (a rank killed from outside) before an error exit (a peer noticing it).
+  auto key = [](const Child* c) { return std::make_pair(*c->pipes_closed, WIFSIGNALED(c->status) ? 0 : 1); };
+  Child* first = *std::min_element(failed.begin(), failed.end(),
+                                   [&](const Child* a, const Child* b) { return key(a) < key(b); });
+  on_failure(*first);
+}
+
+void Agent::poll_peers() {
+  if (!multi_node() || store_lost_) return;
+  try {
+    if (spec_.node_rank != 0 && seconds_since(last_beat_sent_) >= 1.0) {
+      store_->add(beat_key(spec_.node_rank), 1);
+      last_beat_sent_ = Clock::now();
+    }
+    if (!exit_code_ && store_->check({kFailedKey})) {
+      const auto [code, report] = decode_failure(text(store_->get(kFailedKey)));
+      exit_code_ = code;
+      say(report);
+      say("stopping the ranks of node " + std::to_string(spec_.node_rank) +
+          " (the job failed on another node)");
+      begin_stop();
+    }
+  } catch (const std::exception& e) {
+    store_lost_ = true;
+    if (!exit_code_) {
+      exit_code_ = 1;
+      say("lost the rendezvous store at " + where() + " (node 0's agent is gone: " + c10_message(e) +
+          "); stopping the ranks of node " + std::to_string(spec_.node_rank));
+      begin_stop();
+    }
+  }
+}
+
+int Agent::supervise() {
+  std::optional<Clock::time_point> all_reaped_at;
+  bool drain_killed = false;
+  for (;;) {
+    std::vector<pollfd> fds{{signals_.fd(), POLLIN, 0}};
+    for (const Child& c : children_)
+      for (int fd : c.fds)
+        if (fd >= 0) fds.push_back({fd, POLLIN, 0});
+    const int n = ::poll(fds.data(), fds.size(), kTickMs);
+    if (n < 0 && errno != EINTR) throw Error(std::string("launcher: poll: ") + std::strerror(errno));
+    signals_.drain();
+    if (n > 0) read_ready(fds);
+    reap();
+
+    const int sigs = g_stop_signals.load();
+    if (sigs > 0 && !interrupted_) {
+      interrupted_ = true;
+      const std::string name = signal_name(g_last_signal.load());
+      if (!exit_code_) {
+        exit_code_ = 130;
+        say("interrupted (" + name + "): stopping " + std::to_string(children_.size()) + " " +
+            (spec_.mpiexec ? "mpiexec" : "rank(s)") + " (SIGTERM, SIGKILL after " +
+            fixed1(spec_.grace_s) + " s); press Ctrl-C again to kill them at once");
+        if (multi_node() && !store_lost_) {
+          try {
+            store_->compareSet(kFailedKey, {}, bytes("130\nnode " + std::to_string(spec_.node_rank) +
+                                                         " was interrupted (" + name + ")"));
+          } catch (const std::exception&) {
+            store_lost_ = true;
+          }
+        }
+      }
+      begin_stop();
+    }
+    if (sigs > 1 && !killed_) {
+      killed_ = true;
+      for (const Child& c : children_) c.signal_group(SIGKILL);
+    }
+    poll_peers();
+    if (stopping_ && !killed_ && seconds_since(stop_at_) >= spec_.grace_s) {
+      killed_ = true;
+      for (const Child& c : children_) c.signal_group(SIGKILL);
+    }
+
+    const bool all_reaped = std::all_of(children_.begin(), children_.end(), [](const Child& c) { return c.reaped; });
+    if (!all_reaped) continue;
+    const bool open = std::any_of(children_.begin(), children_.end(), [](const Child& c) { return c.pipes_open(); });
+    if (!open) break;
+    // A worker's own children can hold its pipes after it exited: give them a second, then
+    // stop them too, and do not wait for them beyond that.
+    if (!all_reaped_at) all_reaped_at = Clock::now();
+    if (seconds_since(*all_reaped_at) > 1.0 && !drain_killed) {
+      drain_killed = true;
+      for (const Child& c : children_) c.signal_group(SIGKILL);
+    }
+    if (seconds_since(*all_reaped_at) > 1.5) {
+      for (Child& c : children_)
+        for (int s = 0; s < 2; ++s)
+          if (c.fds[s] >= 0) close_stream(c, s);
+      break;
+    }
+  }
+  for (RankSink& s : sinks_)
+    if (s.log_fd >= 0) close(s.log_fd), s.log_fd = -1;
+  return exit_code_.value_or(0);
+}
+
+// Multi-node: node 0 serves the store, so it stays until every other agent has ended (or is
+// gone), and reports a failure that happened on another node after its own ranks finished.
+int Agent::finish() {
+  int code = exit_code_.value_or(0);
+  if (store_lost_) return code;
+  try {
+    store_->set(ended_key(spec_.node_rank), bytes(std::to_string(code)));
+    if (spec_.node_rank != 0) return code;
+    // After a failure the other agents stop their ranks within their grace period, counted
+    // from about when this one stopped its own; on success they may still be training, and
+    // only an agent whose heartbeat stops is given up on.
+    auto failure_deadline = [&] {
+      return (stopping_ ? stop_at_ : Clock::now()) +
+             std::chrono::milliseconds(static_cast<int64_t>((spec_.grace_s + 2.0) * 1000));
+    };
+    std::optional<Clock::time_point> give_up;
+    if (exit_code_) give_up = failure_deadline();
+    for (;;) {
+      std::vector<int> waiting;
+      for (int n = 1; n < spec_.nnodes; ++n)
+        if (!store_->check({ended_key(n)})) waiting.push_back(n);
+      if (waiting.empty()) break;
+      if (!exit_code_ && store_->check({kFailedKey})) {
+        const auto [peer_code, report] = decode_failure(text(store_->get(kFailedKey)));
+        exit_code_ = code = peer_code;
+        say(report);
+        give_up = failure_deadline();
+      }
+      if (give_up && Clock::now() >= *give_up) break;
+      bool lost = false;
+      for (int n : waiting) {
+        const int64_t beats = store_->add(beat_key(n), 0);
+        auto it = peer_beats_.find(n);
+        if (it == peer_beats_.end() || it->second.first != beats) peer_beats_[n] = {beats, Clock::now()};
+        else if (seconds_since(it->second.second) > kAgentLostS) {
+          say("node " + std::to_string(n) + "'s agent stopped responding (no heartbeat for " +
+              fixed1(kAgentLostS) + " s) before its ranks finished");
+          lost = true;
+        }
+      }
+      if (lost) return code ? code : 1;
+      if (g_stop_signals.load() && !interrupted_) {
+        interrupted_ = true;
+        store_->compareSet(kFailedKey, {}, bytes("130\nnode 0 was interrupted"));
+        if (!exit_code_) exit_code_ = code = 130;
+        give_up = failure_deadline();
+      }
+      pollfd p{signals_.fd(), POLLIN, 0};
+      ::poll(&p, 1, kTickMs);
+      signals_.drain();
+    }
+  } catch (const std::exception& e) {
+    say("lost the rendezvous store at " + where() + ": " + c10_message(e));
+    return code ? code : 1;
+  }
+  return code;
+}
+
+}  // namespace
+
+int launch(const LaunchSpec& spec) {
+  auto bad = [](const std::string& m) { return ConfigError("launch: " + m); };
+  if (spec.argv.empty()) throw bad("no worker command line (argv is empty)");
+  if (spec.nproc_per_node < 1) throw bad("[launch] nproc_per_node must be at least 1");
+  if (spec.nnodes < 1) throw bad("[launch] nnodes must be at least 1");
+  if (spec.node_rank < 0 || spec.node_rank >= spec.nnodes)
+    throw bad("[launch] node_rank " + std::to_string(spec.node_rank) + " must be in [0, nnodes " +
+              std::to_string(spec.nnodes) + ")");
+  if (spec.master_port < 0 || spec.master_port > 65535)
+    throw bad("[launch] master_port " + std::to_string(spec.master_port) + " is not a port");
+  if (spec.master_port == 0 && spec.nnodes > 1)
+    throw bad("[launch] master_port = 0 (pick a free port) works only with nnodes = 1; every "
+              "node must be given the same port");
+  if (spec.mpiexec && spec.nnodes > 1)
+    throw bad("the mpiexec launcher runs on one node; for " + std::to_string(spec.nnodes) +
+              " nodes run `mpiexec -f hostfile -n N trainrun --config ...` yourself");
+  if (!(spec.rendezvous_timeout_s > 0)) throw bad("[launch] rendezvous_timeout_s must be > 0");
+  if (!(spec.grace_s >= 0)) throw bad("[launch] stop_grace_s must be >= 0");
+  Agent agent(spec);
+  return agent.run();
+}
+
+}  // namespace trainrun::core

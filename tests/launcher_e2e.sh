@@ -1,0 +1,207 @@
+#!/usr/bin/env bash
+# The launcher through the real trainrun binary, on loopback. One case per CTest entry:
+#   launcher_e2e.sh <trainrun> <jobs dir> <work dir> <case>
+# Cases: single_fails, port_in_use, two_agents, node_missing, sigint_rendezvous, mpiexec,
+# check_no_launch. The workers run the `single` strategy on the gloo-cpu accelerator, which
+# refuses world_size > 1: every worker fails with a message naming its world size, which proves
+# that the launcher spawned them with the right RANK/WORLD_SIZE, and how failures are handled.
+source "$(dirname "$0")/e2e_lib.sh"
+tr=$1 jobs=$2 work=$3 case=$4
+job=$jobs/mlp-small.toml
+rm -rf "$work" && mkdir -p "$work"
+run_dir=$work/run-$case-$$  # unique: finds this test's processes with pgrep -f
+common=(--config "$job" --set trainer.micro_batch_size=0 --set accelerator.plugin=gloo-cpu
+        --set trainer.run_dir="$run_dir")
+
+if ! "$tr" plugins gloo-cpu >/dev/null 2>&1; then
+  echo "SKIP: no gloo-cpu accelerator plugin in this build"
+  exit 77
+fi
+
+now() { date +%s.%N; }
+elapsed() { py -c "import sys; print(round(float(sys.argv[2]) - float(sys.argv[1]), 2))" "$1" "$(now)"; }
+within() {  # within <seconds> <measured> <what>
+  py -c "import sys; sys.exit(0 if float(sys.argv[2]) <= float(sys.argv[1]) else 1)" "$1" "$2" ||
+    fail "$3 took $2 s (limit $1 s)"
+  echo "measured: $3 in $2 s"
+}
+free_port() { py -c "import socket; s=socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])"; }
+# No process of this test may outlive it: the run_dir is on every worker's command line.
+no_leftovers() {
+  sleep 0.3
+  if pgrep -af -- "$run_dir" | grep -v -e pgrep -e "$0"; then fail "processes left behind (above)"; fi
+  echo "no processes left behind"
+}
+expect_rc() { [ "$2" -eq "$1" ] || fail "exit code $2, expected $1"; }
+expect_in() { grep -qE -- "$2" "$1" || fail "$1 does not match /$2/"; }
+
+case $case in
+single_fails)
+  # (a) Two ranks of a strategy that runs one process: both fail, the first is named with its
+  # log, the job ends at once with the worker's exit code, and nothing is left running.
+  t0=$(now)
+  rc=0
+  "$tr" "${common[@]}" --nproc-per-node 2 >"$work/out" 2>"$work/err" || rc=$?
+  t=$(elapsed "$t0")
+  cat "$work/out" "$work/err"
+  expect_rc 2 "$rc"
+  within 30 "$t" "two failing ranks to a finished launcher"
+  expect_in "$work/err" "^trainrun: started rank 0 \(pid [0-9]+\)"
+  expect_in "$work/err" "^trainrun: started rank 1 \(pid [0-9]+\)"
+  # The first rank to fail is the cause; it stops the other, which may not get to print.
+  cause=$(sed -nE "s/^trainrun: rank ([01]) \(pid [0-9]+, node 0\) exited with code 2 after [0-9.]+ s; other ranks stopped\. Last lines of .*rank-[01]\.log:$/\1/p" "$work/err")
+  [ -n "$cause" ] || fail "no cause reported"
+  [ "$(echo "$cause" | wc -l)" -eq 1 ] || fail "more than one cause reported"
+  expect_in "$work/err" "Last lines of $run_dir/logs/rank-$cause\.log:"
+  expect_in "$work/err" "^\[rank $cause\] trainrun: error: .*strategy 'single' runs one process; this job has world_size 2 \(use a data-parallel strategy\)"
+  expect_in "$work/err" "^  trainrun: error: .*world_size 2"
+  expect_in "$run_dir/logs/rank-$cause.log" "^trainrun: error: .*world_size 2"
+  for r in 0 1; do
+    [ -f "$run_dir/logs/rank-$r.log" ] || fail "no rank-$r.log"
+    grep -q "^\[rank" "$run_dir/logs/rank-$r.log" && fail "rank-$r.log holds prefixed lines"
+  done
+  grep -q "resolved from" "$run_dir/job.toml" || fail "rank 0 did not write job.toml"
+  # A second run moves the first one's files, logs included, to previous-1/.
+  rc=0
+  "$tr" "${common[@]}" --nproc-per-node 2 >"$work/out2" 2>&1 || rc=$?
+  expect_rc 2 "$rc"
+  expect_in "$work/out2" "held an earlier run"
+  expect_in "$run_dir/previous-1/logs/rank-$cause.log" "world_size 2"
+  [ -f "$run_dir/previous-1/job.toml" ] || fail "the earlier run's job.toml was not kept"
+  for r in 0 1; do
+    [ "$(grep -c "world_size 2" "$run_dir/logs/rank-$r.log")" -le 1 ] || fail "rank-$r.log mixes two runs"
+  done
+  no_leftovers
+  ;;
+port_in_use)
+  # (b) The store's port is held by another process: a clear error naming it, within seconds.
+  # Started directly (not through a shell function), so $! is the listener itself.
+  python3 -c "
+import socket, sys, time
+s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen()
+print(s.getsockname()[1], flush=True); time.sleep(30)" >"$work/port" 2>&1 </dev/null &
+  holder=$!
+  trap 'kill $holder 2>/dev/null' EXIT
+  for _ in $(seq 50); do [ -s "$work/port" ] && break; sleep 0.1; done
+  port=$(cat "$work/port")
+  t0=$(now)
+  rc=0
+  "$tr" "${common[@]}" --nproc-per-node 2 --set launch.master_port="$port" >"$work/out" 2>&1 || rc=$?
+  t=$(elapsed "$t0")
+  cat "$work/out"
+  expect_rc 1 "$rc"
+  within 10 "$t" "port-in-use error"
+  expect_in "$work/out" "cannot serve the rendezvous store on 127\.0\.0\.1:$port: port $port is in use by another process \(\[launch\] master_port\)"
+  grep -q "started rank" "$work/out" && fail "workers were started"
+  grep -q "c10d" "$work/out" && fail "c10d's own log lines leaked through"
+  no_leftovers
+  ;;
+two_agents)
+  # (c) Two agents on loopback form one job of 2 x 2 ranks: each spawns its two workers with
+  # the right global ranks; their failure on node 1 stops node 0 as well.
+  port=$(free_port)
+  multi=("${common[@]}" --nproc-per-node 2 --nnodes 2 --master-port "$port"
+         --set launch.rendezvous_timeout_s=60)
+  t0=$(now)
+  rc1=0
+  "$tr" "${multi[@]}" --node-rank 1 >"$work/node1" 2>&1 &
+  n1=$!
+  sleep 0.5  # node 1 first: it must wait for node 0's store to come up
+  rc0=0
+  "$tr" "${multi[@]}" --node-rank 0 >"$work/node0" 2>&1 || rc0=$?
+  wait "$n1" || rc1=$?
+  t=$(elapsed "$t0")
+  echo "--- node 0"; cat "$work/node0"; echo "--- node 1"; cat "$work/node1"
+  [ "$rc0" -ne 0 ] || fail "node 0 exited 0"
+  [ "$rc1" -ne 0 ] || fail "node 1 exited 0"
+  within 60 "$t" "a failing 2-node job"
+  for r in 0 1; do expect_in "$work/node0" "^trainrun: started rank $r \(pid [0-9]+, node 0\)"; done
+  for r in 2 3; do expect_in "$work/node1" "^trainrun: started rank $r \(pid [0-9]+, node 1\)"; done
+  grep -q "^\[rank [23]\]" "$work/node0" && fail "node 0 printed node 1's ranks"
+  grep -q "^\[rank [01]\]" "$work/node1" && fail "node 1 printed node 0's ranks"
+  # The strategy fails after the gloo-cpu accelerator connected all four ranks, which needs
+  # four distinct RANKs and WORLD_SIZE=4. The first failing rank stops the others (possibly
+  # before they print), and both agents report that one cause.
+  grep -qE "^\[rank [0-3]\] trainrun: error: .*this job has world_size 4" "$work/node0" "$work/node1" ||
+    fail "no rank reported world_size 4"
+  cause=$(grep -hE "^trainrun: rank [0-3] \(pid [0-9]+, node [01]\) exited with code 2" "$work/node0" | head -1)
+  [ -n "$cause" ] || fail "node 0 names no cause"
+  grep -qF -- "$cause" "$work/node1" || fail "node 1 does not report the same cause: $cause"
+  for r in 0 1 2 3; do [ -f "$run_dir/logs/rank-$r.log" ] || fail "no rank-$r.log"; done
+  no_leftovers
+  ;;
+node_missing)
+  # (d) Node 1 never comes: node 0 names it within the rendezvous timeout, and never hangs.
+  port=$(free_port)
+  t0=$(now)
+  rc=0
+  "$tr" "${common[@]}" --nproc-per-node 2 --nnodes 2 --node-rank 0 --master-port "$port" \
+    --set launch.rendezvous_timeout_s=3 >"$work/out" 2>&1 || rc=$?
+  t=$(elapsed "$t0")
+  cat "$work/out"
+  expect_rc 1 "$rc"
+  within 12 "$t" "the rendezvous timeout (3 s), from the command's start"
+  expect_in "$work/out" "rendezvous at 127\.0\.0\.1:$port: node\(s\) 1 of 2 did not arrive within 3\.0 s \(\[launch\] rendezvous_timeout_s\); arrived: node 0 \(host .*, pid [0-9]+\)"
+  # And node 1 alone, with nobody serving the store, names the address it could not reach.
+  t0=$(now)
+  rc=0
+  "$tr" "${common[@]}" --nproc-per-node 2 --nnodes 2 --node-rank 1 --master-port "$port" \
+    --set launch.rendezvous_timeout_s=2 >"$work/out1" 2>&1 || rc=$?
+  t=$(elapsed "$t0")
+  cat "$work/out1"
+  expect_rc 1 "$rc"
+  within 12 "$t" "node 1's connect timeout (2 s), from the command's start"
+  expect_in "$work/out1" "node 1: could not reach node 0's rendezvous store at 127\.0\.0\.1:$port within 2\.0 s"
+  grep -q "c10d\]" "$work/out1" && fail "c10d's own log lines leaked through"
+  no_leftovers
+  ;;
+sigint_rendezvous)
+  # (e, agent side) Ctrl-C while node 0 waits for node 1: exit 130 at once, nothing left.
+  port=$(free_port)
+  "$tr" "${common[@]}" --nproc-per-node 2 --nnodes 2 --master-port "$port" \
+    --set launch.rendezvous_timeout_s=30 >"$work/out" 2>&1 &
+  pid=$!
+  # Until the agent installs its handler, SIGINT is ignored (a background job of a script).
+  for _ in $(seq 300); do grep -q "waiting for 1 more node" "$work/out" && break; sleep 0.1; done
+  t0=$(now)
+  kill -INT "$pid"
+  rc=0
+  wait "$pid" || rc=$?
+  t=$(elapsed "$t0")
+  cat "$work/out"
+  expect_rc 130 "$rc"
+  within 3 "$t" "SIGINT to exit"
+  no_leftovers
+  ;;
+mpiexec)
+  # The mpiexec launcher: hydra starts the ranks; their "[k] " lines land in rank-k.log and on
+  # the console as "[rank k] ".
+  if ! mpiexec --version 2>/dev/null | grep HYDRA >/dev/null; then echo "SKIP: no MPICH hydra mpiexec"; exit 77; fi
+  rc=0
+  "$tr" "${common[@]}" --nproc-per-node 2 --set launch.launcher=mpiexec >"$work/out" 2>&1 || rc=$?
+  cat "$work/out"
+  [ "$rc" -ne 0 ] || fail "exit code 0"
+  expect_in "$work/out" "started mpiexec \(pid [0-9]+\) for 2 ranks"
+  for r in 0 1; do
+    expect_in "$work/out" "^\[rank $r\] trainrun: error: .*world_size 2"
+    expect_in "$run_dir/logs/rank-$r.log" "^trainrun: error: .*world_size 2"
+  done
+  expect_in "$work/out" "^trainrun: mpiexec \(pid [0-9]+\) exited with code [0-9]+ after [0-9.]+ s\. Last lines of its output:"
+  no_leftovers
+  ;;
+check_no_launch)
+  run "$work/out" "$tr" check "${common[@]}" --nproc-per-node 2 --master-port 0
+  expect_in "$work/out" "nproc_per_node = 2"
+  grep -q "started rank" "$work/out" && fail "check started workers"
+  # Layout errors are found by check, at the key.
+  rc=0
+  "$tr" check "${common[@]}" --nnodes 2 >"$work/err" 2>&1 || rc=$?
+  cat "$work/err"
+  expect_rc 2 "$rc"
+  expect_in "$work/err" "master_port = 0 \(pick a free port\) works only with nnodes = 1"
+  ;;
+*)
+  fail "unknown case '$case'"
+  ;;
+esac
+echo OK
