@@ -1,0 +1,49 @@
+# Collective backends, through `trainrun bench collectives` launched by trainrun itself:
+#  - the correctness matrix (--verify): every operation x dtype x reduce op x element counts
+#    0, 1, 7, 1000003, every broadcast root, point-to-point, sub-groups and precondition errors,
+#    at world sizes 1-4 (oversubscribed on 2 cores), against a locally computed reference;
+#  - no-hang fault handling: kill -9 mid-all-reduce, a dead peer without a launcher, a
+#    mismatched collective, a stall warning, an operation timeout, a rank that never starts,
+#    Ctrl-C.
+set(_tr $<TARGET_FILE:trainrun>)
+set(_cw ${CMAKE_CURRENT_BINARY_DIR}/work)
+
+add_test(NAME collectives_verify.cpp.w1
+  COMMAND ${_tr} bench collectives --backend cpu --verify --set accelerator.threads=1)
+set_tests_properties(collectives_verify.cpp.w1 PROPERTIES TIMEOUT 120)
+
+foreach(backend gloo-cpu mpi)
+  foreach(n 1 2 3 4)
+    add_test(NAME collectives_verify.${backend}.w${n}
+      COMMAND ${_tr} bench collectives --backend ${backend} --nproc ${n} --verify
+              --set accelerator.threads=1)
+    # A world of 4 on 2 cores runs the 1000003-element matrix in about a minute.
+    set_tests_properties(collectives_verify.${backend}.w${n} PROPERTIES TIMEOUT 300
+      ENVIRONMENT "OMP_NUM_THREADS=1;OPENBLAS_NUM_THREADS=1")
+  endforeach()
+endforeach()
+
+# The user's own mpiexec, without the trainrun launcher.
+find_program(_mpiexec NAMES mpiexec.hydra mpiexec)
+if(_mpiexec)
+  add_test(NAME collectives_verify.mpi.user_mpiexec
+    COMMAND ${_mpiexec} -n 2 ${_tr} bench collectives --backend mpi --verify
+            --counts 0,1,7,100003 --set accelerator.threads=1)
+  set_tests_properties(collectives_verify.mpi.user_mpiexec PROPERTIES TIMEOUT 300
+    ENVIRONMENT "OMP_NUM_THREADS=1;OPENBLAS_NUM_THREADS=1")
+endif()
+
+foreach(case kill9 kill9_no_launcher mismatch stall timeout rendezvous sigint)
+  add_test(NAME collectives_faults.gloo-cpu.${case}
+    COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/collectives_faults.sh ${_tr}
+            ${_cw}/faults-gloo-${case} gloo-cpu ${case})
+  set_tests_properties(collectives_faults.gloo-cpu.${case} PROPERTIES TIMEOUT 120
+    SKIP_RETURN_CODE 77 ENVIRONMENT "OMP_NUM_THREADS=1;OPENBLAS_NUM_THREADS=1")
+endforeach()
+foreach(case kill9 mismatch timeout)
+  add_test(NAME collectives_faults.mpi.${case}
+    COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/collectives_faults.sh ${_tr}
+            ${_cw}/faults-mpi-${case} mpi ${case})
+  set_tests_properties(collectives_faults.mpi.${case} PROPERTIES TIMEOUT 120
+    SKIP_RETURN_CODE 77 ENVIRONMENT "OMP_NUM_THREADS=1;OPENBLAS_NUM_THREADS=1")
+endforeach()

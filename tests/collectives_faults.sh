@@ -1,0 +1,154 @@
+#!/usr/bin/env bash
+# No-hang fault handling of the collective backends, through the real trainrun binary on
+# loopback (`trainrun bench collectives` is the workload). One case per CTest entry:
+#   collectives_faults.sh <trainrun> <work dir> <backend> <case>
+# Cases: kill9 (launcher), kill9_no_launcher, mismatch, stall, timeout, rendezvous, sigint.
+source "$(dirname "$0")/e2e_lib.sh"
+tr=$1 work=$2 backend=$3 case=$4
+rm -rf "$work" && mkdir -p "$work"
+tag="faults-$case-$$"  # on every worker's command line, so pgrep finds exactly this test's processes
+
+if ! "$tr" plugins "$backend" >/dev/null 2>&1; then echo "SKIP: no $backend plugin in this build"; exit 77; fi
+
+now() { date +%s.%N; }
+since() { py -c "import sys; print(round(float(sys.argv[2]) - float(sys.argv[1]), 2))" "$1" "$(now)"; }
+within() {  # within <limit s> <measured s> <what>
+  py -c "import sys; sys.exit(0 if float(sys.argv[2]) <= float(sys.argv[1]) else 1)" "$1" "$2" ||
+    fail "$3 took $2 s (limit $1 s)"
+  echo "measured: $3 in $2 s"
+}
+free_port() { py -c "import socket; s=socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])"; }
+expect_in() { grep -qE -- "$2" "$1" || fail "$1 does not match /$2/"; }
+no_leftovers() {
+  sleep 0.5
+  if pgrep -af -- "$tag" | grep -v -e pgrep -e "$0"; then fail "processes left behind (above)"; fi
+  echo "no processes left behind"
+}
+wait_for() {  # wait_for <file> <regex> <seconds>
+  for _ in $(seq 1 $(( $3 * 10 ))); do grep -qE -- "$2" "$1" 2>/dev/null && return 0; sleep 0.1; done
+  cat "$1"; fail "no /$2/ in $1 after $3 s"
+}
+bench=(bench collectives --backend "$backend" --set accelerator.threads=1 --plugin-path "$(dirname "$tr")/../lib/trainrun/plugins")
+# A long all-reduce loop: 16 MiB per operation, effectively endless.
+loop=(--op allreduce --sizes 16M --iters 1000000 --warmup 0 --check false --label "$tag")
+
+case $case in
+kill9)
+  # kill -9 of one rank in the middle of an all-reduce: the launcher ends the job within 15 s,
+  # names the rank and the signal, and leaves nothing behind.
+  "$tr" "${bench[@]}" --nproc 3 "${loop[@]}" >"$work/out" 2>"$work/err" &
+  launcher=$!
+  if [ "$backend" = mpi ]; then
+    wait_for "$work/out" "allreduce on" 60
+    sleep 1
+    victim=$(pgrep -f -- "$tag" | while read -r p; do
+      if tr '\0' '\n' </proc/$p/environ 2>/dev/null | grep -qx PMI_RANK=1; then echo "$p"; fi; done | head -1)
+  else
+    wait_for "$work/err" "started rank 1 \(pid [0-9]+\)" 60
+    wait_for "$work/out" "allreduce on" 60
+    sleep 1
+    victim=$(sed -nE 's/^trainrun: started rank 1 \(pid ([0-9]+)\).*/\1/p' "$work/err")
+  fi
+  [ -n "$victim" ] || fail "rank 1's pid not found"
+  t0=$(now)
+  kill -9 "$victim"
+  rc=0; wait "$launcher" || rc=$?
+  t=$(since "$t0")
+  cat "$work/out" "$work/err"
+  [ "$rc" -ne 0 ] || fail "exit code 0 after a rank was killed"
+  within 15 "$t" "kill -9 of rank 1 (pid $victim) to the end of the job"
+  if [ "$backend" = mpi ]; then
+    expect_in "$work/out" "KILLED BY SIGNAL: 9|signal 9|Killed"
+  else
+    expect_in "$work/err" "rank 1 \(pid $victim, node 0\) was killed by signal 9 \(SIGKILL\)"
+  fi
+  no_leftovers
+  ;;
+kill9_no_launcher)
+  # Without a launcher to stop them, the survivors' own communicator must fail: a peer's death
+  # ends every rank quickly, with the operation named.
+  port=$(free_port)
+  pids=()
+  for r in 0 1 2; do
+    RANK=$r WORLD_SIZE=3 LOCAL_RANK=$r LOCAL_WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+      "$tr" "${bench[@]}" "${loop[@]}" >"$work/out-$r" 2>&1 &
+    pids+=($!)
+  done
+  wait_for "$work/out-0" "allreduce on" 60
+  sleep 1
+  t0=$(now)
+  kill -9 "${pids[1]}"
+  for r in 0 2; do
+    rc=0; wait "${pids[$r]}" || rc=$?
+    t=$(since "$t0")
+    cat "$work/out-$r"
+    [ "$rc" -ne 0 ] || fail "rank $r exited 0 after its peer died"
+    within 15 "$t" "kill -9 of rank 1 to rank $r's error exit"
+    expect_in "$work/out-$r" "all_reduce\(sum, float32 x 4194304, 16777216 B\) #[0-9]+ in group world"
+  done
+  no_leftovers
+  ;;
+mismatch)
+  # Rank 1 all-reduces 11 elements where rank 0 all-reduces 10: an immediate error naming both.
+  t0=$(now)
+  rc=0
+  "$tr" "${bench[@]}" --nproc 2 --inject mismatch:1 --op allreduce --sizes 4K --iters 1 --warmup 0 --set accelerator.timeout_s=60 >"$work/out" 2>&1 || rc=$?
+  t=$(since "$t0")
+  cat "$work/out"
+  [ "$rc" -ne 0 ] || fail "exit code 0"
+  within 30 "$t" "mismatched collective to the end of the job"
+  expect_in "$work/out" "collective mismatch at #1 in group world: rank [01] issued all_reduce\(sum, float32 x 1[01], 4[04] B\) but rank [01] issued all_reduce\(sum, float32 x 1[01], 4[04] B\)"
+  ;;
+stall)
+  # Rank 1 arrives 4 s late with stall_warning_s = 1: the others are told who is missing, with
+  # host, pid and progress; then the job completes normally.
+  rc=0
+  "$tr" "${bench[@]}" --nproc 2 --inject stall:1:4 --set accelerator.stall_warning_s=1 --op allreduce --sizes 4K --iters 1 --warmup 0 >"$work/out" 2>&1 || rc=$?
+  cat "$work/out"
+  [ "$rc" -eq 0 ] || fail "exit code $rc"
+  expect_in "$work/out" "warning: rank 0: all_reduce\(sum, float32 x 10, 40 B\) #1 in group world has waited [0-9.]+ s; not arrived: rank 1 \(host [^,]+, pid [0-9]+\): last completed none, first pending none, last heard"
+  ;;
+timeout)
+  # Rank 1 arrives 20 s late and the operation timeout is 3 s: rank 0's error names the
+  # operation, the group and the missing rank, within the timeout (plus start-up).
+  t0=$(now)
+  rc=0
+  "$tr" "${bench[@]}" --nproc 2 --inject stall:1:20 --set accelerator.timeout_s=3 --op allreduce --sizes 4K --iters 1 --warmup 0 >"$work/out" 2>&1 || rc=$?
+  t=$(since "$t0")
+  cat "$work/out"
+  [ "$rc" -ne 0 ] || fail "exit code 0"
+  within 15 "$t" "a 3 s operation timeout to the end of the job"
+  expect_in "$work/out" "all_reduce\(sum, float32 x 10, 40 B\) #1 in group world timed out after 3(\.0)? s; not arrived: rank 1 \(host [^,]+, pid [0-9]+\)"
+  ;;
+rendezvous)
+  # Rank 1 never starts: rank 0 reports it by number within the rendezvous timeout.
+  port=$(free_port)
+  t0=$(now)
+  rc=0
+  RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+    TRAINRUN_RENDEZVOUS_TIMEOUT_S=3 "$tr" "${bench[@]}" --op allreduce --sizes 4K --label "$tag" >"$work/out" 2>&1 || rc=$?
+  t=$(since "$t0")
+  cat "$work/out"
+  [ "$rc" -ne 0 ] || fail "exit code 0"
+  within 12 "$t" "a 3 s rendezvous timeout to the error"
+  expect_in "$work/out" "rank\(s\) 1 did not arrive within 3(\.0)? s"
+  no_leftovers
+  ;;
+sigint)
+  # Ctrl-C on the launcher while every rank is inside all-reduces: exit 130, nothing left.
+  "$tr" "${bench[@]}" --nproc 3 "${loop[@]}" >"$work/out" 2>"$work/err" &
+  launcher=$!
+  wait_for "$work/out" "allreduce on" 60
+  sleep 1
+  t0=$(now)
+  kill -INT "$launcher"
+  rc=0; wait "$launcher" || rc=$?
+  t=$(since "$t0")
+  cat "$work/out" "$work/err"
+  [ "$rc" -eq 130 ] || fail "exit code $rc, expected 130"
+  within 10 "$t" "SIGINT to the end of the job"
+  no_leftovers
+  ;;
+*) fail "unknown case $case" ;;
+esac
+echo PASS
