@@ -38,6 +38,7 @@ def parse_table(text):
     """{op: [(bytes, time_us, algbw, busbw, check)]} from `trainrun bench collectives` output."""
     tables, op = {}, None
     for line in text.splitlines():
+        line = re.sub(r"^\[rank \d+\] ", "", line)  # the launcher's prefix
         m = re.match(r"# (\w+) on ", line)
         if m:
             op = m.group(1)
