@@ -11,7 +11,7 @@ foreach(p ${_policy_plugins})
 endforeach()
 
 add_executable(unit_policies ${_policy_sources})
-target_include_directories(unit_policies PRIVATE ${PROJECT_SOURCE_DIR}/plugins)
+target_include_directories(unit_policies PRIVATE ${PROJECT_SOURCE_DIR}/plugins ${PROJECT_SOURCE_DIR}/plugins/comm-common)
 target_link_libraries(unit_policies PRIVATE TrainrunSDK::sdk torch doctest::doctest
   nlohmann_json::nlohmann_json)
 target_compile_definitions(unit_policies PRIVATE

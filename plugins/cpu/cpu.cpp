@@ -1,5 +1,7 @@
 #include "cpu.hpp"
 
+#include "cpu_threads.hpp"
+
 #include <trainrun/plugin.hpp>
 
 #include <ATen/Parallel.h>
@@ -101,34 +103,9 @@ std::shared_ptr<Communicator> LocalCommunicator::new_group(const std::vector<int
 
 // --- accelerator -----------------------------------------------------------------------------
 
-namespace {
-
-// LibTorch lets the inter-op pool size be set once per process, and only before the pool has
-// started; a second call throws. Several accelerators can be built in one process (tests, a
-// future in-process launcher), so only the first asks, and a refusal is a warning, not an error:
-// the intra-op count, which is what matters for training throughput, is still applied.
-void set_interop_threads_once(int n) {
-  static std::once_flag once;
-  std::call_once(once, [n] {
-    if (at::get_num_interop_threads() == n) return;
-    try {
-      at::set_num_interop_threads(n);
-    } catch (const c10::Error&) {
-      std::fprintf(stderr,
-                   "trainrun cpu: warning: inter-op threads already fixed at %d by earlier "
-                   "LibTorch work; keeping that (intra-op threads set to %d)\n",
-                   at::get_num_interop_threads(), n);
-    }
-  });
-}
-
-}  // namespace
 
 void CpuAccelerator::declare_options(OptionSchema& schema) {
-  schema.integer("threads", 0,
-                 "LibTorch intra-op and inter-op threads (0 = LibTorch's default, usually one "
-                 "per core)",
-                 0.0, 4096.0);
+  comm::declare_threads_option(schema);
   schema.duration("timeout_s", 600.0, "default timeout of collective operations", 0.0);
 }
 
@@ -139,13 +116,7 @@ CpuAccelerator::CpuAccelerator(const Options& options, const RunContext& ctx)
                  ": accelerator 'cpu' connects no processes (its communicator is a world of one), "
                  "but this job has world_size ", ctx.world_size,
                  "; use a collective backend: plugin = \"gloo-cpu\" or \"mpi\"");
-  const int64_t threads = options.get_int("threads");
-  TR_CHECK_TYPED(ConfigError, threads >= 0, options.context(), ": threads must be >= 0, got ",
-                 threads);
-  if (threads > 0) {
-    at::set_num_threads(static_cast<int>(threads));
-    set_interop_threads_once(static_cast<int>(threads));
-  }
+  comm::apply_threads_option(options, "cpu");
 }
 
 std::string CpuAccelerator::describe() const {

@@ -39,6 +39,7 @@
 #include <type_traits>
 
 #include "comm_common.hpp"
+#include "cpu_threads.hpp"
 
 namespace trainrun::plugins {
 
@@ -797,22 +798,6 @@ std::shared_ptr<Communicator> GlooCommunicator::new_group(const std::vector<int>
 
 namespace {
 
-// As cpu's: LibTorch lets the inter-op pool size be set once per process, before it starts.
-void set_interop_threads_once(int n) {
-  static std::once_flag once;
-  std::call_once(once, [n] {
-    if (at::get_num_interop_threads() == n) return;
-    try {
-      at::set_num_interop_threads(n);
-    } catch (const c10::Error&) {
-      std::fprintf(stderr,
-                   "trainrun gloo-cpu: warning: inter-op threads already fixed at %d by earlier "
-                   "LibTorch work; keeping that (intra-op threads set to %d)\n",
-                   at::get_num_interop_threads(), n);
-    }
-  });
-}
-
 double rendezvous_timeout_from_environment() {
   const char* v = std::getenv("TRAINRUN_RENDEZVOUS_TIMEOUT_S");
   if (!v || !*v) return 300.0;
@@ -850,10 +835,7 @@ bool is_loopback(const std::string& host) {
 }  // namespace
 
 void GlooAccelerator::declare_options(OptionSchema& schema) {
-  schema.integer("threads", 0,
-                 "LibTorch intra-op and inter-op threads (0 = LibTorch's default, usually one "
-                 "per core)",
-                 0.0, 4096.0);
+  comm::declare_threads_option(schema);
   schema.duration("timeout_s", 600.0,
                   "default timeout of every collective and point-to-point operation", 0.001);
   schema.duration("stall_warning_s", 60.0,
@@ -869,13 +851,7 @@ void GlooAccelerator::declare_options(OptionSchema& schema) {
 }
 
 GlooAccelerator::GlooAccelerator(const Options& options, const RunContext& ctx) {
-  const int64_t threads = options.get_int("threads");
-  TR_CHECK_TYPED(ConfigError, threads >= 0, options.context(), ": threads must be >= 0, got ",
-                 threads);
-  if (threads > 0) {
-    at::set_num_threads(static_cast<int>(threads));
-    set_interop_threads_once(static_cast<int>(threads));
-  }
+  comm::apply_threads_option(options, "gloo-cpu");
   GlooSettings s;
   s.timeout_s = options.get_seconds("timeout_s");
   TR_CHECK_TYPED(ConfigError, s.timeout_s > 0, options.context(),

@@ -25,6 +25,7 @@
 #include <thread>
 
 #include "comm_common.hpp"
+#include "cpu_threads.hpp"
 
 namespace trainrun::plugins {
 
@@ -804,23 +805,6 @@ std::shared_ptr<Communicator> MpiCommunicator::new_group(const std::vector<int>&
 
 namespace {
 
-// As the cpu accelerator: LibTorch fixes the inter-op pool size once per process, so only the
-// first accelerator asks, and a refusal is a warning (the intra-op count is still applied).
-void set_interop_threads_once(int n) {
-  static std::once_flag once;
-  std::call_once(once, [n] {
-    if (at::get_num_interop_threads() == n) return;
-    try {
-      at::set_num_interop_threads(n);
-    } catch (const c10::Error&) {
-      std::fprintf(stderr,
-                   "trainrun mpi: warning: inter-op threads already fixed at %d by earlier "
-                   "LibTorch work; keeping that (intra-op threads set to %d)\n",
-                   at::get_num_interop_threads(), n);
-    }
-  });
-}
-
 // The store the Monitors share. Under trainrun's launcher (or with MASTER_ADDR/MASTER_PORT set by
 // the user) it is the job's store; under a bare mpiexec nobody serves one, so rank 0 starts one
 // on a free port and tells the others over MPI where it is.
@@ -885,10 +869,7 @@ std::shared_ptr<c10d::Store> open_job_store(Group& g) {
 }  // namespace
 
 void MpiAccelerator::declare_options(OptionSchema& schema) {
-  schema.integer("threads", 0,
-                 "LibTorch intra-op and inter-op threads (0 = LibTorch's default, usually one "
-                 "per core; with several ranks per host, cores / ranks)",
-                 0.0, 4096.0);
+  comm::declare_threads_option(schema);
   schema.duration("timeout_s", 600.0,
                   "default timeout of collective operations, and of the set-up (rendezvous)",
                   0.001);
@@ -902,19 +883,13 @@ void MpiAccelerator::declare_options(OptionSchema& schema) {
 }
 
 MpiAccelerator::MpiAccelerator(const Options& options, const RunContext& ctx) {
-  const int64_t threads = options.get_int("threads");
-  TR_CHECK_TYPED(ConfigError, threads >= 0, options.context(), ": threads must be >= 0, got ",
-                 threads);
   const double timeout_s = options.get_seconds("timeout_s");
   TR_CHECK_TYPED(ConfigError, timeout_s > 0, options.context(), ": timeout_s must be > 0, got ",
                  timeout_s);
   const double stall_s = options.get_seconds("stall_warning_s");
   TR_CHECK_TYPED(ConfigError, stall_s >= 0, options.context(),
                  ": stall_warning_s must be >= 0, got ", stall_s);
-  if (threads > 0) {
-    at::set_num_threads(static_cast<int>(threads));
-    set_interop_threads_once(static_cast<int>(threads));
-  }
+  comm::apply_threads_option(options, "mpi");
 
   runtime_ = Runtime::acquire();
   int world_rank = 0, world_size = 0;
