@@ -10,24 +10,6 @@ tag="faults-$case-$$"  # on every worker's command line, so pgrep finds exactly 
 
 if ! "$tr" plugins "$backend" >/dev/null 2>&1; then echo "SKIP: no $backend plugin in this build"; exit 77; fi
 
-now() { date +%s.%N; }
-since() { py -c "import sys; print(round(float(sys.argv[2]) - float(sys.argv[1]), 2))" "$1" "$(now)"; }
-within() {  # within <limit s> <measured s> <what>
-  py -c "import sys; sys.exit(0 if float(sys.argv[2]) <= float(sys.argv[1]) else 1)" "$1" "$2" ||
-    fail "$3 took $2 s (limit $1 s)"
-  echo "measured: $3 in $2 s"
-}
-free_port() { py -c "import socket; s=socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])"; }
-expect_in() { grep -qE -- "$2" "$1" || fail "$1 does not match /$2/"; }
-no_leftovers() {
-  sleep 0.5
-  if pgrep -af -- "$tag" | grep -v -e pgrep -e "$0"; then fail "processes left behind (above)"; fi
-  echo "no processes left behind"
-}
-wait_for() {  # wait_for <file> <regex> <seconds>
-  for _ in $(seq 1 $(( $3 * 10 ))); do grep -qE -- "$2" "$1" 2>/dev/null && return 0; sleep 0.1; done
-  cat "$1"; fail "no /$2/ in $1 after $3 s"
-}
 bench=(bench collectives --backend "$backend" --set accelerator.threads=1 --plugin-path "$(dirname "$tr")/../lib/trainrun/plugins")
 # A long all-reduce loop: 16 MiB per operation, effectively endless.
 loop=(--op allreduce --sizes 16M --iters 1000000 --warmup 0 --check false --label "$tag")
@@ -53,16 +35,19 @@ kill9)
   t0=$(now)
   kill -9 "$victim"
   rc=0; wait "$launcher" || rc=$?
-  t=$(since "$t0")
+  t=$(elapsed "$t0")
   cat "$work/out" "$work/err"
   [ "$rc" -ne 0 ] || fail "exit code 0 after a rank was killed"
   within 15 "$t" "kill -9 of rank 1 (pid $victim) to the end of the job"
   if [ "$backend" = mpi ]; then
-    expect_in "$work/out" "KILLED BY SIGNAL: 9|signal 9|Killed"
+    # Hydra ends the job and reports the first process whose end it noticed, by pid; that is
+    # not always the killed rank (a peer that failed because of it can come first), so only
+    # the report itself is checked here.
+    expect_in "$work/out" "BAD TERMINATION OF ONE OF YOUR APPLICATION PROCESSES"
   else
     expect_in "$work/err" "rank 1 \(pid $victim, node 0\) was killed by signal 9 \(SIGKILL\)"
   fi
-  no_leftovers
+  no_leftovers "$tag"
   ;;
 kill9_no_launcher)
   # Without a launcher to stop them, the survivors' own communicator must fail: a peer's death
@@ -80,20 +65,20 @@ kill9_no_launcher)
   kill -9 "${pids[1]}"
   for r in 0 2; do
     rc=0; wait "${pids[$r]}" || rc=$?
-    t=$(since "$t0")
+    t=$(elapsed "$t0")
     cat "$work/out-$r"
     [ "$rc" -ne 0 ] || fail "rank $r exited 0 after its peer died"
     within 15 "$t" "kill -9 of rank 1 to rank $r's error exit"
     expect_in "$work/out-$r" "all_reduce\(sum, float32 x 4194304, 16777216 B\) #[0-9]+ in group world"
   done
-  no_leftovers
+  no_leftovers "$tag"
   ;;
 mismatch)
   # Rank 1 all-reduces 11 elements where rank 0 all-reduces 10: an immediate error naming both.
   t0=$(now)
   rc=0
   "$tr" "${bench[@]}" --nproc 2 --inject mismatch:1 --op allreduce --sizes 4K --iters 1 --warmup 0 --set accelerator.timeout_s=60 >"$work/out" 2>&1 || rc=$?
-  t=$(since "$t0")
+  t=$(elapsed "$t0")
   cat "$work/out"
   [ "$rc" -ne 0 ] || fail "exit code 0"
   within 30 "$t" "mismatched collective to the end of the job"
@@ -114,7 +99,7 @@ timeout)
   t0=$(now)
   rc=0
   "$tr" "${bench[@]}" --nproc 2 --inject stall:1:20 --set accelerator.timeout_s=3 --op allreduce --sizes 4K --iters 1 --warmup 0 >"$work/out" 2>&1 || rc=$?
-  t=$(since "$t0")
+  t=$(elapsed "$t0")
   cat "$work/out"
   [ "$rc" -ne 0 ] || fail "exit code 0"
   within 15 "$t" "a 3 s operation timeout to the end of the job"
@@ -127,12 +112,12 @@ rendezvous)
   rc=0
   RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
     TRAINRUN_RENDEZVOUS_TIMEOUT_S=3 "$tr" "${bench[@]}" --op allreduce --sizes 4K --label "$tag" >"$work/out" 2>&1 || rc=$?
-  t=$(since "$t0")
+  t=$(elapsed "$t0")
   cat "$work/out"
   [ "$rc" -ne 0 ] || fail "exit code 0"
   within 12 "$t" "a 3 s rendezvous timeout to the error"
   expect_in "$work/out" "rank\(s\) 1 did not arrive within 3(\.0)? s"
-  no_leftovers
+  no_leftovers "$tag"
   ;;
 sigint)
   # Ctrl-C on the launcher while every rank is inside all-reduces: exit 130, nothing left.
@@ -143,11 +128,11 @@ sigint)
   t0=$(now)
   kill -INT "$launcher"
   rc=0; wait "$launcher" || rc=$?
-  t=$(since "$t0")
+  t=$(elapsed "$t0")
   cat "$work/out" "$work/err"
   [ "$rc" -eq 130 ] || fail "exit code $rc, expected 130"
   within 10 "$t" "SIGINT to the end of the job"
-  no_leftovers
+  no_leftovers "$tag"
   ;;
 *) fail "unknown case $case" ;;
 esac

@@ -10,3 +10,28 @@ run() {
   [ "$rc" -eq 0 ] || fail "exit code $rc from: $*"
 }
 py() { if [ -x /usr/bin/python3 ]; then /usr/bin/python3 "$@"; else python3 "$@"; fi; }
+
+# --- multi-process tests (launcher, collectives) ---------------------------------------------
+now() { date +%s.%N; }
+# elapsed <start>: seconds since <start> (from now), two decimals.
+elapsed() { py -c "import sys; print(round(float(sys.argv[2]) - float(sys.argv[1]), 2))" "$1" "$(now)"; }
+# within <limit s> <measured s> <what>: fails when measured > limit; prints the measurement.
+within() {
+  py -c "import sys; sys.exit(0 if float(sys.argv[2]) <= float(sys.argv[1]) else 1)" "$1" "$2" ||
+    fail "$3 took $2 s (limit $1 s)"
+  echo "measured: $3 in $2 s"
+}
+free_port() { py -c "import socket; s=socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])"; }
+expect_rc() { [ "$2" -eq "$1" ] || fail "exit code $2, expected $1"; }
+expect_in() { grep -qE -- "$2" "$1" || fail "$1 does not match /$2/"; }
+# wait_for <file> <regex> [seconds, default 20]: until a line matches.
+wait_for() {
+  for _ in $(seq 1 $(( ${3:-20} * 10 ))); do grep -qE -- "$2" "$1" 2>/dev/null && return 0; sleep 0.1; done
+  cat "$1"; fail "no /$2/ in $1 after ${3:-20} s"
+}
+# no_leftovers <pattern>: no process whose command line contains <pattern> is still running.
+no_leftovers() {
+  sleep 0.5
+  if pgrep -af -- "$1" | grep -v -e pgrep -e "$0"; then fail "processes left behind (above)"; fi
+  echo "no processes left behind"
+}

@@ -18,22 +18,6 @@ if ! "$tr" plugins gloo-cpu >/dev/null 2>&1; then
   exit 77
 fi
 
-now() { date +%s.%N; }
-elapsed() { py -c "import sys; print(round(float(sys.argv[2]) - float(sys.argv[1]), 2))" "$1" "$(now)"; }
-within() {  # within <seconds> <measured> <what>
-  py -c "import sys; sys.exit(0 if float(sys.argv[2]) <= float(sys.argv[1]) else 1)" "$1" "$2" ||
-    fail "$3 took $2 s (limit $1 s)"
-  echo "measured: $3 in $2 s"
-}
-free_port() { py -c "import socket; s=socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])"; }
-# No process of this test may outlive it: the run_dir is on every worker's command line.
-no_leftovers() {
-  sleep 0.3
-  if pgrep -af -- "$run_dir" | grep -v -e pgrep -e "$0"; then fail "processes left behind (above)"; fi
-  echo "no processes left behind"
-}
-expect_rc() { [ "$2" -eq "$1" ] || fail "exit code $2, expected $1"; }
-expect_in() { grep -qE -- "$2" "$1" || fail "$1 does not match /$2/"; }
 
 case $case in
 single_fails)
@@ -71,7 +55,7 @@ single_fails)
   for r in 0 1; do
     [ "$(grep -c "world_size 2" "$run_dir/logs/rank-$r.log")" -le 1 ] || fail "rank-$r.log mixes two runs"
   done
-  no_leftovers
+  no_leftovers "$run_dir"
   ;;
 port_in_use)
   # (b) The store's port is held by another process: a clear error naming it, within seconds.
@@ -94,7 +78,7 @@ print(s.getsockname()[1], flush=True); time.sleep(30)" >"$work/port" 2>&1 </dev/
   expect_in "$work/out" "cannot serve the rendezvous store on 127\.0\.0\.1:$port: port $port is in use by another process \(\[launch\] master_port\)"
   grep -q "started rank" "$work/out" && fail "workers were started"
   grep -q "c10d" "$work/out" && fail "c10d's own log lines leaked through"
-  no_leftovers
+  no_leftovers "$run_dir"
   ;;
 two_agents)
   # (c) Two agents on loopback form one job of 2 x 2 ranks: each spawns its two workers with
@@ -128,7 +112,7 @@ two_agents)
   [ -n "$cause" ] || fail "node 0 names no cause"
   grep -qF -- "$cause" "$work/node1" || fail "node 1 does not report the same cause: $cause"
   for r in 0 1 2 3; do [ -f "$run_dir/logs/rank-$r.log" ] || fail "no rank-$r.log"; done
-  no_leftovers
+  no_leftovers "$run_dir"
   ;;
 node_missing)
   # (d) Node 1 never comes: node 0 names it within the rendezvous timeout, and never hangs.
@@ -153,7 +137,7 @@ node_missing)
   within 12 "$t" "node 1's connect timeout (2 s), from the command's start"
   expect_in "$work/out1" "node 1: could not reach node 0's rendezvous store at 127\.0\.0\.1:$port within 2\.0 s"
   grep -q "c10d\]" "$work/out1" && fail "c10d's own log lines leaked through"
-  no_leftovers
+  no_leftovers "$run_dir"
   ;;
 sigint_rendezvous)
   # (e, agent side) Ctrl-C while node 0 waits for node 1: exit 130 at once, nothing left.
@@ -171,7 +155,7 @@ sigint_rendezvous)
   cat "$work/out"
   expect_rc 130 "$rc"
   within 3 "$t" "SIGINT to exit"
-  no_leftovers
+  no_leftovers "$run_dir"
   ;;
 mpiexec)
   # The mpiexec launcher: hydra starts the ranks; their "[k] " lines land in rank-k.log and on
@@ -187,7 +171,7 @@ mpiexec)
     expect_in "$run_dir/logs/rank-$r.log" "^trainrun: error: .*world_size 2"
   done
   expect_in "$work/out" "^trainrun: mpiexec \(pid [0-9]+\) exited with code [0-9]+ after [0-9.]+ s\. Last lines of its output:"
-  no_leftovers
+  no_leftovers "$run_dir"
   ;;
 check_no_launch)
   run "$work/out" "$tr" check "${common[@]}" --nproc-per-node 2 --master-port 0

@@ -10,25 +10,6 @@ rm -rf "$work" && mkdir -p "$work"
 tag=trsup-$case-$$  # on every worker's command line, for pgrep -f
 rd=$work/run
 
-now() { date +%s.%N; }
-elapsed() { py -c "import sys; print(round(float(sys.argv[2]) - float(sys.argv[1]), 2))" "$1" "$(now)"; }
-within() {  # within <seconds> <measured> <what>
-  py -c "import sys; sys.exit(0 if float(sys.argv[2]) <= float(sys.argv[1]) else 1)" "$1" "$2" ||
-    fail "$3 took $2 s (limit $1 s)"
-  echo "measured: $3 in $2 s"
-}
-no_leftovers() {
-  sleep 0.3
-  if pgrep -af -- "$tag" | grep -v pgrep; then fail "processes left behind (above)"; fi
-  echo "no processes left behind"
-}
-expect_rc() { [ "$2" -eq "$1" ] || fail "exit code $2, expected $1"; }
-expect_in() { grep -qE -- "$2" "$1" || fail "$1 does not match /$2/"; }
-# wait_for <file> <regex>: up to 20 s for a line to appear.
-wait_for() {
-  for _ in $(seq 200); do grep -qE -- "$2" "$1" 2>/dev/null && return 0; sleep 0.1; done
-  cat "$1"; fail "no /$2/ in $1"
-}
 pid_of_rank() { sed -nE "s/^trainrun: started rank $2 \(pid ([0-9]+)\).*/\1/p" "$1"; }
 
 case $case in
@@ -55,7 +36,7 @@ kill9)
   expect_in "$work/err" "^\[rank 1\] to stderr"
   grep -qE "^trainrun: rank [02] \(pid" "$work/err" && fail "a stopped rank was reported as a cause"
   expect_in "$rd/logs/rank-2.log" "^rank 2 of 3 ready$"
-  no_leftovers
+  no_leftovers "$tag"
   ;;
 term_ignored)
   # Workers that ignore SIGTERM are killed after the grace period (1 s here).
@@ -71,7 +52,7 @@ term_ignored)
   expect_rc 3 "$rc"
   within 4 "$t" "SIGKILL after a 1 s grace"
   expect_in "$work/out" "^trainrun: rank 1 \(pid [0-9]+, node 0\) exited with code 3"
-  no_leftovers
+  no_leftovers "$tag"
   ;;
 sigint)
   # (e) Ctrl-C: one SIGTERM per worker (they stop cleanly and exit 130), exit code 130, nothing
@@ -92,7 +73,7 @@ sigint)
   expect_in "$work/out" "^trainrun: interrupted \(SIGINT\)"
   for r in 0 1; do expect_in "$work/out" "^\[rank $r\] rank $r stopping"; done
   grep -q "exited with code 130" "$work/out" && fail "the stopped ranks were reported as failures"
-  no_leftovers
+  no_leftovers "$tag"
   ;;
 stray_child)
   # A worker that exits 0 but leaves a child holding its output pipe: the launcher still ends
@@ -105,7 +86,7 @@ stray_child)
   expect_rc 0 "$rc"
   within 4 "$t" "two workers with stray children"
   expect_in "$work/out" "^\[rank 1\] rank 1 done"
-  no_leftovers
+  no_leftovers "$tag"
   ;;
 launcher_killed)
   # The launcher itself killed with SIGKILL: PR_SET_PDEATHSIG takes the workers down too.
@@ -114,7 +95,7 @@ launcher_killed)
   wait_for "$work/out" "^\[rank 1\] up"
   kill -9 "$agent"
   wait "$agent" || true
-  no_leftovers
+  no_leftovers "$tag"
   ;;
 progress)
   # With a terminal behind the launcher, rank 0 (only) gets TRAINRUN_TTY=1, and its '\r'
@@ -131,7 +112,7 @@ progress)
   expect_in "$work/out" "\[rank 1\] rank 1 tty=0 columns=none"
   grep -q "bar" "$rd/logs/rank-0.log" && fail "the progress bar went into rank-0.log"
   expect_in "$rd/logs/rank-0.log" "^rank 0 tty=1"
-  no_leftovers
+  no_leftovers "$tag"
   ;;
 mpiexec_fail)
   if ! mpiexec --version 2>/dev/null | grep HYDRA >/dev/null; then echo "SKIP: no MPICH hydra mpiexec"; exit 77; fi
@@ -148,7 +129,7 @@ mpiexec_fail)
   done
   expect_in "$work/out" "^\[rank 1\] rank 1 fails"
   expect_in "$work/out" "^trainrun: mpiexec \(pid [0-9]+\) exited with code [0-9]+ after [0-9.]+ s\. Last lines of its output:"
-  no_leftovers
+  no_leftovers "$tag"
   ;;
 mpiexec_sigint)
   if ! mpiexec --version 2>/dev/null | grep HYDRA >/dev/null; then echo "SKIP: no MPICH hydra mpiexec"; exit 77; fi
@@ -164,7 +145,7 @@ mpiexec_sigint)
   cat "$work/out"
   expect_rc 130 "$rc"
   within 5 "$t" "SIGINT to a finished mpiexec launcher"
-  no_leftovers
+  no_leftovers "$tag"
   ;;
 *)
   fail "unknown case '$case'"
