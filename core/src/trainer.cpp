@@ -149,14 +149,25 @@ int train(const JobConfig& job, const Registry& registry) {
   // the collective timeout instead of a poll on a possibly shared file system.
   const bool rotate_here = !detect_worker_environment().run_dir_ready;
   fs::create_directories(ctx.run_dir);
-
-  torch::manual_seed(ctx.seed);
-  auto accelerator = build<v1::Accelerator>(registry, job.accelerator, ctx);
-  if (lead) {
-    if (rotate_here) keep_previous_run(ctx.run_dir);
+  auto write_job = [&] {
     std::ofstream f(fs::path(ctx.run_dir) / "job.toml");
     f << "# resolved from " << job.file << " (every default filled in)\n" << job.resolved_toml;
     if (!f) throw v1::Error("cannot write " + (fs::path(ctx.run_dir) / "job.toml").string());
+  };
+  // job.toml goes in as early as possible, so a run that fails while building its components
+  // still says what it was: at once when the agent has rotated run_dir or there is no other
+  // rank, else after the accelerator exists (rotation, then the barrier below).
+  const bool early = !rotate_here || ctx.world_size == 1;
+  if (lead && early) {
+    if (rotate_here) keep_previous_run(ctx.run_dir);
+    write_job();
+  }
+
+  torch::manual_seed(ctx.seed);
+  auto accelerator = build<v1::Accelerator>(registry, job.accelerator, ctx);
+  if (lead && !early) {
+    keep_previous_run(ctx.run_dir);
+    write_job();
   }
   if (rotate_here && ctx.world_size > 1) {
     accelerator.call("barrier (run_dir ready)", [](v1::Accelerator& a) {
