@@ -40,7 +40,7 @@ foreach(case kill9 kill9_no_launcher mismatch stall timeout rendezvous sigint)
   set_tests_properties(collectives_faults.gloo-cpu.${case} PROPERTIES TIMEOUT 120
     SKIP_RETURN_CODE 77 ENVIRONMENT "OMP_NUM_THREADS=1;OPENBLAS_NUM_THREADS=1")
 endforeach()
-foreach(case kill9 mismatch timeout)
+foreach(case kill9 mismatch timeout before_init)
   add_test(NAME collectives_faults.mpi.${case}
     COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/collectives_faults.sh ${_tr}
             ${_cw}/faults-mpi-${case} mpi ${case})

@@ -2,7 +2,8 @@
 # No-hang fault handling of the collective backends, through the real trainrun binary on
 # loopback (`trainrun bench collectives` is the workload). One case per CTest entry:
 #   collectives_faults.sh <trainrun> <work dir> <backend> <case>
-# Cases: kill9 (launcher), kill9_no_launcher, mismatch, stall, timeout, rendezvous, sigint.
+# Cases: kill9 (launcher), kill9_no_launcher, mismatch, stall, timeout, rendezvous, sigint,
+# before_init (mpi only).
 source "$(dirname "$0")/e2e_lib.sh"
 tr=$1 work=$2 backend=$3 case=$4
 rm -rf "$work" && mkdir -p "$work"
@@ -117,6 +118,24 @@ rendezvous)
   [ "$rc" -ne 0 ] || fail "exit code 0"
   within 12 "$t" "a 3 s rendezvous timeout to the error"
   expect_in "$work/out" "rank\(s\) 1 did not arrive within 3(\.0)? s"
+  no_leftovers "$tag"
+  ;;
+before_init)
+  # mpi: a rank that dies before MPI_Init. Hydra stops the others only once every rank has
+  # initialised, so without the plugin's store rendezvous before MPI_Init they would block in
+  # it for good; with it, rank 0 names the missing rank within the rendezvous timeout.
+  port=$(free_port)
+  t0=$(now)
+  rc=0
+  MASTER_ADDR=127.0.0.1 MASTER_PORT=$port TRAINRUN_RENDEZVOUS_TIMEOUT_S=3 \
+    timeout 100 mpiexec -n 2 bash -c '[ "$PMI_RANK" = 1 ] && exit 3; exec "$0" "$@"' \
+    "$tr" "${bench[@]}" --op allreduce --sizes 4K --iters 1 --label "$tag" >"$work/out" 2>&1 || rc=$?
+  t=$(elapsed "$t0")
+  cat "$work/out"
+  [ "$rc" -ne 0 ] || fail "exit code 0"
+  [ "$rc" -ne 124 ] || fail "still blocked after 100 s"
+  within 15 "$t" "a rank dead before MPI_Init (3 s rendezvous timeout) to the end of the job"
+  expect_in "$work/out" "mpi: before MPI_Init: rendezvous of 2 ranks: rank\(s\) 1 did not arrive within 3(\.0)? s"
   no_leftovers "$tag"
   ;;
 sigint)

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <deque>
@@ -125,6 +126,16 @@ std::shared_ptr<c10d::Store> serve_store(int port, int world_size, double timeou
   } catch (const std::exception& e) {
     TR_FAIL("cannot serve a rendezvous store on port ", port, ": ", what_of(e));
   }
+}
+
+double rendezvous_timeout_from_environment() {
+  const char* v = std::getenv("TRAINRUN_RENDEZVOUS_TIMEOUT_S");
+  if (!v || !*v) return 300.0;
+  char* end = nullptr;
+  const double s = std::strtod(v, &end);
+  TR_CHECK_TYPED(ConfigError, end && *end == '\0' && std::isfinite(s) && s > 0,
+                 "TRAINRUN_RENDEZVOUS_TIMEOUT_S='", v, "' is not a positive number of seconds");
+  return s;
 }
 
 std::string host_name() {

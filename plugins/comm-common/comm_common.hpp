@@ -53,6 +53,10 @@ std::shared_ptr<c10d::Store> open_store(const StoreAddress& address, int rank, i
 std::shared_ptr<c10d::Store> serve_store(int port, int world_size, double timeout_s,
                                          int* bound_port);
 
+/// TRAINRUN_RENDEZVOUS_TIMEOUT_S (set by the launcher from [launch] rendezvous_timeout_s), in
+/// seconds; 300 when unset. Throws ConfigError when it is not a positive number.
+double rendezvous_timeout_from_environment();
+
 /// This machine's host name (gethostname), for messages.
 std::string host_name();
 

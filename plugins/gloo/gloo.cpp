@@ -798,16 +798,6 @@ std::shared_ptr<Communicator> GlooCommunicator::new_group(const std::vector<int>
 
 namespace {
 
-double rendezvous_timeout_from_environment() {
-  const char* v = std::getenv("TRAINRUN_RENDEZVOUS_TIMEOUT_S");
-  if (!v || !*v) return 300.0;
-  char* end = nullptr;
-  const double s = std::strtod(v, &end);
-  TR_CHECK_TYPED(ConfigError, end && *end == '\0' && std::isfinite(s) && s > 0,
-                 "TRAINRUN_RENDEZVOUS_TIMEOUT_S='", v, "' is not a positive number of seconds");
-  return s;
-}
-
 // Peers on one machine reach each other over loopback; Gloo would otherwise bind to the
 // address of the host name, which on Debian resolves to 127.0.1.1 or to an external interface.
 bool is_loopback(const std::string& host) {
@@ -861,7 +851,7 @@ GlooAccelerator::GlooAccelerator(const Options& options, const RunContext& ctx) 
                  ": stall_warning_s must be >= 0, got ", s.stall_warning_s);
   s.check_collectives = options.get_bool("check_collectives");
   s.bcube = options.get_string("allreduce_algorithm") == "bcube";
-  s.rendezvous_timeout_s = rendezvous_timeout_from_environment();
+  s.rendezvous_timeout_s = comm::rendezvous_timeout_from_environment();
   TR_CHECK_TYPED(ConfigError, ctx.world_size >= 1 && ctx.rank >= 0 && ctx.rank < ctx.world_size,
                  kBackend, ": rank ", ctx.rank, " is not in [0, world_size ", ctx.world_size, ")");
 

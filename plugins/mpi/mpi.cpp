@@ -891,7 +891,25 @@ MpiAccelerator::MpiAccelerator(const Options& options, const RunContext& ctx) {
                  ": stall_warning_s must be >= 0, got ", stall_s);
   comm::apply_threads_option(options, "mpi");
 
+  // Where the job has a store (trainrun's launcher, or MASTER_ADDR/MASTER_PORT), the ranks meet
+  // there before MPI_Init: a rank that dies or never starts before MPI_Init leaves its peers
+  // blocked inside MPI_Init (hydra stops them only once every rank has initialised), whereas
+  // this rendezvous names it within the rendezvous timeout.
+  std::shared_ptr<c10d::Store> store;
+  bool serves_store = false;
+  if (ctx.world_size > 1) {
+    if (auto address = comm::store_address_from_environment()) {
+      const double rdzv_s = comm::rendezvous_timeout_from_environment();
+      store = comm::open_store(*address, ctx.rank, ctx.world_size, rdzv_s);
+      serves_store = ctx.rank == 0 && !address->agent_serves;
+      comm::rendezvous(*store, "mpi/init/", ctx.rank, ctx.world_size, rdzv_s,
+                       "mpi: before MPI_Init");
+      store->setTimeout(std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
+    }
+  }
+
   runtime_ = Runtime::acquire();
+  if (serves_store) runtime_->served_store = store;
   int world_rank = 0, world_size = 0;
   check_mpi(MPI_Comm_rank(MPI_COMM_WORLD, &world_rank), "MPI_Comm_rank", "start-up", *runtime_);
   check_mpi(MPI_Comm_size(MPI_COMM_WORLD, &world_size), "MPI_Comm_size", "start-up", *runtime_);
@@ -920,7 +938,7 @@ MpiAccelerator::MpiAccelerator(const Options& options, const RunContext& ctx) {
             *runtime_);
   wait_request(request, timeout_s, "start-up (MPI_Comm_idup of MPI_COMM_WORLD)", *runtime_);
   set_comm(*g, dup, "start-up");
-  g->store = open_job_store(*g);
+  g->store = store ? store : open_job_store(*g);
   attach_monitor(*g);
   world_ = std::make_unique<MpiCommunicator>(std::move(g));
 }
