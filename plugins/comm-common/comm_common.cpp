@@ -274,6 +274,34 @@ void check_tensor(const at::Tensor& t, const std::string& backend, const char* o
            "; supported: float32, float64, bfloat16, float16, int32, int64, uint8");
 }
 
+namespace {
+// input and output of a collective that splits or joins world_size chunks.
+void check_chunked(const at::Tensor& input, const at::Tensor& output, int world_size,
+                   const std::string& backend, const char* op, const at::Tensor& whole,
+                   const at::Tensor& chunk, const char* rule) {
+  check_tensor(input, backend, op, "input");
+  check_tensor(output, backend, op, "output");
+  TR_CHECK(input.scalar_type() == output.scalar_type(), backend, ": ", op, ": input dtype ",
+           dtype_name(input.scalar_type()), " differs from output dtype ",
+           dtype_name(output.scalar_type()));
+  TR_CHECK(whole.numel() == world_size * chunk.numel(), backend, ": ", op, ": ", rule,
+           " elements (", world_size, " x ", chunk.numel(), " = ", world_size * chunk.numel(),
+           "), got ", whole.numel());
+}
+}  // namespace
+
+void check_reduce_scatter(const at::Tensor& input, const at::Tensor& output, int world_size,
+                          const std::string& backend) {
+  check_chunked(input, output, world_size, backend, "reduce_scatter", input, output,
+                "input must hold world_size * output.numel()");
+}
+
+void check_all_gather(const at::Tensor& input, const at::Tensor& output, int world_size,
+                      const std::string& backend) {
+  check_chunked(input, output, world_size, backend, "all_gather", output, input,
+                "output must hold world_size * input.numel()");
+}
+
 // ---------------------------------------------------------------------------------------------
 // Monitor
 

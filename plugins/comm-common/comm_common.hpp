@@ -100,6 +100,14 @@ std::string reduce_op_name(ReduceOp op);
 void check_tensor(const at::Tensor& t, const std::string& backend, const char* op,
                   const char* role);
 
+/// reduce_scatter's preconditions: both tensors pass check_tensor, share a dtype, and input
+/// holds world_size x output.numel() elements. Throws Error naming the backend and the sizes.
+void check_reduce_scatter(const at::Tensor& input, const at::Tensor& output, int world_size,
+                          const std::string& backend);
+/// all_gather's: as reduce_scatter's, with output holding world_size x input.numel() elements.
+void check_all_gather(const at::Tensor& input, const at::Tensor& output, int world_size,
+                      const std::string& backend);
+
 // ---------------------------------------------------------------------------------------------
 // Monitor: sequence numbers, order check, stall inspector
 

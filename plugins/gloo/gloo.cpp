@@ -661,14 +661,7 @@ std::shared_ptr<Work> GlooCommunicator::reduce_scatter(const at::Tensor& input,
                                                        at::Tensor& output,
                                                        const ReduceScatterOptions& opts) {
   auto& m = *impl_;
-  comm::check_tensor(input, kBackend, "reduce_scatter", "input");
-  comm::check_tensor(output, kBackend, "reduce_scatter", "output");
-  TR_CHECK(input.scalar_type() == output.scalar_type(), kBackend, ": reduce_scatter: input dtype ",
-           comm::dtype_name(input.scalar_type()), " differs from output dtype ",
-           comm::dtype_name(output.scalar_type()));
-  TR_CHECK(input.numel() == m.size * output.numel(), kBackend,
-           ": reduce_scatter: input must hold world_size * output.numel() elements (", m.size,
-           " x ", output.numel(), " = ", m.size * output.numel(), "), got ", input.numel());
+  comm::check_reduce_scatter(input, output, m.size, kBackend);
   comm::OpDesc desc{"reduce_scatter", comm::reduce_op_name(opts.op), input.scalar_type(),
                     input.numel(), static_cast<int64_t>(input.nbytes())};
   return m.enqueue(desc, m.resolve_timeout(opts.timeout_s),
@@ -698,14 +691,7 @@ std::shared_ptr<Work> GlooCommunicator::reduce_scatter(const at::Tensor& input,
 std::shared_ptr<Work> GlooCommunicator::all_gather(const at::Tensor& input, at::Tensor& output,
                                                    const AllGatherOptions& opts) {
   auto& m = *impl_;
-  comm::check_tensor(input, kBackend, "all_gather", "input");
-  comm::check_tensor(output, kBackend, "all_gather", "output");
-  TR_CHECK(input.scalar_type() == output.scalar_type(), kBackend, ": all_gather: input dtype ",
-           comm::dtype_name(input.scalar_type()), " differs from output dtype ",
-           comm::dtype_name(output.scalar_type()));
-  TR_CHECK(output.numel() == m.size * input.numel(), kBackend,
-           ": all_gather: output must hold world_size * input.numel() elements (", m.size, " x ",
-           input.numel(), " = ", m.size * input.numel(), "), got ", output.numel());
+  comm::check_all_gather(input, output, m.size, kBackend);
   comm::OpDesc desc{"all_gather", "", input.scalar_type(), input.numel(),
                     static_cast<int64_t>(input.nbytes())};
   return m.enqueue(desc, m.resolve_timeout(opts.timeout_s),

@@ -577,12 +577,6 @@ comm::OpDesc describe_op(const char* op, std::string detail, const at::Tensor& i
   return d;
 }
 
-void check_same_dtype(const at::Tensor& input, const at::Tensor& output, const char* op) {
-  TR_CHECK(input.scalar_type() == output.scalar_type(), "mpi: ", op, ": input dtype ",
-           comm::dtype_name(input.scalar_type()), " differs from output dtype ",
-           comm::dtype_name(output.scalar_type()));
-}
-
 }  // namespace
 
 std::shared_ptr<Work> MpiCommunicator::all_reduce(at::Tensor& tensor,
@@ -605,13 +599,8 @@ std::shared_ptr<Work> MpiCommunicator::all_reduce(at::Tensor& tensor,
 
 std::shared_ptr<Work> MpiCommunicator::reduce_scatter(const at::Tensor& input, at::Tensor& output,
                                                       const ReduceScatterOptions& opts) {
-  comm::check_tensor(input, kBackend, "reduce_scatter", "input");
-  comm::check_tensor(output, kBackend, "reduce_scatter", "output");
-  check_same_dtype(input, output, "reduce_scatter");
   auto& g = group_;
-  TR_CHECK(input.numel() == g->size * output.numel(), "mpi: reduce_scatter: input must hold "
-           "world_size * output.numel() elements (", g->size, " x ", output.numel(), " = ",
-           g->size * output.numel(), "), but has ", input.numel());
+  comm::check_reduce_scatter(input, output, g->size, kBackend);
   const int count = mpi_count(output.numel(), "reduce_scatter");
   const MPI_Datatype type = datatype_of(input.scalar_type());
   const MPI_Op op = op_of(*g->rt, opts.op, input.scalar_type());
@@ -638,13 +627,8 @@ std::shared_ptr<Work> MpiCommunicator::reduce_scatter(const at::Tensor& input, a
 
 std::shared_ptr<Work> MpiCommunicator::all_gather(const at::Tensor& input, at::Tensor& output,
                                                   const AllGatherOptions& opts) {
-  comm::check_tensor(input, kBackend, "all_gather", "input");
-  comm::check_tensor(output, kBackend, "all_gather", "output");
-  check_same_dtype(input, output, "all_gather");
   auto& g = group_;
-  TR_CHECK(output.numel() == g->size * input.numel(), "mpi: all_gather: output must hold "
-           "world_size * input.numel() elements (", g->size, " x ", input.numel(), " = ",
-           g->size * input.numel(), "), but has ", output.numel());
+  comm::check_all_gather(input, output, g->size, kBackend);
   const int count = mpi_count(input.numel(), "all_gather");
   const MPI_Datatype type = datatype_of(input.scalar_type());
   // An input that is exactly this rank's slot of the output (ZeRO's parameter all-gather) is
