@@ -6,34 +6,18 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
-#include <unistd.h>
 
+#include "job_files.hpp"
 #include "trainrun/core/config.hpp"
 #include "trainrun/core/registry.hpp"
 #include "trainrun/core/trainer.hpp"
 
 using namespace trainrun;
 namespace fs = std::filesystem;
+using test::registry;
+using test::write_job;
 
 namespace {
-
-const core::Registry& registry() {
-  static core::Registry reg = [] {
-    core::Registry r;
-    r.load_search_path({TRAINRUN_TEST_PLUGIN_DIR});
-    return r;
-  }();
-  return reg;
-}
-
-std::string write_job(const std::string& text) {
-  static int n = 0;
-  fs::path dir = fs::temp_directory_path() / ("trainrun-unit-core-" + std::to_string(getpid()));
-  fs::create_directories(dir);
-  fs::path p = dir / ("job" + std::to_string(++n) + ".toml");
-  std::ofstream(p) << text;
-  return p.string();
-}
 
 // The message of the ConfigError/PluginError raised while loading+validating `text`.
 std::string error_of(const std::string& text, const std::vector<std::string>& overrides = {}) {

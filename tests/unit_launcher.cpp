@@ -20,6 +20,7 @@
 #include <string>
 #include <unistd.h>
 
+#include "job_files.hpp"
 #include "trainrun/core/config.hpp"
 #include "trainrun/core/launcher.hpp"
 #include "trainrun/core/registry.hpp"
@@ -27,6 +28,8 @@
 
 using namespace trainrun;
 namespace fs = std::filesystem;
+using test::registry;
+using test::write_job;
 
 namespace {
 
@@ -69,28 +72,6 @@ std::string detect_error(const std::map<std::string, std::string>& vars) {
   }
   FAIL("no error");
   return {};
-}
-
-const core::Registry& registry() {
-  static core::Registry reg = [] {
-    core::Registry r;
-    r.load_search_path({TRAINRUN_TEST_PLUGIN_DIR});
-    return r;
-  }();
-  return reg;
-}
-
-std::string write_job(const std::string& text) {
-  static int n = 0;
-  // mkdtemp, not the pid: /tmp may be shared with processes of other pid namespaces.
-  static const fs::path dir = [] {
-    std::string pattern = (fs::temp_directory_path() / "trainrun-unit-launcher-XXXXXX").string();
-    if (!mkdtemp(pattern.data())) throw std::runtime_error("mkdtemp failed");
-    return fs::path(pattern);
-  }();
-  fs::path p = dir / ("job" + std::to_string(++n) + ".toml");
-  std::ofstream(p) << text;
-  return p.string();
 }
 
 const char* kJob = R"([trainer]
