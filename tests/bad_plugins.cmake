@@ -83,24 +83,24 @@ endfunction()
 set(_f ${_bad_out}/abi-major/libtrainrun-bad-abi-major.so)
 # Named explicitly: a hard error with the exact check that failed.
 bad_plugin_test(bad_plugin_abi_major_file 2
-  "plugin ${_f}: built for ABI 99\\.0, this trainrun supports ABI 1\\.0"
+  "plugin ${_f}: built for ABI 99\\.0, this trainrun supports ABI 1\\.${TRAINRUN_ABI_MINOR}"
   -- ${_trainrun} plugins --plugin-path ${_f})
 # In a directory: a warning, and the other plugins still load.
 bad_plugin_test(bad_plugin_abi_major_dir 0
-  "warning: plugin ${_f}: built for ABI 99\\.0, this trainrun supports ABI 1\\.0.*skipped"
+  "warning: plugin ${_f}: built for ABI 99\\.0, this trainrun supports ABI 1\\.${TRAINRUN_ABI_MINOR}.*skipped"
   "skipped: ${_f}" "mlp +model" "!abi99-net +model"
   -- ${_trainrun} plugins --plugin-path ${_bad_out}/abi-major)
 # A job that names its component fails with the reason. (Whether the loader may read the
 # component list of a descriptor from another ABI major is open, so both "cannot be used: <reason>"
 # and "unknown ...; skipped plugin files: <file>: <reason>" are accepted.)
 bad_plugin_test(bad_plugin_abi_major_job 2
-  "model plugin 'abi99-net'" "${_f}: built for ABI 99\\.0, this trainrun supports ABI 1\\.0"
+  "model plugin 'abi99-net'" "${_f}: built for ABI 99\\.0, this trainrun supports ABI 1\\.${TRAINRUN_ABI_MINOR}"
   -- ${_trainrun} check --config ${_jobs}/mlp_idx.toml --set model.plugin=abi99-net
      --plugin-path ${_bad_out}/abi-major)
 
 set(_f ${_bad_out}/abi-minor/libtrainrun-bad-abi-minor.so)
 bad_plugin_test(bad_plugin_abi_minor_file 2
-  "plugin ${_f}: built for ABI 1\\.7, this trainrun supports ABI 1\\.0 \\(major must match, minor must not be newer\\)"
+  "plugin ${_f}: built for ABI 1\\.7, this trainrun supports ABI 1\\.${TRAINRUN_ABI_MINOR} \\(major must match, minor must not be newer\\)"
   -- ${_trainrun} plugins --plugin-path ${_f})
 bad_plugin_test(bad_plugin_abi_minor_job 2
   "model plugin 'abi-minor7-net' cannot be used: plugin ${_f}: built for ABI 1\\.7"
@@ -173,7 +173,7 @@ bad_plugin_test(bad_plugin_null_components 0
   -- ${_trainrun} plugins --plugin-path ${_bad_out}/null-components)
 set(_f ${_bad_out}/abi-major-layout/libtrainrun-bad-abi-major-layout.so)
 bad_plugin_test(bad_plugin_abi_major_layout 0
-  "warning: plugin ${_f}: built for ABI 2\\.0, this trainrun supports ABI 1\\.0.*skipped"
+  "warning: plugin ${_f}: built for ABI 2\\.${TRAINRUN_ABI_MINOR}, this trainrun supports ABI 1\\.${TRAINRUN_ABI_MINOR}.*skipped"
   -- ${_trainrun} plugins --plugin-path ${_bad_out}/abi-major-layout)
 
 # The same plugin name in two directories: the first on the path wins, the warning names both.

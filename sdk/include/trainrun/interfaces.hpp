@@ -5,6 +5,7 @@
 // where doing nothing would compute a wrong result.
 #include <c10/core/Device.h>
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -230,6 +231,9 @@ class Strategy {
   virtual ModelOutput forward(const Batch& batch) = 0;
   /// Called before the backward of each micro-batch; `sync` is false for the first
   /// accumulation_steps - 1 micro-batches (no communication needed yet, as DDP's no_sync).
+  /// The loss each rank backpropagates is its loss_sum x world_size / (targets in the global
+  /// batch), so the AVERAGE over ranks of the accumulated gradients is the gradient of the mean
+  /// loss over the global batch: data-parallel strategies all-reduce with ReduceOp::Avg.
   virtual void before_backward(bool sync) { (void)sync; }
   /// After the last micro-batch's backward: gradients of optimizer_parameters() are complete
   /// and reduced (averaged over ranks) when this returns.
@@ -256,6 +260,22 @@ class Callback {
   virtual void on_step_end(const StepMetrics& metrics) { (void)metrics; }
   virtual void on_eval_end(const EvalMetrics& metrics) { (void)metrics; }
   virtual void on_train_end(const TrainSummary& summary) { (void)summary; }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Capabilities (ABI 1.1). A component may also derive from one of these; the core finds it
+// with dynamic_cast, so components built against ABI 1.0 keep working unchanged.
+
+/// A Strategy, Precision or Optimizer that adds its own figures to every step's metrics.
+/// Example (ddp): "comm_bytes" (bytes this rank sent in gradient all-reduces during the step)
+/// and "comm_exposed_s" (seconds the step waited for communication after backward, i.e. the
+/// part not hidden behind computation).
+class StepMetricsSource {
+ public:
+  virtual ~StepMetricsSource() = default;
+  /// Called once per optimizer step, after Optimizer::step; adds name -> value pairs to
+  /// `extra` (StepMetrics::extra). Values describe the step just finished, on this rank.
+  virtual void add_step_metrics(std::map<std::string, double>& extra) = 0;
 };
 
 }  // namespace trainrun::v1
