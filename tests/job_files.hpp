@@ -22,17 +22,22 @@ inline const core::Registry& registry() {
   return reg;
 }
 
-/// Writes `text` to a new job file and returns its path. The directory comes from mkdtemp, not
-/// the pid: /tmp may be shared with processes of other pid namespaces.
-inline std::string write_job(const std::string& text) {
-  static int n = 0;
-  static const std::filesystem::path dir = [] {
+/// This test binary's private temporary directory. It comes from mkdtemp, not the pid: /tmp
+/// may be shared with processes of other pid namespaces.
+inline std::string temp_dir() {
+  static const std::string dir = [] {
     std::string pattern =
         (std::filesystem::temp_directory_path() / "trainrun-unit-XXXXXX").string();
     if (!mkdtemp(pattern.data())) throw std::runtime_error("mkdtemp failed for " + pattern);
-    return std::filesystem::path(pattern);
+    return pattern;
   }();
-  const std::filesystem::path p = dir / ("job" + std::to_string(++n) + ".toml");
+  return dir;
+}
+
+/// Writes `text` to a new job file in temp_dir() and returns its path.
+inline std::string write_job(const std::string& text) {
+  static int n = 0;
+  const std::filesystem::path p = std::filesystem::path(temp_dir()) / ("job" + std::to_string(++n) + ".toml");
   std::ofstream(p) << text;
   return p.string();
 }

@@ -5,11 +5,15 @@
 
 #include <filesystem>
 #include <fstream>
+#include <set>
+#include <torch/torch.h>
 #include <string>
 
 #include "job_files.hpp"
 #include "trainrun/core/config.hpp"
 #include "trainrun/core/registry.hpp"
+#include "trainrun/core/safetensors.hpp"
+#include "trainrun/core/sampler.hpp"
 #include "trainrun/core/trainer.hpp"
 
 using namespace trainrun;
@@ -211,4 +215,123 @@ TEST_CASE("global batch that does not divide is a clear error") {
   CHECK(core::make_plan(v1::Options(v, "[trainer]"), 1, 1000).total_steps == 30);
   CHECK_THROWS_WITH_AS(core::make_plan(v1::Options(v, "[trainer]"), 1, 50),
                        doctest::Contains("larger than the training split"), v1::ConfigError);
+}
+
+TEST_CASE("sampler: ranks get disjoint shares whose union is the world-1 global batch") {
+  for (bool drop_last : {true, false}) {
+    for (int world : {1, 2, 4}) {
+      CAPTURE(drop_last);
+      CAPTURE(world);
+      core::DistributedSampler::Options o;
+      o.num_samples = 103;  // neither a multiple of G nor of world
+      o.global_batch_size = 16;
+      o.seed = 5;
+      o.drop_last = drop_last;
+      o.world_size = 1;
+      core::DistributedSampler one(o);
+      CHECK(one.steps_per_epoch() == (drop_last ? 6 : 7));
+      CHECK(one.dropped_per_epoch() == (drop_last ? 7 : 0));
+      CHECK(one.padded_per_epoch() == (drop_last ? 0 : 9));
+      o.world_size = world;
+      std::vector<core::DistributedSampler> ranks;
+      for (int r = 0; r < world; ++r) {
+        o.rank = r;
+        ranks.emplace_back(o);
+      }
+      for (int64_t epoch : {0, 3}) {
+        std::multiset<int64_t> epoch_seen;
+        for (int64_t s = 0; s < one.steps_per_epoch(); ++s) {
+          const auto ref = one.rank_batch(epoch, s);
+          std::multiset<int64_t> want(ref.begin(), ref.end()), got;
+          for (auto& r : ranks) {
+            const auto b = r.rank_batch(epoch, s);
+            CHECK(b.size() == size_t(16 / world));
+            got.insert(b.begin(), b.end());
+          }
+          CHECK(got == want);
+          epoch_seen.insert(got.begin(), got.end());
+        }
+        // drop_last: 96 distinct samples; padding: all 103, 9 of them twice.
+        std::set<int64_t> distinct(epoch_seen.begin(), epoch_seen.end());
+        CHECK(distinct.size() == size_t(drop_last ? 96 : 103));
+        CHECK(epoch_seen.size() == size_t(drop_last ? 96 : 112));
+      }
+      // Another epoch is another order.
+      CHECK(one.rank_batch(0, 0) != one.rank_batch(1, 0));
+    }
+  }
+}
+
+TEST_CASE("sampler: bad layouts are clear errors") {
+  core::DistributedSampler::Options o;
+  o.num_samples = 10;
+  o.global_batch_size = 6;
+  o.world_size = 4;
+  CHECK_THROWS_WITH_AS(core::DistributedSampler{o}, doctest::Contains("not divisible by world_size 4"),
+                       v1::ConfigError);
+  o.world_size = 2;
+  o.global_batch_size = 12;
+  CHECK_THROWS_WITH_AS(core::DistributedSampler{o}, doctest::Contains("larger than the training split"),
+                       v1::ConfigError);
+  o.drop_last = false;
+  CHECK(core::DistributedSampler(o).steps_per_epoch() == 1);
+}
+
+TEST_CASE("eval shard: every sample exactly once, equal batch counts") {
+  for (int world : {1, 2, 3, 4}) {
+    for (int64_t n : {0, 1, 3, 10, 17}) {
+      for (int64_t limit : {0, 5}) {
+        CAPTURE(world);
+        CAPTURE(n);
+        CAPTURE(limit);
+        std::multiset<int64_t> seen;
+        int64_t batches = -1;
+        for (int r = 0; r < world; ++r) {
+          const auto s = core::eval_shard(n, limit, 2, world, r);
+          if (batches >= 0) CHECK(s.batches == batches);
+          batches = s.batches;
+          for (int64_t b = 0; b < s.batches; ++b)
+            for (int64_t i : s.batch(b)) seen.insert(i);
+          CHECK(s.batch(s.batches).empty());
+        }
+        const int64_t m = limit > 0 ? std::min(n, limit) : n;
+        CHECK(seen.size() == size_t(m));
+        CHECK(std::set<int64_t>(seen.begin(), seen.end()).size() == size_t(m));
+      }
+    }
+  }
+}
+
+TEST_CASE("safetensors: round trip, atomic replace, truncation named") {
+  const fs::path dir = fs::path(test::temp_dir()) / "st";
+  fs::create_directories(dir);
+  const std::string path = (dir / "m.safetensors").string();
+  std::vector<v1::NamedTensor> in = {
+      {"a.weight", torch::randn({3, 5})},
+      {"b", torch::arange(7, torch::kLong)},
+      {"c.half", torch::randn({4}).to(torch::kBFloat16)},
+      {"scalar", torch::tensor(2.5, torch::kDouble)}};
+  core::write_safetensors(path, in, {{"format", "pt"}});
+  std::map<std::string, std::string> meta;
+  auto out = core::read_safetensors(path, &meta);
+  REQUIRE(out.size() == in.size());
+  CHECK(meta["format"] == "pt");
+  for (size_t i = 0; i < in.size(); ++i) {
+    CHECK(out[i].name == in[i].name);
+    CHECK((out[i].tensor.sizes() == in[i].tensor.sizes()));
+    CHECK((out[i].tensor.scalar_type() == in[i].tensor.scalar_type()));
+    CHECK(torch::equal(out[i].tensor, in[i].tensor));
+  }
+  // The header is 8-byte aligned, as the format requires.
+  std::ifstream f(path, std::ios::binary);
+  uint64_t n = 0;
+  f.read(reinterpret_cast<char*>(&n), 8);
+  CHECK(n % 8 == 0);
+  // No temporary left behind; a truncated copy is reported with its name.
+  for (const auto& e : fs::directory_iterator(dir))
+    CHECK(e.path().filename().string().find(".tmp-") == std::string::npos);
+  const std::string cut = (dir / "cut.safetensors").string();
+  fs::copy_file(path, cut, fs::copy_options::overwrite_existing);
+  fs::resize_file(cut, fs::file_size(cut) - 10);
+  CHECK_THROWS_WITH_AS(core::read_safetensors(cut), doctest::Contains("cut.safetensors"), v1::Error);
 }
