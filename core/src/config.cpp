@@ -156,8 +156,15 @@ v1::OptionSchema trainer_schema() {
   s.string("run_dir", "", "Output directory; \"\" = runs/<job file name>");
   s.integer("eval_every", 0, "Evaluate every N steps (and always at the end); 0 = only at the end",
             0, 1e15);
-  s.integer("eval_max_batches", 0, "Cap on evaluation batches per evaluation; 0 = whole split", 0,
-            1e15);
+  s.integer("eval_max_batches", 0,
+            "Cap on evaluation batches per rank per evaluation (as Lightning's "
+            "limit_val_batches); 0 = whole split", 0, 1e15);
+  s.boolean("drop_last", true,
+            "End of an epoch: skip the samples that do not fill a whole global batch (true), or "
+            "pad the last global batch by repeating the epoch's first samples (false)");
+  s.boolean("save_final_model", true,
+            "At the end, rank 0 writes the strategy's full state dict to "
+            "<run_dir>/model.safetensors (atomically)");
   s.integer("log_every", 10, "Log metrics every N steps", 1, 1e15);
   s.real("gradient_clip_val", 0.0, "Clip gradients to this global L2 norm; 0 = off", 0, 1e30);
   return s;

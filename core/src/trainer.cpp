@@ -4,7 +4,6 @@
 // gradient); then gradient sync, unscale + finite check, clipping, the optimizer step.
 #include "trainrun/core/trainer.hpp"
 
-#include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
 #include <atomic>
@@ -20,6 +19,8 @@
 
 #include "trainrun/core/launcher.hpp"
 #include "trainrun/core/log.hpp"
+#include "trainrun/core/safetensors.hpp"
+#include "trainrun/core/sampler.hpp"
 
 namespace fs = std::filesystem;
 
@@ -57,6 +58,21 @@ struct Slot {
     return guarded(label, op, [&] { return fn(*obj); });
   }
 };
+
+// Components that report their own per-step figures (capability v1::StepMetricsSource).
+template <class T>
+v1::StepMetricsSource* metrics_source(Slot<T>& slot) {
+  return dynamic_cast<v1::StepMetricsSource*>(slot.obj.get());
+}
+
+// Dropout and augmentation draw per-rank streams (two ranks must not drop the same units), all
+// derived from the job's seed; model initialisation happened earlier from the seed alone.
+uint64_t rank_seed(uint64_t seed, int rank) {
+  uint64_t z = seed + 0x9E3779B97F4A7C15ULL * static_cast<uint64_t>(rank + 1);  // splitmix64
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
 
 template <class T>
 Slot<T> build(const Registry& reg, const ComponentConfig& c, const v1::RunContext& ctx) {
@@ -122,11 +138,12 @@ v1::TrainPlan make_plan(const v1::Options& trainer, int world_size, int64_t trai
   const int64_t mb = micro > 0 ? micro : plan.global_batch_size / world_size;
   plan.micro_batch_size = mb;
   plan.accumulation_steps = plan.global_batch_size / (mb * world_size);
-  plan.steps_per_epoch = train_samples / plan.global_batch_size;
-  if (plan.steps_per_epoch == 0)
-    throw ConfigError("[trainer] global_batch_size " + std::to_string(plan.global_batch_size) +
-                      " is larger than the training split (" + std::to_string(train_samples) +
-                      " samples)");
+  DistributedSampler::Options so;
+  so.num_samples = train_samples;
+  so.global_batch_size = plan.global_batch_size;
+  so.world_size = world_size;
+  so.drop_last = trainer.get_bool("drop_last");
+  plan.steps_per_epoch = DistributedSampler(so).steps_per_epoch();
   const int64_t max_steps = trainer.get_int("max_steps");
   const int64_t max_epochs = trainer.get_int("max_epochs");
   if (max_steps == 0 && max_epochs == 0)
@@ -212,6 +229,20 @@ int train(const JobConfig& job, const Registry& registry) {
   strategy.call("setup", [&](v1::Strategy& s) { s.setup(*model.obj, *accelerator.obj, plan); return 0; });
   auto params = strategy.call("optimizer_parameters", [](v1::Strategy& s) { return s.optimizer_parameters(); });
   optimizer.call("init", [&](v1::Optimizer& o) { o.init(params, plan); return 0; });
+  torch::manual_seed(rank_seed(ctx.seed, ctx.rank));
+  std::vector<std::pair<std::string, v1::StepMetricsSource*>> metric_sources;
+  if (auto* m = metrics_source(strategy)) metric_sources.push_back({strategy.label, m});
+  if (auto* m = metrics_source(precision)) metric_sources.push_back({precision.label, m});
+  if (auto* m = metrics_source(optimizer)) metric_sources.push_back({optimizer.label, m});
+
+  DistributedSampler::Options sampler_options;
+  sampler_options.num_samples = train_samples;
+  sampler_options.global_batch_size = plan.global_batch_size;
+  sampler_options.world_size = ctx.world_size;
+  sampler_options.rank = ctx.rank;
+  sampler_options.seed = ctx.seed;
+  sampler_options.drop_last = job.trainer.get_bool("drop_last");
+  DistributedSampler sampler(sampler_options);
 
   int64_t n_params = 0;
   for (const auto& p : model.call("named_parameters", [](v1::Model& m) { return m.named_parameters(); }))
@@ -232,7 +263,12 @@ int train(const JobConfig& job, const Registry& registry) {
               << "  batch: global " << plan.global_batch_size << " = micro "
               << plan.micro_batch_size << " x accumulation " << plan.accumulation_steps
               << " x world " << ctx.world_size << " | " << plan.total_steps << " steps ("
-              << plan.steps_per_epoch << " per epoch)" << std::endl;
+              << plan.steps_per_epoch << " per epoch";
+    if (sampler.dropped_per_epoch())
+      std::cout << ", last " << sampler.dropped_per_epoch() << " samples of each epoch skipped (drop_last)";
+    if (sampler.padded_per_epoch())
+      std::cout << ", " << sampler.padded_per_epoch() << " samples repeated to fill the last batch";
+    std::cout << ")" << std::endl;
   }
   for (auto& cb : callbacks) cb.call("on_train_start", [&](v1::Callback& c) { c.on_train_start(plan); return 0; });
 
@@ -242,6 +278,15 @@ int train(const JobConfig& job, const Registry& registry) {
 
   v1::Communicator& comm = *accelerator.call(
       "communicator", [](v1::Accelerator& a) { return &a.communicator(); });
+  // Sums of a few float64 figures over all ranks (counts and metrics), asynchronously so the
+  // caller can overlap it with work; a world of one skips the communicator.
+  auto sum_over_ranks = [&](torch::Tensor& t, const char* what) -> std::shared_ptr<v1::Work> {
+    if (ctx.world_size == 1) return std::make_shared<v1::CompletedWork>();
+    return accelerator.call(what, [&](v1::Accelerator&) { return comm.all_reduce(t); });
+  };
+  auto wait = [&](const std::shared_ptr<v1::Work>& w, const char* what) {
+    accelerator.call(what, [&](v1::Accelerator&) { w->wait(); return 0; });
+  };
   const double clip = job.trainer.get_double("gradient_clip_val");
   const int64_t log_every = job.trainer.get_int("log_every");
   const int64_t eval_every = job.trainer.get_int("eval_every");
@@ -255,27 +300,38 @@ int train(const JobConfig& job, const Registry& registry) {
     v1::EvalMetrics em;
     em.step = step;
     em.rank = ctx.rank;
-    double loss_sum = 0;
-    int64_t correct = 0;
-    bool has_acc = false;
+    // [loss_sum, correct, samples, targets, has_accuracy], summed over ranks at the end.
+    double totals[5] = {0, 0, 0, 0, 0};
+    const EvalShard shard = eval_shard(eval_samples, eval_max_batches * eval_bs * ctx.world_size,
+                                       eval_bs, ctx.world_size, ctx.rank);
     model.call("train", [](v1::Model& m) { m.train(false); return 0; });
     {
       torch::NoGradGuard no_grad;
-      int64_t batches = 0;
-      for (int64_t start = 0; start < eval_samples; start += eval_bs) {
-        if (eval_max_batches > 0 && batches++ >= eval_max_batches) break;
-        std::vector<int64_t> idx;
-        for (int64_t i = start; i < std::min(eval_samples, start + eval_bs); ++i) idx.push_back(i);
-        v1::Batch b = dataset.call("batch", [&](v1::Dataset& d) { return d.batch(v1::Split::Eval, idx); });
+      for (int64_t b = 0; b < shard.batches; ++b) {
+        std::vector<int64_t> idx = shard.batch(b);
+        // Every rank runs the same number of forwards (a sharded strategy's forward is a
+        // collective); a rank whose share ran out evaluates sample 0 and discards the result.
+        const bool filler = idx.empty();
+        if (filler) idx = {0};
+        v1::Batch batch = dataset.call("batch", [&](v1::Dataset& d) { return d.batch(v1::Split::Eval, idx); });
         auto scope = precision.call("autocast", [](v1::Precision& p) { return p.autocast(); });
-        v1::ModelOutput out = strategy.call("forward", [&](v1::Strategy& s) { return s.forward(b); });
+        v1::ModelOutput out = strategy.call("forward", [&](v1::Strategy& s) { return s.forward(batch); });
         scope.reset();
-        loss_sum += out.loss_sum.item<double>();
-        em.samples += b.num_samples;
-        em.targets += b.num_targets;
-        if (out.num_correct >= 0) has_acc = true, correct += out.num_correct;
+        if (filler) continue;
+        totals[0] += out.loss_sum.item<double>();
+        totals[2] += static_cast<double>(batch.num_samples);
+        totals[3] += static_cast<double>(batch.num_targets);
+        if (out.num_correct >= 0) totals[1] += static_cast<double>(out.num_correct), totals[4] = 1;
       }
     }
+    torch::Tensor t = torch::from_blob(totals, {5}, torch::kDouble).clone();
+    wait(sum_over_ranks(t, "all_reduce (evaluation metrics)"), "wait (evaluation metrics)");
+    const double* r = t.data_ptr<double>();
+    const double loss_sum = r[0];
+    const int64_t correct = static_cast<int64_t>(std::llround(r[1]));
+    em.samples = static_cast<int64_t>(std::llround(r[2]));
+    em.targets = static_cast<int64_t>(std::llround(r[3]));
+    const bool has_acc = r[4] > 0;
     model.call("train", [](v1::Model& m) { m.train(true); return 0; });
     em.loss = em.targets ? loss_sum / static_cast<double>(em.targets) : 0;
     em.accuracy = has_acc && em.targets ? static_cast<double>(correct) / em.targets : -1;
@@ -291,8 +347,6 @@ int train(const JobConfig& job, const Registry& registry) {
   };
 
   model.call("train", [](v1::Model& m) { m.train(true); return 0; });
-  torch::Tensor perm;
-  int64_t perm_epoch = -1;
   v1::EvalMetrics last_eval;
   int64_t step = 0;
   double samples_done = 0, tokens_done = 0;
@@ -301,26 +355,23 @@ int train(const JobConfig& job, const Registry& registry) {
     if (g_stop_signal.load()) break;
     const auto t0 = clock::now();
     const int64_t epoch = step / plan.steps_per_epoch;
-    if (epoch != perm_epoch) {
-      // The data order of an epoch depends on (seed, epoch) alone, so a run is reproducible
-      // and a resumed run can rebuild it.
-      auto gen = at::make_generator<at::CPUGeneratorImpl>(ctx.seed * 1000003ULL + static_cast<uint64_t>(epoch));
-      perm = torch::randperm(train_samples, gen, torch::TensorOptions().dtype(torch::kLong));
-      perm_epoch = epoch;
-    }
-    const int64_t pos = step % plan.steps_per_epoch;
-    const int64_t* pp = perm.data_ptr<int64_t>() + pos * plan.global_batch_size +
-                        static_cast<int64_t>(ctx.rank) * plan.micro_batch_size * plan.accumulation_steps;
+    const std::vector<int64_t> mine = sampler.rank_batch(epoch, step % plan.steps_per_epoch);
     std::vector<v1::Batch> micro;
-    int64_t targets = 0, tokens = 0, samples = 0;
+    // [targets, tokens, samples] of this rank, then of the whole global batch.
+    double counts_local[3] = {0, 0, 0};
     for (int64_t k = 0; k < plan.accumulation_steps; ++k) {
-      std::vector<int64_t> idx(pp + k * plan.micro_batch_size, pp + (k + 1) * plan.micro_batch_size);
+      std::vector<int64_t> idx(mine.begin() + k * plan.micro_batch_size,
+                               mine.begin() + (k + 1) * plan.micro_batch_size);
       micro.push_back(dataset.call("batch", [&](v1::Dataset& d) { return d.batch(v1::Split::Train, idx); }));
-      targets += micro.back().num_targets;
-      tokens += micro.back().num_tokens;
-      samples += micro.back().num_samples;
+      counts_local[0] += static_cast<double>(micro.back().num_targets);
+      counts_local[1] += static_cast<double>(micro.back().num_tokens);
+      counts_local[2] += static_cast<double>(micro.back().num_samples);
     }
-    TR_CHECK(targets > 0, "step ", step + 1, ": the global batch has no targets");
+    // The loss is normalised by the targets of the whole global batch, which only the ranks
+    // together know; the sum travels while the first micro-batch's forward runs.
+    torch::Tensor counts = torch::from_blob(counts_local, {3}, torch::kDouble).clone();
+    auto counts_work = sum_over_ranks(counts, "all_reduce (global batch size)");
+    double global_targets = 0;
     double loss_sum = 0;
     for (int64_t k = 0; k < plan.accumulation_steps; ++k) {
       const bool last = k + 1 == plan.accumulation_steps;
@@ -330,12 +381,22 @@ int train(const JobConfig& job, const Registry& registry) {
       scope.reset();
       TR_CHECK(out.loss_sum.defined() && out.loss_sum.numel() == 1,
                model.label, " returned no scalar loss_sum");
-      torch::Tensor loss = out.loss_sum.to(torch::kFloat) / static_cast<double>(targets);
+      if (k == 0) {
+        wait(counts_work, "wait (global batch size)");
+        global_targets = counts.data_ptr<double>()[0];
+        TR_CHECK(global_targets > 0, "step ", step + 1, ": the global batch has no targets");
+      }
+      // x world_size: data-parallel strategies average gradients over ranks, and the average of
+      // the ranks' (loss_sum_r x W / targets) is the mean loss over the global batch.
+      torch::Tensor loss = out.loss_sum.to(torch::kFloat) * (static_cast<double>(ctx.world_size) / global_targets);
       torch::Tensor scaled = precision.call("scale_loss", [&](v1::Precision& p) { return p.scale_loss(loss); });
       guarded(model.label, "backward", [&] { scaled.backward(); return 0; });
       loss_sum += out.loss_sum.item<double>();
     }
     strategy.call("finish_gradient_sync", [](v1::Strategy& s) { s.finish_gradient_sync(); return 0; });
+    // After the strategy's own collectives, so every rank issues them in the same order.
+    torch::Tensor loss_total = torch::full({1}, loss_sum, torch::kDouble);
+    auto loss_work = sum_over_ranks(loss_total, "all_reduce (step loss)");
     std::vector<torch::Tensor> grads;
     for (auto& p : params)
       if (p.tensor.grad().defined()) grads.push_back(p.tensor.grad());
@@ -358,14 +419,15 @@ int train(const JobConfig& job, const Registry& registry) {
     precision.call("update", [&](v1::Precision& p) { p.update(!finite); return 0; });
     strategy.call("zero_grad", [](v1::Strategy& s) { s.zero_grad(); return 0; });
 
+    wait(loss_work, "wait (step loss)");
     const double dt = std::chrono::duration<double>(clock::now() - t0).count();
-    samples_done += samples * ctx.world_size;
-    tokens_done += tokens * ctx.world_size;
+    samples_done += counts.data_ptr<double>()[2];
+    tokens_done += counts.data_ptr<double>()[1];
     v1::StepMetrics m;
     m.step = step + 1;
     m.epoch = epoch;
     m.rank = ctx.rank;
-    m.loss = loss_sum / static_cast<double>(targets);
+    m.loss = loss_total.item<double>() / global_targets;
     m.lr = optimizer.call("lr", [&](v1::Optimizer& o) { return o.lr(step); });
     m.grad_norm = grad_norm;
     m.step_time_s = dt;
@@ -377,6 +439,8 @@ int train(const JobConfig& job, const Registry& registry) {
     const double scale = precision.call("loss_scale", [](v1::Precision& p) { return p.loss_scale(); });
     if (scale != 1.0) m.extra["loss_scale"] = scale;
     if (!finite) m.extra["skipped"] = 1;
+    for (auto& [label, source] : metric_sources)
+      guarded(label, "add_step_metrics", [&] { source->add_step_metrics(m.extra); return 0; });
     for (auto& cb : callbacks) cb.call("on_step_end", [&](v1::Callback& c) { c.on_step_end(m); return 0; });
     if (lead && ((step + 1) % log_every == 0 || step + 1 == plan.total_steps)) {
       const double eta = loop_s / (step + 1) * (plan.total_steps - step - 1);
@@ -397,10 +461,28 @@ int train(const JobConfig& job, const Registry& registry) {
   std::signal(SIGINT, prev_int);
   std::signal(SIGTERM, prev_term);
 
+  // Every rank asks (a sharded strategy gathers, which is a collective); rank 0 writes.
+  auto save_final_model = [&] {
+    std::vector<v1::NamedTensor> state;
+    try {
+      state = strategy.call("full_state_dict", [](v1::Strategy& s) { return s.full_state_dict(); });
+    } catch (const v1::NotSupportedError& e) {
+      if (lead) log_warn(std::string("model.safetensors not written: ") + e.what());
+      return;
+    }
+    if (!lead) return;
+    const std::string path = (fs::path(ctx.run_dir) / "model.safetensors").string();
+    write_safetensors(path, state, {{"format", "pt"}, {"trainrun_step", std::to_string(step)},
+                                    {"trainrun_strategy", job.strategy.plugin}});
+    log_info("wrote " + path);
+  };
   v1::TrainSummary summary;
   summary.steps = step;
   summary.interrupted = stop_sig != 0;
-  if (!summary.interrupted) last_eval = evaluate(step);
+  if (!summary.interrupted) {
+    last_eval = evaluate(step);
+    if (job.trainer.get_bool("save_final_model")) save_final_model();
+  }
   summary.elapsed_s = std::chrono::duration<double>(clock::now() - t_start).count();
   for (auto& cb : callbacks) cb.call("on_train_end", [&](v1::Callback& c) { c.on_train_end(summary); return 0; });
 

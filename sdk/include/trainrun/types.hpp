@@ -71,7 +71,8 @@ struct TrainPlan {
   int64_t global_batch_size = 0;
 };
 
-/// Metrics of one optimizer step, as logged (rank-local values; reduced by later strategies).
+/// Metrics of one optimizer step, as logged. loss, samples_per_s and tokens_per_s describe the
+/// whole global batch (summed over ranks); step_time_s and `extra` are this rank's.
 /// Units: seconds, samples/s, tokens/s. tokens_per_s is 0 for non-token models.
 struct StepMetrics {
   int64_t step = 0;   ///< 1-based count of optimizer steps done
@@ -88,7 +89,8 @@ struct StepMetrics {
   std::map<std::string, double> extra;  ///< further figures (e.g. loss_scale, bytes_communicated)
 };
 
-/// Result of one pass over the evaluation split.
+/// Result of one pass over the evaluation split, summed over ranks (each held-out sample is
+/// evaluated on exactly one rank; padding is never counted).
 struct EvalMetrics {
   int64_t step = 0;
   int rank = 0;
