@@ -1,0 +1,662 @@
+#include "ddp.hpp"
+
+#include <trainrun/plugin.hpp>
+
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/utils/lambda_post_hook.h>
+#include <torch/csrc/autograd/variable.h>
+#include <torch/nn/module.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <numeric>
+#include <sstream>
+
+namespace trainrun::plugins {
+
+namespace ddp {
+
+std::vector<std::vector<size_t>> assign_buckets(const std::vector<BucketItem>& order,
+                                                int64_t first_cap_bytes, int64_t cap_bytes) {
+  TR_CHECK(first_cap_bytes > 0 && cap_bytes > 0, "assign_buckets: caps must be positive (got ",
+           first_cap_bytes, " and ", cap_bytes, " bytes)");
+  struct Open {
+    std::vector<size_t> positions;  // positions in `order`
+    int64_t bytes = 0;
+    int64_t cap = 0;
+  };
+  std::map<c10::ScalarType, Open> open;  // one open bucket per dtype
+  std::vector<std::vector<size_t>> closed;  // positions in `order`
+  auto close = [&](Open& b) {
+    if (!b.positions.empty()) closed.push_back(std::move(b.positions));
+    b.positions.clear();
+    b.bytes = 0;
+  };
+  for (size_t pos = 0; pos < order.size(); ++pos) {
+    const BucketItem& item = order[pos];
+    auto [it, fresh] = open.try_emplace(item.dtype);
+    Open& b = it->second;
+    if (fresh) b.cap = first_cap_bytes;
+    // Close first rather than overshoot: a bucket never exceeds its cap because of a later
+    // item, and an item at least as large as the cap ends up alone.
+    if (!b.positions.empty() && b.bytes + item.bytes > b.cap) {
+      close(b);
+      b.cap = cap_bytes;
+    }
+    b.positions.push_back(pos);
+    b.bytes += item.bytes;
+    if (b.bytes >= b.cap) {
+      close(b);
+      b.cap = cap_bytes;
+    }
+  }
+  for (auto& [dtype, b] : open) close(b);
+  // Launch order = the order in which each bucket's first gradient is expected.
+  std::sort(closed.begin(), closed.end(),
+            [](const auto& a, const auto& b) { return a.front() < b.front(); });
+  std::vector<std::vector<size_t>> out;
+  out.reserve(closed.size());
+  for (const auto& positions : closed) {
+    std::vector<size_t> indices;
+    indices.reserve(positions.size());
+    for (size_t pos : positions) indices.push_back(order[pos].index);
+    out.push_back(std::move(indices));
+  }
+  return out;
+}
+
+}  // namespace ddp
+
+namespace {
+
+constexpr const char* kName = "strategy 'ddp'";
+constexpr double kMiB = 1024.0 * 1024.0;
+// Broadcast chunks: large enough that a model needs few collectives, small enough that the
+// staging copy stays a small fraction of memory.
+constexpr int64_t kBroadcastChunkBytes = 64 << 20;
+// Bytes per rank for one entry's description in the shape-check exchange.
+constexpr int64_t kDescribeBytes = 1024;
+
+using Clock = std::chrono::steady_clock;
+
+std::string dtype_name(c10::ScalarType t) {
+  switch (t) {
+    case c10::ScalarType::Float: return "float32";
+    case c10::ScalarType::Double: return "float64";
+    case c10::ScalarType::Half: return "float16";
+    case c10::ScalarType::BFloat16: return "bfloat16";
+    case c10::ScalarType::Int: return "int32";
+    case c10::ScalarType::Long: return "int64";
+    case c10::ScalarType::Short: return "int16";
+    case c10::ScalarType::Char: return "int8";
+    case c10::ScalarType::Byte: return "uint8";
+    case c10::ScalarType::Bool: return "bool";
+    default: return c10::toString(t);
+  }
+}
+
+// The dtypes every communicator must carry (README: collectives); others travel as bytes.
+bool wire_supported(c10::ScalarType t) {
+  switch (t) {
+    case c10::ScalarType::Float:
+    case c10::ScalarType::Double:
+    case c10::ScalarType::Half:
+    case c10::ScalarType::BFloat16:
+    case c10::ScalarType::Int:
+    case c10::ScalarType::Long:
+    case c10::ScalarType::Byte: return true;
+    default: return false;
+  }
+}
+
+// One entry of the shape check: what must be equal on every rank.
+struct Entry {
+  std::string kind;  // "parameter" | "buffer"
+  std::string name;
+  std::string details;  // "[64, 784] float32" (+ " frozen")
+};
+
+std::string shape_string(const at::Tensor& t) {
+  std::ostringstream os;
+  os << t.sizes();
+  return os.str();
+}
+
+int64_t fnv1a(const std::string& s) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+  int64_t v;
+  std::memcpy(&v, &h, sizeof v);
+  return v == -1 ? 0 : v;  // -1 marks "no entry at this index"
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Construction and setup
+
+void DdpStrategy::declare_options(OptionSchema& s) {
+  s.real("bucket_cap_mb", 25.0,
+         "largest gradient bucket in MiB; each bucket is one all-reduce (PyTorch's default)",
+         1e-6, 1e6);
+  s.real("first_bucket_mb", 1.0,
+         "cap of the first bucket in MiB: small, so communication starts early in backward",
+         1e-6, 1e6);
+  s.boolean("overlap", true,
+            "all-reduce each bucket as soon as its gradients are ready, during backward "
+            "(false: all buckets after backward, e.g. to measure what overlap saves)");
+  s.boolean("find_unused_parameters", false,
+            "allow parameters that get no gradient in a step: they contribute zeros, and one "
+            "that no rank used keeps no gradient (costs one extra small all-reduce per step)");
+  s.choice("gradient_compression", "none", {"none", "fp16", "bf16"},
+           "dtype of float32/float64 gradient buckets on the wire (PyTorch's fp16/bf16 "
+           "compress hooks); restored to the parameters' dtype afterwards");
+}
+
+DdpStrategy::DdpStrategy(const Options& o, const RunContext& ctx)
+    : cap_bytes_(std::max<int64_t>(1, static_cast<int64_t>(o.get_double("bucket_cap_mb") * kMiB))),
+      first_cap_bytes_(
+          std::max<int64_t>(1, static_cast<int64_t>(o.get_double("first_bucket_mb") * kMiB))),
+      overlap_(o.get_bool("overlap")),
+      find_unused_(o.get_bool("find_unused_parameters")),
+      compression_(o.get_string("gradient_compression")),
+      rank_(ctx.rank),
+      world_size_(ctx.world_size) {
+  if (compression_ == "fp16") wire_dtype_ = c10::ScalarType::Half;
+  if (compression_ == "bf16") wire_dtype_ = c10::ScalarType::BFloat16;
+}
+
+DdpStrategy::~DdpStrategy() {
+  for (size_t i = 0; i < accumulators_.size() && i < hook_keys_.size(); ++i)
+    accumulators_[i]->del_post_hook(hook_keys_[i]);
+}
+
+void DdpStrategy::setup(Model& model, Accelerator& accelerator, const TrainPlan&) {
+  TR_CHECK(model_ == nullptr, kName, ": setup() called twice");
+  model_ = &model;
+  device_ = accelerator.device();
+  comm_ = &accelerator.communicator();
+  TR_CHECK(comm_->world_size() == world_size_ && comm_->rank() == rank_, kName,
+           ": the accelerator's communicator is rank ", comm_->rank(), " of ",
+           comm_->world_size(), ", but this process is rank ", rank_, " of ", world_size_);
+  if (!device_.is_cpu()) {
+    // As `single`: only an nn::Module can be moved without the model's help, and to() keeps
+    // the parameter objects, so names and optimizer identity survive.
+    torch::nn::Module* m = model.module();
+    TR_CHECK(m != nullptr, kName, ": the model is not a torch::nn::Module, so it cannot be "
+             "moved to ", device_);
+    m->to(device_);
+  }
+  params_ = model.named_parameters();
+  std::vector<NamedTensor> buffers = model.named_buffers();
+
+  if (world_size_ > 1) {
+    // Before any other collective: a model that differs across ranks would otherwise fail
+    // later with a size mismatch far from the cause (or silently train garbage).
+    check_same_model_on_all_ranks(buffers);
+    // Rank 0's initial values everywhere, so every replica starts identical even when model
+    // construction is not seeded alike (PyTorch's DDP does the same in its constructor).
+    std::vector<at::Tensor> state;
+    for (const auto& p : params_) state.push_back(p.tensor);
+    for (const auto& b : buffers) state.push_back(b.tensor);
+    broadcast_from_rank0(state);
+  }
+
+  trainable_.clear();
+  for (const auto& p : params_)
+    if (p.tensor.requires_grad()) trainable_.push_back(p);
+  TR_CHECK(!trainable_.empty(), kName, ": the model has no parameter with requires_grad (",
+           params_.size(), " parameters, all frozen)");
+  // A tensor registered twice (tied weights) has one gradient: communicate it once.
+  grads_.clear();
+  std::vector<const void*> seen;
+  for (const auto& p : trainable_) {
+    const void* impl = p.tensor.unsafeGetTensorImpl();
+    if (std::find(seen.begin(), seen.end(), impl) != seen.end()) continue;
+    seen.push_back(impl);
+    GradSlot s;
+    s.name = p.name;
+    s.param = p.tensor;
+    grads_.push_back(std::move(s));
+  }
+  for (const auto& s : grads_) {
+    TR_CHECK(s.param.is_leaf(), kName, ": parameter '", s.name, "' is not a leaf tensor, so "
+             "its gradient cannot be observed");
+    TR_CHECK(s.param.layout() == c10::kStrided, kName, ": parameter '", s.name,
+             "' is not dense; ddp reduces dense gradients only");
+  }
+  // Gradients of a backward become ready roughly in reverse registration order (the last
+  // layers first): the starting guess, replaced after the first step by what was observed.
+  std::vector<size_t> order(grads_.size());
+  std::iota(order.rbegin(), order.rend(), size_t{0});
+  build_buckets(order);
+  install_hooks();
+  std::lock_guard<std::mutex> g(mu_);
+  reset_pass();
+}
+
+void DdpStrategy::check_same_model_on_all_ranks(const std::vector<NamedTensor>& buffers) {
+  std::vector<Entry> entries;
+  for (const auto& p : params_)
+    entries.push_back({"parameter", p.name,
+                       shape_string(p.tensor) + " " + dtype_name(p.tensor.scalar_type()) +
+                           (p.tensor.requires_grad() ? "" : " (frozen)")});
+  for (const auto& b : buffers)
+    entries.push_back({"buffer", b.name,
+                       shape_string(b.tensor) + " " + dtype_name(b.tensor.scalar_type())});
+  const auto cpu_long = at::TensorOptions().dtype(at::kLong).device(device_);
+
+  // 1. How many entries each rank has (the fingerprint exchange needs one length).
+  at::Tensor count = at::full({1}, static_cast<int64_t>(entries.size()), cpu_long);
+  at::Tensor counts = at::empty({world_size_}, cpu_long);
+  comm_->all_gather(count, counts)->wait();
+  const at::Tensor counts_cpu = counts.cpu();
+  const int64_t* c = counts_cpu.data_ptr<int64_t>();
+  const int64_t longest = *std::max_element(c, c + world_size_);
+
+  // 2. One fingerprint per entry (name, kind, shape, dtype, trainable), -1 past the end.
+  std::vector<int64_t> mine(static_cast<size_t>(longest), -1);
+  for (size_t i = 0; i < entries.size(); ++i)
+    mine[i] = fnv1a(entries[i].kind + "|" + entries[i].name + "|" + entries[i].details);
+  at::Tensor fp = at::from_blob(mine.data(), {longest}, at::kLong).to(device_).clone();
+  at::Tensor all = at::empty({world_size_ * longest}, cpu_long);
+  comm_->all_gather(fp, all)->wait();
+  const at::Tensor all_cpu = all.cpu().view({world_size_, longest});
+  const auto a = all_cpu.accessor<int64_t, 2>();
+  int64_t first = -1;
+  int other = -1;
+  for (int64_t i = 0; i < longest && first < 0; ++i)
+    for (int r = 1; r < world_size_; ++r)
+      if (a[r][i] != a[0][i]) {
+        first = i, other = r;
+        break;
+      }
+  if (first < 0) return;
+
+  // 3. Every rank found the same index: exchange what each holds there, so the message
+  //    (raised on every rank alike) shows both sides.
+  std::string text;
+  if (first < static_cast<int64_t>(entries.size())) {
+    const Entry& e = entries[static_cast<size_t>(first)];
+    text = e.kind + "\t" + e.name + "\t" + e.details;
+  }
+  text.resize(static_cast<size_t>(kDescribeBytes), '\0');
+  at::Tensor desc = at::from_blob(text.data(), {kDescribeBytes}, at::kByte).to(device_).clone();
+  at::Tensor descs = at::empty({world_size_ * kDescribeBytes},
+                               at::TensorOptions().dtype(at::kByte).device(device_));
+  comm_->all_gather(desc, descs)->wait();
+  const at::Tensor descs_cpu = descs.cpu();
+  auto read = [&](int r) -> Entry {
+    const char* p = reinterpret_cast<const char*>(descs_cpu.data_ptr<uint8_t>()) + r * kDescribeBytes;
+    std::string s(p, strnlen(p, static_cast<size_t>(kDescribeBytes)));
+    Entry e;
+    if (s.empty()) return e;
+    const size_t t1 = s.find('\t'), t2 = s.find('\t', t1 + 1);
+    e.kind = s.substr(0, t1);
+    e.name = s.substr(t1 + 1, t2 - t1 - 1);
+    e.details = s.substr(t2 + 1);
+    return e;
+  };
+  const Entry e0 = read(0), er = read(other);
+  // Which kind and index: entries are parameters first, then buffers.
+  const Entry& named = e0.kind.empty() ? er : e0;
+  const int64_t n_params0 = static_cast<int64_t>(params_.size());  // equal up to `first`
+  const bool is_buffer = named.kind == "buffer";
+  const int64_t index = is_buffer ? first - n_params0 : first;
+  auto holds = [&](int r, const Entry& e) {
+    if (e.kind.empty())
+      return detail::cat("rank ", r, " has nothing at that position (", c[r],
+                         " parameters and buffers in all, rank 0 has ", c[0], ")");
+    if (e.kind != named.kind || e.name != named.name)
+      return detail::cat("rank ", r, " has ", e.kind, " '", e.name, "' ", e.details);
+    return detail::cat("rank ", r, " has ", e.details);
+  };
+  std::string others;
+  int n_differ = 0;
+  for (int r = 1; r < world_size_; ++r) n_differ += a[r][first] != a[0][first];
+  if (n_differ > 1) others = detail::cat(" (", n_differ - 1, " more rank(s) differ there too)");
+  TR_CHECK_TYPED(ConfigError, false, kName, ": ", named.kind, " '", named.name, "' (index ", index,
+                 ") differs across ranks: ", holds(0, e0), ", ", holds(other, er), others,
+                 ". Every rank must build the same model (same options, no rank-dependent "
+                 "shapes)");
+}
+
+void DdpStrategy::broadcast_from_rank0(const std::vector<at::Tensor>& tensors) {
+  torch::NoGradGuard no_grad;
+  // Coalesced per dtype into flat chunks: one collective per chunk instead of per tensor.
+  std::map<c10::ScalarType, std::vector<at::Tensor>> by_dtype;
+  for (const auto& t : tensors)
+    if (t.numel() > 0) by_dtype[t.scalar_type()].push_back(t);
+  for (auto& [dtype, list] : by_dtype) {
+    size_t begin = 0;
+    while (begin < list.size()) {
+      size_t end = begin;
+      int64_t bytes = 0;
+      do {
+        bytes += static_cast<int64_t>(list[end].nbytes());
+        ++end;
+      } while (end < list.size() && bytes + static_cast<int64_t>(list[end].nbytes()) <=
+                                        kBroadcastChunkBytes);
+      std::vector<at::Tensor> flat_parts;
+      for (size_t i = begin; i < end; ++i) flat_parts.push_back(list[i].detach().reshape({-1}));
+      at::Tensor flat = at::cat(flat_parts);
+      // A dtype the communicators do not carry (bool, int8, ...) travels as its bytes: a
+      // broadcast does no arithmetic.
+      at::Tensor wire = wire_supported(dtype) ? flat : flat.view(at::kByte);
+      comm_->broadcast(wire, {})->wait();
+      if (rank_ != 0) {
+        int64_t off = 0;
+        for (size_t i = begin; i < end; ++i) {
+          const int64_t n = list[i].numel();
+          list[i].copy_(flat.narrow(0, off, n).view(list[i].sizes()));
+          off += n;
+        }
+      }
+      begin = end;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Buckets and hooks
+
+void DdpStrategy::build_buckets(const std::vector<size_t>& order) {
+  std::vector<ddp::BucketItem> items;
+  items.reserve(order.size());
+  for (size_t i : order) {
+    const at::Tensor& p = grads_[i].param;
+    items.push_back({i, static_cast<int64_t>(p.numel() * p.element_size()), p.scalar_type()});
+  }
+  const auto assignment = ddp::assign_buckets(items, first_cap_bytes_, cap_bytes_);
+  std::vector<Bucket> buckets(assignment.size());
+  for (size_t bi = 0; bi < assignment.size(); ++bi) {
+    Bucket& b = buckets[bi];
+    b.params = assignment[bi];
+    int64_t total = 0;
+    for (size_t i : b.params) {
+      grads_[i].bucket = bi;
+      grads_[i].offset = total;
+      total += grads_[i].param.numel();
+    }
+    const at::Tensor& p0 = grads_[b.params.front()].param;
+    b.flat = at::zeros({total}, p0.options().requires_grad(false));
+    // Compression only where it shrinks the payload (float32/float64 buckets).
+    const bool compress = wire_dtype_ != c10::ScalarType::Undefined &&
+                          at::isFloatingType(p0.scalar_type()) &&
+                          p0.element_size() > c10::elementSize(wire_dtype_);
+    b.wire = compress ? at::zeros({total}, b.flat.options().dtype(wire_dtype_)) : b.flat;
+  }
+  buckets_ = std::move(buckets);
+}
+
+void DdpStrategy::install_hooks() {
+  for (size_t i = 0; i < grads_.size(); ++i) {
+    auto acc = torch::autograd::impl::grad_accumulator(grads_[i].param);
+    TR_CHECK(acc != nullptr, kName, ": parameter '", grads_[i].name,
+             "' has no gradient accumulator");
+    // A post-hook runs after the accumulator added this backward's gradient to .grad (a tensor
+    // hook would run before), so .grad is final for this backward when it fires.
+    hook_keys_.push_back(acc->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
+        [this, i](const torch::autograd::variable_list& outputs,
+                  const torch::autograd::variable_list&) {
+          on_grad_ready(i);
+          return outputs;
+        })));
+    accumulators_.push_back(std::move(acc));
+  }
+}
+
+void DdpStrategy::reset_pass() {
+  for (auto& s : grads_) s.ready = false;
+  for (auto& b : buckets_) {
+    b.pending = b.params.size();
+    b.work.reset();
+  }
+  next_launch_ = 0;
+  ready_order_.clear();
+  used_.assign(grads_.size(), 0);
+  cur_bytes_ = 0;
+  cur_launched_in_backward_ = 0;
+}
+
+void DdpStrategy::before_backward(bool sync) {
+  check_setup("before_backward");
+  std::lock_guard<std::mutex> g(mu_);
+  sync_ = sync;
+}
+
+void DdpStrategy::on_grad_ready(size_t i) {
+  std::lock_guard<std::mutex> g(mu_);
+  // Accumulation micro-batches: autograd sums into .grad locally; nothing to send yet.
+  if (!sync_) return;
+  TR_CHECK(!grads_[i].ready, kName, ": parameter '", grads_[i].name, "' received a gradient "
+           "twice in one synchronised backward (one backward per micro-batch, with "
+           "before_backward() before each)");
+  mark_ready_locked(i, /*used=*/true);
+  if (overlap_) launch_ready_buckets_locked(/*from_backward=*/true);
+}
+
+void DdpStrategy::mark_ready_locked(size_t i, bool used) {
+  torch::NoGradGuard no_grad;
+  GradSlot& s = grads_[i];
+  Bucket& b = buckets_[s.bucket];
+  at::Tensor slot = b.flat.narrow(0, s.offset, s.param.numel()).view(s.param.sizes());
+  const at::Tensor& grad = s.param.grad();
+  if (used && grad.defined()) {
+    TR_CHECK(grad.layout() == c10::kStrided, kName, ": parameter '", s.name,
+             "' has a sparse gradient; ddp reduces dense gradients only");
+    slot.copy_(grad);
+  } else {
+    slot.zero_();  // an unused parameter contributes nothing to the average
+  }
+  s.ready = true;
+  used_[i] = used ? 1 : 0;
+  ready_order_.push_back(i);
+  --b.pending;
+}
+
+void DdpStrategy::launch_ready_buckets_locked(bool from_backward) {
+  // Strictly in bucket order: a ready bucket behind an unfinished one waits, so that every
+  // rank issues the same sequence of all-reduces whatever order its hooks fire in.
+  while (next_launch_ < buckets_.size() && buckets_[next_launch_].pending == 0) {
+    launch_locked(buckets_[next_launch_]);
+    if (from_backward) ++cur_launched_in_backward_;
+    ++next_launch_;
+  }
+}
+
+void DdpStrategy::launch_locked(Bucket& b) {
+  torch::NoGradGuard no_grad;
+  AllReduceOptions opts;
+  if (b.wire.is_same(b.flat)) {
+    opts.op = ReduceOp::Avg;
+  } else {
+    // fp16/bf16 compression as PyTorch's compress hooks: divide before the sum (in the full
+    // dtype, so no precision is lost there and the 16-bit sum cannot overflow), then cast.
+    b.wire.copy_(b.flat.div(static_cast<double>(world_size_)));
+    opts.op = ReduceOp::Sum;
+  }
+  b.work = comm_->all_reduce(b.wire, opts);
+  cur_bytes_ += static_cast<int64_t>(b.wire.nbytes());
+}
+
+void DdpStrategy::finish_gradient_sync() {
+  check_setup("finish_gradient_sync");
+  const auto t0 = Clock::now();
+  std::unique_lock<std::mutex> lk(mu_);
+  // Parameters whose hook did not fire in the sync backward: a gradient accumulated in an
+  // earlier micro-batch of this step still counts (the parameter was used this step);
+  // otherwise the parameter got no gradient at all.
+  std::vector<size_t> missing;
+  for (size_t i = 0; i < grads_.size(); ++i) {
+    if (grads_[i].ready) continue;
+    if (grads_[i].param.grad().defined())
+      mark_ready_locked(i, /*used=*/true);
+    else
+      missing.push_back(i);
+  }
+  if (!missing.empty() && !find_unused_) {
+    // Raised before waiting for anything: the peers' matching all-reduces fail when this
+    // process ends, instead of every rank waiting for a bucket that never completes.
+    std::string names;
+    for (size_t k = 0; k < missing.size(); ++k) {
+      if (k == 20) {
+        names += detail::cat(" and ", missing.size() - 20, " more");
+        break;
+      }
+      names += (k ? ", " : "") + grads_[missing[k]].name;
+    }
+    sync_ = true;
+    TR_CHECK_TYPED(ConfigError, false, kName, ": parameters that received no gradient this step: ",
+                   names, ". Set [strategy] find_unused_parameters = true if the model does not "
+                   "use every parameter in every step");
+  }
+  for (size_t i : missing) mark_ready_locked(i, /*used=*/false);
+  launch_ready_buckets_locked(/*from_backward=*/false);
+  TR_CHECK(next_launch_ == buckets_.size(), kName, ": internal error: ", next_launch_, " of ",
+           buckets_.size(), " buckets launched after backward");
+
+  // One more collective with find_unused_parameters: whether any rank used each parameter, so
+  // a parameter nobody used keeps no gradient (as in a single-process run, where the optimizer
+  // then skips it) while one used somewhere gets the average including the others' zeros.
+  at::Tensor used;
+  std::shared_ptr<Work> used_work;
+  if (find_unused_) {
+    used = at::from_blob(used_.data(), {static_cast<int64_t>(used_.size())}, at::kByte)
+               .to(device_)
+               .clone();
+    AllReduceOptions o;
+    o.op = ReduceOp::Max;
+    used_work = comm_->all_reduce(used, o);
+  }
+  for (auto& b : buckets_) b.work->wait();
+  if (used_work) used_work->wait();
+  exposed_s_ = std::chrono::duration<double>(Clock::now() - t0).count();
+
+  torch::NoGradGuard no_grad;
+  for (auto& b : buckets_)
+    if (!b.wire.is_same(b.flat)) b.flat.copy_(b.wire);
+  const at::Tensor used_cpu = used.defined() ? used.cpu() : at::Tensor();
+  for (size_t i = 0; i < grads_.size(); ++i) {
+    GradSlot& s = grads_[i];
+    if (used_cpu.defined() && used_cpu.data_ptr<uint8_t>()[i] == 0) {
+      s.param.mutable_grad() = at::Tensor();
+      continue;
+    }
+    // The gradient becomes a view of its bucket slot (PyTorch's gradient_as_bucket_view):
+    // no copy back, and zero_grad() drops the view before the next backward writes the slot.
+    s.param.mutable_grad() =
+        buckets_[s.bucket].flat.narrow(0, s.offset, s.param.numel()).view(s.param.sizes());
+  }
+
+  last_comm_bytes_ = cur_bytes_;
+  last_launched_in_backward_ = cur_launched_in_backward_;
+  if (!rebuilt_) rebuild_buckets_locked();
+  reset_pass();
+  sync_ = true;
+}
+
+void DdpStrategy::rebuild_buckets_locked() {
+  // The order the gradients arrived in on this rank (those of the sync backward first, then
+  // the rest), replaced by rank 0's: every rank must build the same buckets, and the hooks'
+  // order may differ between ranks (e.g. unused parameters, autograd thread scheduling).
+  std::vector<int64_t> order(ready_order_.begin(), ready_order_.end());
+  rebuilt_ = true;
+  if (world_size_ > 1) {
+    at::Tensor t = at::from_blob(order.data(), {static_cast<int64_t>(order.size())}, at::kLong)
+                       .to(device_)
+                       .clone();
+    comm_->broadcast(t, {})->wait();
+    const at::Tensor c = t.cpu();
+    std::copy(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel(), order.begin());
+  }
+  std::vector<size_t> new_order(order.begin(), order.end());
+  std::vector<size_t> current;
+  for (const auto& b : buckets_) current.insert(current.end(), b.params.begin(), b.params.end());
+  std::vector<size_t> sorted = new_order;
+  std::sort(sorted.begin(), sorted.end());
+  for (size_t k = 0; k < sorted.size(); ++k)
+    TR_CHECK(sorted[k] == k, kName, ": internal error: the observed gradient order is not a "
+             "permutation of the ", grads_.size(), " parameters");
+  // The gradients of this step stay valid: they are views that keep the old buckets alive.
+  if (new_order != current) build_buckets(new_order);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The rest of the Strategy interface
+
+std::vector<NamedTensor> DdpStrategy::optimizer_parameters() {
+  check_setup("optimizer_parameters");
+  return trainable_;
+}
+
+ModelOutput DdpStrategy::forward(const Batch& batch) {
+  check_setup("forward");
+  if (device_.is_cpu()) return model_->forward(batch);
+  Batch moved = batch;
+  if (moved.input.defined()) moved.input = moved.input.to(device_, /*non_blocking=*/true);
+  if (moved.target.defined()) moved.target = moved.target.to(device_, /*non_blocking=*/true);
+  return model_->forward(moved);
+}
+
+double DdpStrategy::grad_norm() {
+  check_setup("grad_norm");
+  // As `single` (same per-tensor norms, combined in float64), over the averaged gradients:
+  // they are identical on every rank, so the local norm is the global one.
+  std::vector<at::Tensor> norms;
+  norms.reserve(trainable_.size());
+  for (const auto& p : trainable_) {
+    const at::Tensor& g = p.tensor.grad();
+    if (g.defined()) norms.push_back(at::linalg_vector_norm(g, 2).to(at::kDouble));
+  }
+  if (norms.empty()) return 0.0;
+  return at::stack(norms).norm().item<double>();
+}
+
+void DdpStrategy::zero_grad() {
+  check_setup("zero_grad");
+  // Undefined rather than zeroed, as `single`: the next backward writes instead of adding to a
+  // view of a bucket, and an unused parameter shows up as having no gradient.
+  for (auto& p : params_) p.tensor.mutable_grad() = at::Tensor();
+}
+
+std::vector<NamedTensor> DdpStrategy::full_state_dict() {
+  check_setup("full_state_dict");
+  std::vector<NamedTensor> out;
+  for (const auto& p : params_) out.push_back({p.name, p.tensor.detach()});
+  for (auto& b : model_->named_buffers()) out.push_back({b.name, b.tensor.detach()});
+  return out;
+}
+
+void DdpStrategy::add_step_metrics(std::map<std::string, double>& extra) {
+  extra["comm_bytes"] = static_cast<double>(last_comm_bytes_);
+  extra["comm_exposed_s"] = exposed_s_;
+  extra["buckets"] = static_cast<double>(buckets_.size());
+  extra["buckets_overlapped"] = static_cast<double>(last_launched_in_backward_);
+}
+
+std::vector<std::vector<std::string>> DdpStrategy::bucket_layout() const {
+  std::vector<std::vector<std::string>> out;
+  for (const auto& b : buckets_) {
+    out.emplace_back();
+    for (size_t i : b.params) out.back().push_back(grads_[i].name);
+  }
+  return out;
+}
+
+void DdpStrategy::check_setup(const char* what) const {
+  TR_CHECK(model_ != nullptr, kName, ": ", what, "() called before setup()");
+}
+
+}  // namespace trainrun::plugins
+
+// The unit tests compile this file into their binary; each plugin's entry symbol has the same
+// name, so the tests leave it out.
+#ifndef TRAINRUN_NO_PLUGIN_ENTRY
+TRAINRUN_PLUGIN("ddp", "0.1.0",
+                trainrun::v1::component<trainrun::v1::Strategy, trainrun::plugins::DdpStrategy>(
+                    "ddp", "data parallel: gradients averaged in buckets overlapped with backward"))
+#endif
