@@ -468,54 +468,62 @@ Monitor::~Monitor() {
   if (impl_->watchdog.joinable()) impl_->watchdog.join();
 }
 
+uint64_t Monitor::begin(const OpDesc& op) {
+  auto& m = *impl_;
+  std::lock_guard<std::mutex> g(m.mu);
+  const uint64_t seq = ++m.issued;
+  m.pending.push_back({seq, op.text(), Clock::now()});
+  m.dirty = true;
+  return seq;
+}
+
 uint64_t Monitor::issue(const OpDesc& op) {
+  const uint64_t seq = begin(op);
+  check_order(seq, op);
+  return seq;
+}
+
+void Monitor::check_order(uint64_t seq, const OpDesc& op) {
+  if (!config_.check_order || config_.world_size <= 1) return;
   auto& m = *impl_;
   const std::string text = op.text();
-  uint64_t seq;
   std::string expected;
   {
     std::lock_guard<std::mutex> g(m.mu);
-    seq = ++m.issued;
     expected = m.slot_value[seq % kSlots];
   }
-  if (config_.check_order && config_.world_size > 1) {
-    // The first rank to reach slot `seq` writes "seq|rank|op" there (compare-and-set against
-    // what the slot held kSlots collectives ago); every later rank gets that value back and
-    // compares it with its own op. One store round trip per collective, no waiting on peers.
-    const std::string desired = std::to_string(seq) + kSep + std::to_string(config_.rank) + kSep + text;
-    std::string got;
+  // The first rank to reach slot `seq` writes "seq|rank|op" there (compare-and-set against
+  // what the slot held kSlots collectives ago); every later rank gets that value back and
+  // compares it with its own op. One store round trip per collective, no waiting on peers.
+  const std::string desired = std::to_string(seq) + kSep + std::to_string(config_.rank) + kSep + text;
+  std::string got;
+  try {
+    got = string_of(m.store->compareSet(config_.prefix + "order/" + std::to_string(seq % kSlots),
+                                        bytes_of(expected), bytes_of(desired)));
+  } catch (const std::exception& e) {
+    TR_FAIL(config_.backend, ": ", text, " #", seq, " in group ", config_.group,
+            ": the collective-order check cannot reach the rendezvous store: ", what_of(e));
+  }
+  const auto f = split(got, kSep);
+  if (f.size() >= 3 && std::strtoull(f[0].c_str(), nullptr, 10) == seq && f[2] != text) {
+    const int other = std::atoi(f[1].c_str());
+    auto global = [&](int r) {
+      return r < static_cast<int>(config_.global_ranks.size()) ? config_.global_ranks[r] : r;
+    };
+    const std::string msg = detail::cat(
+        config_.backend, ": collective mismatch at #", seq, " in group ", config_.group,
+        ": rank ", global(config_.rank), " issued ", text, " but rank ", global(other),
+        " issued ", f[2], " (every rank must issue the same collectives in the same order)");
+    // The rank that wrote the slot first cannot see the mismatch; it learns it from here
+    // when its own operation fails (describe_failure), instead of a bare transport error.
     try {
-      got = string_of(m.store->compareSet(config_.prefix + "order/" + std::to_string(seq % kSlots),
-                                          bytes_of(expected), bytes_of(desired)));
-    } catch (const std::exception& e) {
-      TR_FAIL(config_.backend, ": ", text, " #", seq, " in group ", config_.group,
-              ": the collective-order check cannot reach the rendezvous store: ", what_of(e));
+      m.store->set(config_.prefix + "mismatch", bytes_of(msg));
+    } catch (const std::exception&) {
     }
-    const auto f = split(got, kSep);
-    if (f.size() >= 3 && std::strtoull(f[0].c_str(), nullptr, 10) == seq && f[2] != text) {
-      const int other = std::atoi(f[1].c_str());
-      auto global = [&](int r) {
-        return r < static_cast<int>(config_.global_ranks.size()) ? config_.global_ranks[r] : r;
-      };
-      const std::string msg = detail::cat(
-          config_.backend, ": collective mismatch at #", seq, " in group ", config_.group,
-          ": rank ", global(config_.rank), " issued ", text, " but rank ", global(other),
-          " issued ", f[2], " (every rank must issue the same collectives in the same order)");
-      // The rank that wrote the slot first cannot see the mismatch; it learns it from here
-      // when its own operation fails (describe_failure), instead of a bare transport error.
-      try {
-        m.store->set(config_.prefix + "mismatch", bytes_of(msg));
-      } catch (const std::exception&) {
-      }
-      TR_FAIL(msg);
-    }
-    std::lock_guard<std::mutex> g(m.mu);
-    m.slot_value[seq % kSlots] = got;
+    TR_FAIL(msg);
   }
   std::lock_guard<std::mutex> g(m.mu);
-  m.pending.push_back({seq, text, Clock::now()});
-  m.dirty = true;
-  return seq;
+  m.slot_value[seq % kSlots] = got;
 }
 
 void Monitor::finished(uint64_t seq) {

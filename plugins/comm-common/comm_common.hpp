@@ -136,6 +136,13 @@ class Monitor {
   /// Error on a mismatch: "gloo-cpu: collective mismatch at #17 in group world: rank 1 issued
   /// all_reduce(sum, float32 x 10, 40 B) but rank 0 issued broadcast(root 0, float32 x 10, 40 B)".
   uint64_t issue(const OpDesc& op);
+  /// issue() in two halves, for a backend that runs its operations on a worker thread: begin()
+  /// assigns the sequence number and records the op as pending (cheap; on the issuing thread,
+  /// in issue order); check_order() does the store round trip and throws on a mismatch (on the
+  /// worker, in sequence order, right before the operation runs), so the issuing thread (e.g.
+  /// autograd, launching a gradient bucket) never waits for the store.
+  uint64_t begin(const OpDesc& op);
+  void check_order(uint64_t seq, const OpDesc& op);
   /// Marks op `seq` finished (successfully or not); ops finish in issue order.
   void finished(uint64_t seq);
   /// Error text for op `seq`: "<backend>: <op text> #<seq> in group <g> <what>; still missing:

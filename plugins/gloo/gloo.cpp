@@ -447,23 +447,23 @@ struct GlooCommunicator::Impl {
                                 std::function<void(uint32_t tag, Millis timeout)> body) {
     throw_if_poisoned();
     std::lock_guard<std::mutex> g(issue_mu);
-    uint64_t seq;
-    try {
-      seq = monitor->issue(desc);
-    } catch (const std::exception&) {
-      // The peers are blocked in the collective they issued at this sequence number; once the
-      // operations issued before it have run, closing the mesh releases them.
-      {
-        std::lock_guard<std::mutex> s(state_mu);
-        if (!poison) poison = std::current_exception();
-      }
-      worker.post([this] { fail(nullptr); });
-      throw;
-    }
+    // The order check runs on the worker, right before the operation, not here: a caller such
+    // as ddp's gradient hook (on the autograd thread) then never waits for a store round trip.
+    // The worker runs operations in sequence order, so the checks happen in that order too.
+    const uint64_t seq = monitor->begin(desc);
     auto work = new_work(seq, desc.text(), timeout_s);
     const Millis timeout = to_millis(timeout_s);
-    worker.post([this, work, seq, timeout, body = std::move(body)] {
+    worker.post([this, work, seq, desc, timeout, body = std::move(body)] {
       std::exception_ptr error = broken_error();
+      if (!error) {
+        try {
+          monitor->check_order(seq, desc);
+        } catch (const std::exception&) {
+          // Every operation issued before this one has run (the peers needed them); closing
+          // the mesh now releases the peers blocked in the collective they issued here.
+          error = fail(std::current_exception());
+        }
+      }
       if (!error) {
         try {
           // Sequence numbers are equal on every rank, so consecutive collectives never share
