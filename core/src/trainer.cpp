@@ -347,6 +347,27 @@ int train(const JobConfig& job, const Registry& registry) {
   };
 
   model.call("train", [](v1::Model& m) { m.train(true); return 0; });
+  // One step's micro-batches and this rank's [targets, tokens, samples] in them.
+  struct StepBatches {
+    std::vector<v1::Batch> micro;
+    double local[3] = {0, 0, 0};
+  };
+  auto load_step = [&](int64_t s) {
+    StepBatches sb;
+    const std::vector<int64_t> mine = sampler.rank_batch(s / plan.steps_per_epoch, s % plan.steps_per_epoch);
+    for (int64_t k = 0; k < plan.accumulation_steps; ++k) {
+      std::vector<int64_t> idx(mine.begin() + k * plan.micro_batch_size,
+                               mine.begin() + (k + 1) * plan.micro_batch_size);
+      sb.micro.push_back(dataset.call("batch", [&](v1::Dataset& d) { return d.batch(v1::Split::Train, idx); }));
+      sb.local[0] += static_cast<double>(sb.micro.back().num_targets);
+      sb.local[1] += static_cast<double>(sb.micro.back().num_tokens);
+      sb.local[2] += static_cast<double>(sb.micro.back().num_samples);
+    }
+    return sb;
+  };
+  StepBatches cur, next;
+  bool next_counts_known = false;
+  torch::Tensor next_counts;
   v1::EvalMetrics last_eval;
   int64_t step = 0;
   double samples_done = 0, tokens_done = 0;
@@ -355,22 +376,21 @@ int train(const JobConfig& job, const Registry& registry) {
     if (g_stop_signal.load()) break;
     const auto t0 = clock::now();
     const int64_t epoch = step / plan.steps_per_epoch;
-    const std::vector<int64_t> mine = sampler.rank_batch(epoch, step % plan.steps_per_epoch);
-    std::vector<v1::Batch> micro;
-    // [targets, tokens, samples] of this rank, then of the whole global batch.
-    double counts_local[3] = {0, 0, 0};
-    for (int64_t k = 0; k < plan.accumulation_steps; ++k) {
-      std::vector<int64_t> idx(mine.begin() + k * plan.micro_batch_size,
-                               mine.begin() + (k + 1) * plan.micro_batch_size);
-      micro.push_back(dataset.call("batch", [&](v1::Dataset& d) { return d.batch(v1::Split::Train, idx); }));
-      counts_local[0] += static_cast<double>(micro.back().num_targets);
-      counts_local[1] += static_cast<double>(micro.back().num_tokens);
-      counts_local[2] += static_cast<double>(micro.back().num_samples);
-    }
     // The loss is normalised by the targets of the whole global batch, which only the ranks
-    // together know; the sum travels while the first micro-batch's forward runs.
-    torch::Tensor counts = torch::from_blob(counts_local, {3}, torch::kDouble).clone();
-    auto counts_work = sum_over_ranks(counts, "all_reduce (global batch size)");
+    // together know. The step's counts normally arrived with the previous step's loss (one
+    // all-reduce per step); the first step, or one after an interruption of that chain, sums
+    // them on its own while the first micro-batch's forward runs.
+    std::shared_ptr<v1::Work> counts_work;
+    torch::Tensor counts;
+    if (!next_counts_known) {
+      cur = load_step(step);
+      counts = torch::from_blob(cur.local, {3}, torch::kDouble).clone();
+      counts_work = sum_over_ranks(counts, "all_reduce (global batch size)");
+    } else {
+      cur = std::move(next);
+      counts = next_counts;
+    }
+    std::vector<v1::Batch>& micro = cur.micro;
     double global_targets = 0;
     double loss_sum = 0;
     for (int64_t k = 0; k < plan.accumulation_steps; ++k) {
@@ -382,7 +402,7 @@ int train(const JobConfig& job, const Registry& registry) {
       TR_CHECK(out.loss_sum.defined() && out.loss_sum.numel() == 1,
                model.label, " returned no scalar loss_sum");
       if (k == 0) {
-        wait(counts_work, "wait (global batch size)");
+        if (counts_work) wait(counts_work, "wait (global batch size)");
         global_targets = counts.data_ptr<double>()[0];
         TR_CHECK(global_targets > 0, "step ", step + 1, ": the global batch has no targets");
       }
@@ -394,9 +414,15 @@ int train(const JobConfig& job, const Registry& registry) {
       loss_sum += out.loss_sum.item<double>();
     }
     strategy.call("finish_gradient_sync", [](v1::Strategy& s) { s.finish_gradient_sync(); return 0; });
-    // After the strategy's own collectives, so every rank issues them in the same order.
-    torch::Tensor loss_total = torch::full({1}, loss_sum, torch::kDouble);
-    auto loss_work = sum_over_ranks(loss_total, "all_reduce (step loss)");
+    // [loss sum of this step, next step's targets, tokens, samples]: one all-reduce, issued
+    // after the strategy's own collectives so that every rank issues them in the same order,
+    // and waited for at the end of the step.
+    const bool prefetch = step + 1 < plan.total_steps;
+    if (prefetch) next = load_step(step + 1);
+    torch::Tensor tail = torch::tensor({loss_sum, prefetch ? next.local[0] : 0.0,
+                                        prefetch ? next.local[1] : 0.0, prefetch ? next.local[2] : 0.0},
+                                       torch::kDouble);
+    auto tail_work = sum_over_ranks(tail, "all_reduce (step loss, next batch size)");
     std::vector<torch::Tensor> grads;
     for (auto& p : params)
       if (p.tensor.grad().defined()) grads.push_back(p.tensor.grad());
@@ -419,7 +445,9 @@ int train(const JobConfig& job, const Registry& registry) {
     precision.call("update", [&](v1::Precision& p) { p.update(!finite); return 0; });
     strategy.call("zero_grad", [](v1::Strategy& s) { s.zero_grad(); return 0; });
 
-    wait(loss_work, "wait (step loss)");
+    wait(tail_work, "wait (step loss)");
+    next_counts_known = prefetch;
+    if (prefetch) next_counts = tail.slice(0, 1, 4).clone();
     const double dt = std::chrono::duration<double>(clock::now() - t0).count();
     samples_done += counts.data_ptr<double>()[2];
     tokens_done += counts.data_ptr<double>()[1];
@@ -427,7 +455,7 @@ int train(const JobConfig& job, const Registry& registry) {
     m.step = step + 1;
     m.epoch = epoch;
     m.rank = ctx.rank;
-    m.loss = loss_total.item<double>() / global_targets;
+    m.loss = tail.data_ptr<double>()[0] / global_targets;
     m.lr = optimizer.call("lr", [&](v1::Optimizer& o) { return o.lr(step); });
     m.grad_norm = grad_norm;
     m.step_time_s = dt;
