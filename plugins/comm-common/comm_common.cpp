@@ -207,38 +207,6 @@ std::vector<PeerIdentity> rendezvous(c10d::Store& store, const std::string& pref
 // ---------------------------------------------------------------------------------------------
 // Operations
 
-std::string dtype_name(c10::ScalarType t) {
-  switch (t) {
-    case c10::ScalarType::Float: return "float32";
-    case c10::ScalarType::Double: return "float64";
-    case c10::ScalarType::BFloat16: return "bfloat16";
-    case c10::ScalarType::Half: return "float16";
-    case c10::ScalarType::Int: return "int32";
-    case c10::ScalarType::Long: return "int64";
-    case c10::ScalarType::Byte: return "uint8";
-    case c10::ScalarType::Char: return "int8";
-    case c10::ScalarType::Short: return "int16";
-    case c10::ScalarType::Bool: return "bool";
-    case c10::ScalarType::Undefined: return "undefined";
-    default: return c10::toString(t);
-  }
-}
-
-bool supported_dtype(c10::ScalarType t) {
-  switch (t) {
-    case c10::ScalarType::Float:
-    case c10::ScalarType::Double:
-    case c10::ScalarType::BFloat16:
-    case c10::ScalarType::Half:
-    case c10::ScalarType::Int:
-    case c10::ScalarType::Long:
-    case c10::ScalarType::Byte:
-      return true;
-    default:
-      return false;
-  }
-}
-
 std::string reduce_op_name(ReduceOp op) {
   switch (op) {
     case ReduceOp::Sum: return "sum";

@@ -12,6 +12,7 @@
 //  - tensor preconditions and the Work object both backends return.
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <trainrun/interfaces.hpp>
+#include <trainrun/strategy_helpers.hpp>
 
 #include <atomic>
 #include <condition_variable>
@@ -88,10 +89,10 @@ struct OpDesc {
   std::string text() const;
 };
 
-/// Short dtype name as users write it: "float32", "bfloat16", "uint8", ...
-std::string dtype_name(c10::ScalarType t);
-/// float32, float64, bfloat16, float16, int32, int64, uint8.
-bool supported_dtype(c10::ScalarType t);
+/// Short dtype name as users write it: "float32", "bfloat16", "uint8", ... (the SDK's).
+using v1::dtype_name;
+/// float32, float64, bfloat16, float16, int32, int64, uint8 (the SDK's communicator_dtype).
+inline bool supported_dtype(c10::ScalarType t) { return v1::communicator_dtype(t); }
 /// "sum", "avg", "min", "max".
 std::string reduce_op_name(ReduceOp op);
 

@@ -1,6 +1,7 @@
 #include "ddp.hpp"
 
 #include <trainrun/plugin.hpp>
+#include <trainrun/strategy_helpers.hpp>
 
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
@@ -81,36 +82,6 @@ constexpr int64_t kBroadcastChunkBytes = 64 << 20;
 constexpr int64_t kDescribeBytes = 1024;
 
 using Clock = std::chrono::steady_clock;
-
-std::string dtype_name(c10::ScalarType t) {
-  switch (t) {
-    case c10::ScalarType::Float: return "float32";
-    case c10::ScalarType::Double: return "float64";
-    case c10::ScalarType::Half: return "float16";
-    case c10::ScalarType::BFloat16: return "bfloat16";
-    case c10::ScalarType::Int: return "int32";
-    case c10::ScalarType::Long: return "int64";
-    case c10::ScalarType::Short: return "int16";
-    case c10::ScalarType::Char: return "int8";
-    case c10::ScalarType::Byte: return "uint8";
-    case c10::ScalarType::Bool: return "bool";
-    default: return c10::toString(t);
-  }
-}
-
-// The dtypes every communicator must carry (README: collectives); others travel as bytes.
-bool wire_supported(c10::ScalarType t) {
-  switch (t) {
-    case c10::ScalarType::Float:
-    case c10::ScalarType::Double:
-    case c10::ScalarType::Half:
-    case c10::ScalarType::BFloat16:
-    case c10::ScalarType::Int:
-    case c10::ScalarType::Long:
-    case c10::ScalarType::Byte: return true;
-    default: return false;
-  }
-}
 
 // One entry of the shape check: what must be equal on every rank.
 struct Entry {
@@ -345,7 +316,7 @@ void DdpStrategy::broadcast_from_rank0(const std::vector<at::Tensor>& tensors) {
       at::Tensor flat = at::cat(flat_parts);
       // A dtype the communicators do not carry (bool, int8, ...) travels as its bytes: a
       // broadcast does no arithmetic.
-      at::Tensor wire = wire_supported(dtype) ? flat : flat.view(at::kByte);
+      at::Tensor wire = communicator_dtype(dtype) ? flat : flat.view(at::kByte);
       comm_->broadcast(wire, {})->wait();
       if (rank_ != 0) {
         int64_t off = 0;
@@ -595,40 +566,24 @@ std::vector<NamedTensor> DdpStrategy::optimizer_parameters() {
 
 ModelOutput DdpStrategy::forward(const Batch& batch) {
   check_setup("forward");
-  if (device_.is_cpu()) return model_->forward(batch);
-  Batch moved = batch;
-  if (moved.input.defined()) moved.input = moved.input.to(device_, /*non_blocking=*/true);
-  if (moved.target.defined()) moved.target = moved.target.to(device_, /*non_blocking=*/true);
-  return model_->forward(moved);
+  return model_->forward(batch_to_device(batch, device_));
 }
 
 double DdpStrategy::grad_norm() {
   check_setup("grad_norm");
-  // As `single` (same per-tensor norms, combined in float64), over the averaged gradients:
-  // they are identical on every rank, so the local norm is the global one.
-  std::vector<at::Tensor> norms;
-  norms.reserve(trainable_.size());
-  for (const auto& p : trainable_) {
-    const at::Tensor& g = p.tensor.grad();
-    if (g.defined()) norms.push_back(at::linalg_vector_norm(g, 2).to(at::kDouble));
-  }
-  if (norms.empty()) return 0.0;
-  return at::stack(norms).norm().item<double>();
+  // The averaged gradients are identical on every rank, so the local norm is the global one.
+  return local_grad_norm(trainable_);
 }
 
 void DdpStrategy::zero_grad() {
   check_setup("zero_grad");
-  // Undefined rather than zeroed, as `single`: the next backward writes instead of adding to a
-  // view of a bucket, and an unused parameter shows up as having no gradient.
-  for (auto& p : params_) p.tensor.mutable_grad() = at::Tensor();
+  // Undefined, not zeroed: the next backward must not add to a view of a bucket.
+  drop_grads(params_);
 }
 
 std::vector<NamedTensor> DdpStrategy::full_state_dict() {
   check_setup("full_state_dict");
-  std::vector<NamedTensor> out;
-  for (const auto& p : params_) out.push_back({p.name, p.tensor.detach()});
-  for (auto& b : model_->named_buffers()) out.push_back({b.name, b.tensor.detach()});
-  return out;
+  return replicated_state_dict(params_, *model_);
 }
 
 void DdpStrategy::add_step_metrics(std::map<std::string, double>& extra) {

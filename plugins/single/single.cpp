@@ -1,6 +1,7 @@
 #include "single.hpp"
 
 #include <trainrun/plugin.hpp>
+#include <trainrun/strategy_helpers.hpp>
 
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
@@ -42,41 +43,22 @@ std::vector<NamedTensor> SingleStrategy::optimizer_parameters() {
 
 ModelOutput SingleStrategy::forward(const Batch& batch) {
   check_setup("forward");
-  if (device_.is_cpu()) return model_->forward(batch);
-  Batch moved = batch;
-  if (moved.input.defined()) moved.input = moved.input.to(device_, /*non_blocking=*/true);
-  if (moved.target.defined()) moved.target = moved.target.to(device_, /*non_blocking=*/true);
-  return model_->forward(moved);
+  return model_->forward(batch_to_device(batch, device_));
 }
 
 double SingleStrategy::grad_norm() {
   check_setup("grad_norm");
-  // Per-tensor norms in the gradient's dtype (a float64 copy of every gradient cost 5x more),
-  // combined in float64 on the device, so a device run pays one synchronisation per step.
-  std::vector<at::Tensor> norms;
-  norms.reserve(trainable_.size());
-  for (const auto& p : trainable_) {
-    const at::Tensor& g = p.tensor.grad();
-    if (g.defined())
-      norms.push_back(at::linalg_vector_norm(g, 2).to(at::kDouble));
-  }
-  if (norms.empty()) return 0.0;
-  return at::stack(norms).norm().item<double>();
+  return local_grad_norm(trainable_);
 }
 
 void SingleStrategy::zero_grad() {
   check_setup("zero_grad");
-  // Undefined rather than zeroed: the next backward writes instead of accumulating, and a
-  // parameter unused by that step shows up as having no gradient (the optimizer skips it).
-  for (auto& p : params_) p.tensor.mutable_grad() = at::Tensor();
+  drop_grads(params_);
 }
 
 std::vector<NamedTensor> SingleStrategy::full_state_dict() {
   check_setup("full_state_dict");
-  std::vector<NamedTensor> out;
-  for (const auto& p : params_) out.push_back({p.name, p.tensor.detach()});
-  for (auto& b : model_->named_buffers()) out.push_back({b.name, b.tensor.detach()});
-  return out;
+  return replicated_state_dict(params_, *model_);
 }
 
 void SingleStrategy::check_setup(const char* what) const {

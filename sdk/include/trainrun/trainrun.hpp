@@ -6,5 +6,6 @@
 #include "trainrun/module_model.hpp"
 #include "trainrun/options.hpp"
 #include "trainrun/plugin.hpp"
+#include "trainrun/strategy_helpers.hpp"
 #include "trainrun/types.hpp"
 #include "trainrun/unit.hpp"

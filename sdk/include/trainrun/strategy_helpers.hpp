@@ -1,0 +1,92 @@
+#pragma once
+// Small pieces every strategy needs the same way (single, ddp, and the sharded ones to come),
+// and the dtype vocabulary shared by communicators and strategies.
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/linalg_vector_norm.h>
+#include <ATen/ops/stack.h>
+#include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
+
+#include <string>
+#include <vector>
+
+#include "trainrun/interfaces.hpp"
+#include "trainrun/types.hpp"
+
+namespace trainrun::v1 {
+
+/// Short dtype name as users write it: "float32", "bfloat16", "uint8", ... (c10's name for
+/// anything else).
+inline std::string dtype_name(c10::ScalarType t) {
+  switch (t) {
+    case c10::ScalarType::Float: return "float32";
+    case c10::ScalarType::Double: return "float64";
+    case c10::ScalarType::BFloat16: return "bfloat16";
+    case c10::ScalarType::Half: return "float16";
+    case c10::ScalarType::Int: return "int32";
+    case c10::ScalarType::Long: return "int64";
+    case c10::ScalarType::Byte: return "uint8";
+    case c10::ScalarType::Char: return "int8";
+    case c10::ScalarType::Short: return "int16";
+    case c10::ScalarType::Bool: return "bool";
+    case c10::ScalarType::Undefined: return "undefined";
+    default: return c10::toString(t);
+  }
+}
+
+/// The dtypes every shipped Communicator carries (float32, float64, bfloat16, float16, int32,
+/// int64, uint8); a strategy sends anything else as uint8 bytes (broadcast, gather) or refuses.
+inline bool communicator_dtype(c10::ScalarType t) {
+  switch (t) {
+    case c10::ScalarType::Float:
+    case c10::ScalarType::Double:
+    case c10::ScalarType::BFloat16:
+    case c10::ScalarType::Half:
+    case c10::ScalarType::Int:
+    case c10::ScalarType::Long:
+    case c10::ScalarType::Byte: return true;
+    default: return false;
+  }
+}
+
+/// The batch's input and target moved to `device` (the batch itself when it is the CPU, where
+/// datasets build batches).
+inline Batch batch_to_device(const Batch& batch, c10::Device device) {
+  if (device.is_cpu()) return batch;
+  Batch moved = batch;
+  if (moved.input.defined()) moved.input = moved.input.to(device, /*non_blocking=*/true);
+  if (moved.target.defined()) moved.target = moved.target.to(device, /*non_blocking=*/true);
+  return moved;
+}
+
+/// L2 norm of the gradients of `params` that have one (0 when none has), on this rank only.
+/// Per-tensor norms in the gradient's dtype (a float64 copy of every gradient costs ~5x more),
+/// combined in float64 on the device: one synchronisation per call.
+inline double local_grad_norm(const std::vector<NamedTensor>& params) {
+  std::vector<at::Tensor> norms;
+  norms.reserve(params.size());
+  for (const auto& p : params) {
+    const at::Tensor& g = p.tensor.grad();
+    if (g.defined()) norms.push_back(at::linalg_vector_norm(g, 2).to(at::kDouble));
+  }
+  if (norms.empty()) return 0.0;
+  return at::linalg_vector_norm(at::stack(norms), 2).item<double>();
+}
+
+/// Makes every gradient undefined rather than zero: the next backward writes instead of adding,
+/// and a parameter unused in that step shows as having no gradient (optimizers skip it).
+inline void drop_grads(const std::vector<NamedTensor>& params) {
+  for (const auto& p : params) p.tensor.mutable_grad() = at::Tensor();
+}
+
+/// Parameters then buffers, detached, as a full state dict of a replicated model.
+inline std::vector<NamedTensor> replicated_state_dict(const std::vector<NamedTensor>& params,
+                                                      Model& model) {
+  std::vector<NamedTensor> out;
+  out.reserve(params.size());
+  for (const auto& p : params) out.push_back({p.name, p.tensor.detach()});
+  for (auto& b : model.named_buffers()) out.push_back({b.name, b.tensor.detach()});
+  return out;
+}
+
+}  // namespace trainrun::v1
