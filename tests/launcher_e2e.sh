@@ -37,7 +37,7 @@ single_fails)
   [ -n "$cause" ] || fail "no cause reported"
   [ "$(echo "$cause" | wc -l)" -eq 1 ] || fail "more than one cause reported"
   expect_in "$work/err" "Last lines of $run_dir/logs/rank-$cause\.log:"
-  expect_in "$work/err" "^\[rank $cause\] trainrun: error: .*strategy 'single' runs one process; this job has world_size 2 \(use a data-parallel strategy\)"
+  expect_in "$work/err" "^\[rank $cause\] trainrun: error: .*strategy 'single' runs one process; this job has world_size 2 \(use a data-parallel strategy: \[strategy\] plugin = \"ddp\"\)"
   expect_in "$work/err" "^  trainrun: error: .*world_size 2"
   expect_in "$run_dir/logs/rank-$cause.log" "^trainrun: error: .*world_size 2"
   for r in 0 1; do

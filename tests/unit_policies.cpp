@@ -333,7 +333,7 @@ TEST_SUITE("cpu") {
     CHECK(acc.memory_stats().current_bytes == -1);
     // A second accelerator must not fail on the once-per-process inter-op setting.
     CpuAccelerator again(make_options<CpuAccelerator>({{"threads", int64_t{1}}}), make_ctx());
-    CHECK(again.describe() == "cpu, 1 threads");
+    CHECK(again.describe() == "cpu, 1 thread");
     Communicator& comm = acc.communicator();
     CHECK(comm.rank() == 0);
     CHECK(comm.world_size() == 1);

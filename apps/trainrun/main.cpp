@@ -57,14 +57,29 @@ std::string range(const v1::OptionSpec& s) {
 }
 
 void print_schema(const v1::OptionSchema& schema) {
-  std::cout << "  " << std::left << std::setw(22) << "option" << std::setw(14) << "type"
-            << std::setw(22) << "default" << std::setw(22) << "range" << "help\n";
+  // Columns as wide as their longest entry (plus two spaces), so no two values run together.
+  struct Row {
+    std::string name, type, def, range, help;
+  };
+  std::vector<Row> rows = {{"option", "type", "default", "range", "help"}};
   for (const auto& s : schema.specs()) {
     std::string type = v1::type_name(s.type);
-    type = type.substr(0, type.find(' '));
-    std::cout << "  " << std::left << std::setw(22) << s.name << std::setw(14) << type
-              << std::setw(22) << show(s.default_value) << std::setw(22) << range(s) << s.help
-              << "\n";
+    rows.push_back({s.name, type.substr(0, type.find(' ')), show(s.default_value), range(s), s.help});
+  }
+  size_t w[4] = {0, 0, 0, 0};
+  for (const auto& r : rows) {
+    w[0] = std::max(w[0], r.name.size() + 2);
+    w[1] = std::max(w[1], r.type.size() + 2);
+    w[2] = std::max(w[2], std::min<size_t>(r.def.size() + 2, 24));
+    w[3] = std::max(w[3], std::min<size_t>(r.range.size() + 2, 24));
+  }
+  for (const auto& r : rows) {
+    auto cell = [](const std::string& v, size_t width) {
+      // A value wider than its column keeps two spaces after it rather than touching the next.
+      return v.size() + 2 > width ? v + "  " : v + std::string(width - v.size(), ' ');
+    };
+    std::cout << "  " << cell(r.name, w[0]) << cell(r.type, w[1]) << cell(r.def, w[2])
+              << cell(r.range, w[3]) << r.help << "\n";
   }
 }
 

@@ -124,7 +124,8 @@ std::string batch_layout_error(int64_t global, int64_t micro, int64_t world) {
   if (micro > 0 && global % (micro * world) != 0)
     return "[trainer] global_batch_size " + std::to_string(global) +
            " is not divisible by micro_batch_size " + std::to_string(micro) + " x world_size " +
-           std::to_string(world) + " (the gradient-accumulation step count must be a whole number)";
+           std::to_string(world) + " (the gradient-accumulation step count must be a whole number; "
+           "micro_batch_size = 0 derives it as global_batch_size / world_size)";
   return "";
 }
 

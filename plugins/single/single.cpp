@@ -13,7 +13,8 @@ void SingleStrategy::declare_options(OptionSchema&) {}
 
 SingleStrategy::SingleStrategy(const Options&, const RunContext& ctx) {
   TR_CHECK_TYPED(ConfigError, ctx.world_size == 1, "strategy 'single' runs one process; this job "
-                 "has world_size ", ctx.world_size, " (use a data-parallel strategy)");
+                 "has world_size ", ctx.world_size,
+                 " (use a data-parallel strategy: [strategy] plugin = \"ddp\")");
 }
 
 void SingleStrategy::setup(Model& model, Accelerator& accelerator, const TrainPlan&) {
