@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <mutex>
+#include <string>
 
 namespace trainrun::comm {
 
@@ -45,6 +46,12 @@ inline void apply_threads_option(const v1::Options& options, const char* backend
                    backend, at::get_num_interop_threads(), n);
     }
   });
+}
+
+/// "1 thread" / "4 threads": LibTorch's intra-op threads, for an accelerator's describe().
+inline std::string threads_text() {
+  const int n = at::get_num_threads();
+  return std::to_string(n) + (n == 1 ? " thread" : " threads");
 }
 
 }  // namespace trainrun::comm

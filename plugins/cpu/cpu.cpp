@@ -120,7 +120,7 @@ CpuAccelerator::CpuAccelerator(const Options& options, const RunContext& ctx)
 }
 
 std::string CpuAccelerator::describe() const {
-  return detail::cat("cpu, ", at::get_num_threads(), at::get_num_threads() == 1 ? " thread" : " threads");
+  return detail::cat("cpu, ", comm::threads_text());
 }
 
 }  // namespace trainrun::plugins

@@ -878,7 +878,7 @@ GlooAccelerator::GlooAccelerator(const Options& options, const RunContext& ctx) 
 
 std::string GlooAccelerator::describe() const {
   return detail::cat(kBackend, " (", transport_, "), rank ", comm_->rank(), " of ",
-                     comm_->world_size(), ", ", at::get_num_threads(), at::get_num_threads() == 1 ? " thread" : " threads");
+                     comm_->world_size(), ", ", comm::threads_text());
 }
 
 }  // namespace trainrun::plugins

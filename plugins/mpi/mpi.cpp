@@ -940,7 +940,7 @@ MpiAccelerator::~MpiAccelerator() {
 
 std::string MpiAccelerator::describe() const {
   return detail::cat("mpi (", runtime_->library, "), rank ", world_->rank(), " of ",
-                     world_->world_size(), ", ", at::get_num_threads(), at::get_num_threads() == 1 ? " thread" : " threads");
+                     world_->world_size(), ", ", comm::threads_text());
 }
 
 }  // namespace trainrun::plugins
