@@ -149,6 +149,9 @@ v1::Options accelerator_options(const core::ComponentInfo& info, const std::vect
           values[key] = text == "true";
           break;
         case v1::OptionType::Int: values[key] = static_cast<int64_t>(std::stoll(text)); break;
+        case v1::OptionType::IntOrAuto:
+          values[key] = text == "auto" ? v1::kAuto : static_cast<int64_t>(std::stoll(text));
+          break;
         case v1::OptionType::Float: values[key] = std::stod(text); break;
         case v1::OptionType::Size: values[key] = core::parse_size(text); break;
         case v1::OptionType::Duration: values[key] = core::parse_duration(text); break;

@@ -19,6 +19,7 @@
 #include "trainrun/core/launcher.hpp"
 #include "trainrun/core/log.hpp"
 #include "trainrun/core/registry.hpp"
+#include "trainrun/core/runtime.hpp"
 #include "trainrun/core/trainer.hpp"
 
 namespace po = boost::program_options;
@@ -64,7 +65,11 @@ void print_schema(const v1::OptionSchema& schema) {
   std::vector<Row> rows = {{"option", "type", "default", "range", "help"}};
   for (const auto& s : schema.specs()) {
     std::string type = v1::type_name(s.type);
-    rows.push_back({s.name, type.substr(0, type.find(' ')), show(s.default_value), range(s), s.help});
+    const bool is_auto = s.type == v1::OptionType::IntOrAuto &&
+                         std::holds_alternative<int64_t>(s.default_value) &&
+                         std::get<int64_t>(s.default_value) == v1::kAuto;
+    rows.push_back({s.name, s.type == v1::OptionType::IntOrAuto ? "int|auto" : type.substr(0, type.find(' ')),
+                    is_auto ? "\"auto\"" : show(s.default_value), range(s), s.help});
   }
   size_t w[4] = {0, 0, 0, 0};
   for (const auto& r : rows) {
@@ -156,6 +161,8 @@ core::LaunchSpec launch_spec(const core::JobConfig& job, int argc, char** argv) 
 int main(int argc, char** argv) {
   // `bench` has its own flags (Boost.PO rejects unknown ones), so it is dispatched first.
   if (argc > 1 && std::string(argv[1]) == "bench") return trainrun::app::run_bench_command(argc, argv);
+  // The child process of the BLAS kernel probe (core/runtime.hpp), not a user command.
+  if (argc > 1 && std::string(argv[1]) == "blas-probe") return core::blas_probe_main();
   po::options_description opts("trainrun options");
   std::string config, command, name;
   std::vector<std::string> overrides, plugin_paths;
@@ -238,11 +245,19 @@ int main(int argc, char** argv) {
       for (const auto& c : job.callbacks)
         std::cout << "#   " << std::left << std::setw(12) << "callback" << c.plugin << " ("
                   << c.info->file << ")\n";
+      std::vector<std::string> accelerators;
+      for (const auto* c : reg.all_components())
+        if (c->kind == v1::ComponentKind::Accelerator) accelerators.push_back(c->name);
+      std::cout << "# runtime\n";
+      for (const auto& line : core::check_runtime_lines(job, accelerators))
+        std::cout << "#   " << line << "\n";
       return 0;
     }
-    if (!core::detect_worker_environment().is_worker &&
-        job.launch.get_int("nproc_per_node") * job.launch.get_int("nnodes") > 1)
-      return core::launch(launch_spec(job, argc, argv));
+    const bool launching = !core::detect_worker_environment().is_worker &&
+                           job.launch.get_int("nproc_per_node") * job.launch.get_int("nnodes") > 1;
+    // Before anything starts: may run this command again with another OpenBLAS kernel.
+    core::select_blas_kernel(job, argv, launching);
+    if (launching) return core::launch(launch_spec(job, argc, argv));
     return core::train(job, reg);
   } catch (const v1::ConfigError& e) {
     print_error(e.what());

@@ -186,6 +186,10 @@ v1::OptionSchema launch_schema() {
   s.choice("launcher", "auto", {"auto", "trainrun", "mpiexec"},
            "How workers are started: trainrun's own agent, or MPICH's mpiexec; auto = mpiexec "
            "when [accelerator] plugin is \"mpi\", else trainrun");
+  s.string("blas_coretype", "auto",
+           "OpenBLAS kernel set of the ranks (OPENBLAS_CORETYPE): auto = this CPU's best where "
+           "OpenBLAS picked a lower ISA tier, after a probe; off = OpenBLAS's choice; or a name "
+           "such as \"SkylakeX\" or \"Haswell\"");
   return s;
 }
 
@@ -260,6 +264,16 @@ OptionValue convert(const toml::node& node, const OptionSpec& spec, const std::s
       if (auto v = node.value_exact<int64_t>()) {
         check_range(static_cast<double>(*v), std::to_string(*v));
         return *v;
+      }
+      throw bad_type();
+    case OptionType::IntOrAuto:
+      if (auto v = node.value_exact<int64_t>()) {
+        check_range(static_cast<double>(*v), std::to_string(*v));
+        return *v;
+      }
+      if (auto v = node.value_exact<std::string>()) {
+        if (*v == "auto") return v1::kAuto;
+        throw ConfigError(loc + ": " + section + " " + spec.name + ": expected an integer or \"auto\", got '" + *v + "'");
       }
       throw bad_type();
     case OptionType::Float:
@@ -421,10 +435,18 @@ void apply_override(toml::table& root, const std::string& assignment) {
   tbl->insert_or_assign(parts.back(), std::move(*doc.get("v")));
 }
 
-toml::table to_toml(const v1::Options& opts, const std::string& plugin) {
+// `schema` (where known) turns an IntOrAuto option's kAuto back into "auto".
+toml::table to_toml(const v1::Options& opts, const std::string& plugin,
+                    const v1::OptionSchema* schema) {
   toml::table t;
   if (!plugin.empty()) t.insert("plugin", plugin);
   for (const auto& [k, v] : opts.values()) {
+    if (const auto* spec = schema ? schema->find(k) : nullptr;
+        spec && spec->type == OptionType::IntOrAuto && std::holds_alternative<int64_t>(v) &&
+        std::get<int64_t>(v) == v1::kAuto) {
+      t.insert(k, "auto");
+      continue;
+    }
     std::visit(
         [&](const auto& x) {
           using T = std::decay_t<decltype(x)>;
@@ -609,13 +631,16 @@ JobConfig JobFile::validate(const Registry& registry) const {
 
   // Resolved job: every table with its defaults, for the run directory and `trainrun check`.
   toml::table out;
-  out.insert("trainer", to_toml(job.trainer, ""));
-  out.insert("launch", to_toml(job.launch, ""));
+  const v1::OptionSchema trainer_s = trainer_schema(), launch_s = launch_schema();
+  out.insert("trainer", to_toml(job.trainer, "", &trainer_s));
+  out.insert("launch", to_toml(job.launch, "", &launch_s));
   for (size_t i = 0; i < std::size(kSections); ++i)
-    out.insert(kSections[i].key, to_toml(slots[i]->options, slots[i]->plugin));
+    out.insert(kSections[i].key, to_toml(slots[i]->options, slots[i]->plugin,
+                                         slots[i]->info ? &slots[i]->info->schema : nullptr));
   if (!job.callbacks.empty()) {
     toml::array cbs;
-    for (const auto& c : job.callbacks) cbs.push_back(to_toml(c.options, c.plugin));
+    for (const auto& c : job.callbacks)
+      cbs.push_back(to_toml(c.options, c.plugin, c.info ? &c.info->schema : nullptr));
     out.insert("callbacks", std::move(cbs));
   }
   std::ostringstream os;

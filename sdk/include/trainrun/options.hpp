@@ -18,7 +18,12 @@ namespace trainrun::v1 {
 /// - Duration: a number of seconds or a string with a unit ("90s", "10min", "1h", "250ms");
 ///   delivered as double seconds.
 /// - Choice: a string that must be one of OptionSpec::choices.
-enum class OptionType { Bool, Int, Float, String, Choice, Size, Duration, IntList, StringList };
+/// - IntOrAuto (ABI 1.2): an integer or the string "auto"; delivered as int64, with kAuto (-1)
+///   for "auto". Values are appended, never renumbered.
+enum class OptionType { Bool, Int, Float, String, Choice, Size, Duration, IntList, StringList, IntOrAuto };
+
+/// The int64 an IntOrAuto option holds when the job file says "auto".
+constexpr int64_t kAuto = -1;
 
 /// Human-readable name of an option type ("integer", "size", ...), used in error messages.
 inline const char* type_name(OptionType t) {
@@ -32,6 +37,7 @@ inline const char* type_name(OptionType t) {
     case OptionType::Duration: return "duration (seconds, or a string such as \"90s\")";
     case OptionType::IntList: return "array of integers";
     case OptionType::StringList: return "array of strings";
+    case OptionType::IntOrAuto: return "integer or \"auto\"";
   }
   return "?";
 }
@@ -69,6 +75,13 @@ class OptionSchema {
   OptionSchema& integer(const std::string& name, int64_t def, const std::string& help,
                         std::optional<double> min = {}, std::optional<double> max = {}) {
     return add({name, OptionType::Int, def, false, min, max, {}, help});
+  }
+  /// An integer or "auto" (ABI 1.2): `def` is kAuto or a number in [min, max]; the component
+  /// reads kAuto (-1) for "auto" through Options::get_int. min must be >= 0 so -1 stays free.
+  OptionSchema& integer_or_auto(const std::string& name, int64_t def, const std::string& help,
+                                std::optional<double> min = 0.0,
+                                std::optional<double> max = std::nullopt) {
+    return add({name, OptionType::IntOrAuto, def, false, min, max, {}, help});
   }
   OptionSchema& real(const std::string& name, double def, const std::string& help,
                      std::optional<double> min = {}, std::optional<double> max = {}) {
