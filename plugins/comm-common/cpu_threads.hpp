@@ -1,57 +1,46 @@
 #pragma once
-// The `threads` option of the CPU accelerators (cpu, gloo-cpu, mpi): LibTorch's intra-op and
-// inter-op thread pools. Header-only so the single-process cpu plugin needs none of
-// comm-common's store machinery.
-#include <ATen/Parallel.h>
-#include <c10/util/Exception.h>
+// The CPU runtime options shared by the CPU accelerators (cpu, gloo-cpu, mpi): thread budgets
+// per pool and core pinning, planned and applied by the SDK's trainrun/cpu_runtime.hpp.
+// Header-only so the single-process cpu plugin needs none of comm-common's store machinery.
+#include <trainrun/cpu_runtime.hpp>
 #include <trainrun/error.hpp>
+#include <trainrun/interfaces.hpp>
 #include <trainrun/options.hpp>
 
-#include <cstdint>
-#include <cstdio>
-#include <mutex>
 #include <string>
 
 namespace trainrun::comm {
 
-/// Declares `threads` (integer, default 0 = LibTorch's default) in an accelerator's schema.
+/// Declares `threads`, `blas_threads` (integer or "auto") and `pin` in an accelerator's schema.
 inline void declare_threads_option(v1::OptionSchema& schema) {
-  schema.integer("threads", 0,
-                 "LibTorch intra-op and inter-op threads (0 = LibTorch's default, usually one "
-                 "per core; with several ranks per host, give each cores / ranks)",
-                 0.0, 4096.0);
+  schema.integer_or_auto("threads", v1::kAuto,
+                         "LibTorch intra-op and inter-op threads per rank: auto = the node's "
+                         "usable cores (affinity mask, cgroup quota) / local ranks; 0 = "
+                         "LibTorch's default",
+                         0.0, 4096.0);
+  schema.integer_or_auto("blas_threads", v1::kAuto,
+                         "BLAS (OpenBLAS) threads per rank: auto = 1, since a second pool beside "
+                         "LibTorch's competes for the same cores; 0 = the library's default",
+                         0.0, 4096.0);
+  schema.boolean("pin", true,
+                 "pin each local rank's threads to its own disjoint share of the CPUs (skipped "
+                 "when there are more local ranks than CPUs)");
 }
 
-/// Applies option `threads` when > 0: intra-op threads always, inter-op threads once per
-/// process. LibTorch fixes the inter-op pool size once, before the pool starts, and throws on a
-/// second call; several accelerators can be built in one process (tests, sub-groups), so only
-/// the first asks, and a refusal is a warning: the intra-op count, which is what matters for
-/// training throughput, is still applied. Throws ConfigError for a negative count.
-inline void apply_threads_option(const v1::Options& options, const char* backend) {
-  const int64_t threads = options.get_int("threads");
-  TR_CHECK_TYPED(v1::ConfigError, threads >= 0, options.context(),
-                 ": threads must be >= 0, got ", threads);
-  if (threads == 0) return;
-  const int n = static_cast<int>(threads);
-  at::set_num_threads(n);
-  static std::once_flag once;
-  std::call_once(once, [n, backend] {
-    if (at::get_num_interop_threads() == n) return;
-    try {
-      at::set_num_interop_threads(n);
-    } catch (const c10::Error&) {
-      std::fprintf(stderr,
-                   "trainrun %s: warning: inter-op threads already fixed at %d by earlier "
-                   "LibTorch work; keeping that (intra-op threads set to %d)\n",
-                   backend, at::get_num_interop_threads(), n);
-    }
-  });
-}
-
-/// "1 thread" / "4 threads": LibTorch's intra-op threads, for an accelerator's describe().
-inline std::string threads_text() {
-  const int n = at::get_num_threads();
-  return std::to_string(n) + (n == 1 ? " thread" : " threads");
+/// Plans and applies the options for this rank; returns the plan for describe(). Throws
+/// ConfigError naming the accelerator for a bad value, Error when pinning is refused.
+inline v1::cpu::ThreadPlan apply_threads_option(const v1::Options& options,
+                                                const v1::RunContext& ctx, const char* backend) {
+  v1::cpu::ThreadPlan plan;
+  try {
+    plan = v1::cpu::plan_threads(options.get_int("threads"), options.get_int("blas_threads"),
+                                 options.get_bool("pin"), ctx.local_rank, ctx.local_world_size,
+                                 v1::cpu::available_cores());
+  } catch (const v1::ConfigError& e) {
+    throw v1::ConfigError(options.context() + ": " + e.what());
+  }
+  v1::cpu::apply(plan, backend);
+  return plan;
 }
 
 }  // namespace trainrun::comm

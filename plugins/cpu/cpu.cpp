@@ -116,11 +116,11 @@ CpuAccelerator::CpuAccelerator(const Options& options, const RunContext& ctx)
                  ": accelerator 'cpu' connects no processes (its communicator is a world of one), "
                  "but this job has world_size ", ctx.world_size,
                  "; use a collective backend: plugin = \"gloo-cpu\" or \"mpi\"");
-  comm::apply_threads_option(options, "cpu");
+  threads_ = comm::apply_threads_option(options, ctx, "cpu");
 }
 
 std::string CpuAccelerator::describe() const {
-  return detail::cat("cpu, ", comm::threads_text());
+  return detail::cat("cpu, ", v1::cpu::describe(threads_));
 }
 
 }  // namespace trainrun::plugins

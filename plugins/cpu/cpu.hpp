@@ -1,5 +1,6 @@
 #pragma once
 // Accelerator `cpu`: the host CPU and a world-of-one communicator.
+#include <trainrun/cpu_runtime.hpp>
 #include <trainrun/interfaces.hpp>
 
 #include <memory>
@@ -40,7 +41,8 @@ class LocalCommunicator final : public Communicator {
   double timeout_s_;
 };
 
-/// The host CPU. Option `threads` > 0 sets LibTorch's intra-op and inter-op thread counts.
+/// The host CPU. Options `threads`, `blas_threads`, `pin`: the rank's thread pools and core
+/// pinning (comm-common/cpu_threads.hpp, SDK trainrun/cpu_runtime.hpp).
 class CpuAccelerator final : public Accelerator {
  public:
   static void declare_options(OptionSchema& schema);
@@ -52,6 +54,7 @@ class CpuAccelerator final : public Accelerator {
 
  private:
   LocalCommunicator comm_;
+  v1::cpu::ThreadPlan threads_;
 };
 
 }  // namespace trainrun::plugins

@@ -827,7 +827,7 @@ void GlooAccelerator::declare_options(OptionSchema& schema) {
 }
 
 GlooAccelerator::GlooAccelerator(const Options& options, const RunContext& ctx) {
-  comm::apply_threads_option(options, "gloo-cpu");
+  threads_ = comm::apply_threads_option(options, ctx, "gloo-cpu");
   GlooSettings s;
   s.timeout_s = options.get_seconds("timeout_s");
   TR_CHECK_TYPED(ConfigError, s.timeout_s > 0, options.context(),
@@ -878,7 +878,7 @@ GlooAccelerator::GlooAccelerator(const Options& options, const RunContext& ctx) 
 
 std::string GlooAccelerator::describe() const {
   return detail::cat(kBackend, " (", transport_, "), rank ", comm_->rank(), " of ",
-                     comm_->world_size(), ", ", comm::threads_text());
+                     comm_->world_size(), ", ", v1::cpu::describe(threads_));
 }
 
 }  // namespace trainrun::plugins

@@ -4,6 +4,7 @@
 // environment). Rendezvous, the collective-order check and the stall inspector come from
 // comm-common; this file owns the Gloo side: the TCP mesh, one worker thread per group, the
 // mapping of each operation onto a Gloo algorithm, and failure handling.
+#include <trainrun/cpu_runtime.hpp>
 #include <trainrun/interfaces.hpp>
 
 #include <memory>
@@ -97,8 +98,8 @@ class GlooCommunicator final : public Communicator {
   std::unique_ptr<Impl> impl_;
 };
 
-/// The host CPU with a Gloo communicator across all ranks of the job. Options: `threads` (as
-/// cpu's), `timeout_s`, `stall_warning_s`, `check_collectives`, `allreduce_algorithm`
+/// The host CPU with a Gloo communicator across all ranks of the job. Options: `threads`,
+/// `blas_threads`, `pin` (as cpu's), `timeout_s`, `stall_warning_s`, `check_collectives`, `allreduce_algorithm`
 /// (ring|bcube). The world's store comes from MASTER_ADDR/MASTER_PORT (an in-process store
 /// when world_size is 1 and neither is set); the rendezvous timeout from
 /// TRAINRUN_RENDEZVOUS_TIMEOUT_S (default 300 s). Gloo listens on 127.0.0.1 when MASTER_ADDR
@@ -116,6 +117,7 @@ class GlooAccelerator final : public Accelerator {
  private:
   std::string transport_;  ///< "tcp 127.0.0.1", "tcp eth0", "tcp host-a"
   std::unique_ptr<GlooCommunicator> comm_;
+  v1::cpu::ThreadPlan threads_;
 };
 
 }  // namespace trainrun::plugins

@@ -873,7 +873,7 @@ MpiAccelerator::MpiAccelerator(const Options& options, const RunContext& ctx) {
   const double stall_s = options.get_seconds("stall_warning_s");
   TR_CHECK_TYPED(ConfigError, stall_s >= 0, options.context(),
                  ": stall_warning_s must be >= 0, got ", stall_s);
-  comm::apply_threads_option(options, "mpi");
+  threads_ = comm::apply_threads_option(options, ctx, "mpi");
 
   // Where the job has a store (trainrun's launcher, or MASTER_ADDR/MASTER_PORT), the ranks meet
   // there before MPI_Init: a rank that dies or never starts before MPI_Init leaves its peers
@@ -940,7 +940,7 @@ MpiAccelerator::~MpiAccelerator() {
 
 std::string MpiAccelerator::describe() const {
   return detail::cat("mpi (", runtime_->library, "), rank ", world_->rank(), " of ",
-                     world_->world_size(), ", ", comm::threads_text());
+                     world_->world_size(), ", ", v1::cpu::describe(threads_));
 }
 
 }  // namespace trainrun::plugins

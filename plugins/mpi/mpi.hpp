@@ -2,6 +2,7 @@
 // Accelerator `mpi`: the host CPU, with collectives over MPI (built and tested with MPICH 4.0.2).
 // For jobs started as `mpiexec -n N trainrun --config job.toml`, or by trainrun's launcher
 // through mpiexec. The MPI types stay in mpi.cpp, so this header does not need <mpi.h>.
+#include <trainrun/cpu_runtime.hpp>
 #include <trainrun/interfaces.hpp>
 
 #include <memory>
@@ -75,7 +76,7 @@ class MpiCommunicator final : public Communicator {
 /// made from it) is gone, unless an operation failed or the accelerator is destroyed by an
 /// exception: MPI_Finalize waits for every rank, so a failing rank that finalises keeps the job
 /// alive until its peers time out, while one that does not makes mpiexec end every rank at once.
-/// Options: threads (as cpu's), timeout_s (default collective timeout), stall_warning_s (the
+/// Options: threads, blas_threads, pin (as cpu's), timeout_s (default collective timeout), stall_warning_s (the
 /// Monitor's stall report; 0 = off), check_collectives (the cross-rank order check).
 class MpiAccelerator final : public Accelerator {
  public:
@@ -85,12 +86,13 @@ class MpiAccelerator final : public Accelerator {
   c10::Device device() const override { return c10::Device(c10::kCPU); }
   Communicator& communicator() override { return *world_; }
   MemoryStats memory_stats() const override { return {}; }
-  /// "mpi (MPICH 4.0.2), rank 0 of 4, 1 threads"
+  /// "mpi (MPICH 4.0.2), rank 0 of 4, 1 thread (auto: ...), BLAS 1 thread, pinned to CPU 0"
   std::string describe() const override;
 
  private:
   std::shared_ptr<mpi_detail::Runtime> runtime_;
   std::unique_ptr<MpiCommunicator> world_;
+  v1::cpu::ThreadPlan threads_;
 };
 
 }  // namespace trainrun::plugins
