@@ -17,8 +17,11 @@
 #include <iostream>
 #include <sstream>
 
+#include <nlohmann/json.hpp>
+
 #include "trainrun/core/launcher.hpp"
 #include "trainrun/core/log.hpp"
+#include "trainrun/core/runtime.hpp"
 #include "trainrun/core/safetensors.hpp"
 #include "trainrun/core/sampler.hpp"
 
@@ -152,6 +155,66 @@ v1::TrainPlan make_plan(const v1::Options& trainer, int world_size, int64_t trai
   return plan;
 }
 
+// Each rank reads its CPU runtime back from the libraries and the kernel (thread pools, BLAS
+// kernel, affinity), writes it to <run_dir>/runtime/rank-N.json, and the ranks all-gather the
+// numbers so rank 0's banner shows every rank. Returns the banner lines (used on rank 0).
+std::vector<std::string> report_runtime(Slot<v1::Accelerator>& accelerator, const v1::RunContext& ctx) {
+  const v1::cpu::Readback rb = v1::cpu::read_back();
+  const char* choice = std::getenv("TRAINRUN_BLAS_CHOICE");
+  const char* coretype = std::getenv("OPENBLAS_CORETYPE");
+  {
+    nlohmann::ordered_json j;
+    j["rank"] = ctx.rank;
+    j["local_rank"] = ctx.local_rank;
+    j["local_world_size"] = ctx.local_world_size;
+    j["intra_op_threads"] = rb.intra_op;
+    j["inter_op_threads"] = rb.inter_op;
+    j["blas"] = {{"openblas", rb.blas.openblas}, {"config", rb.blas.config},
+                 {"corename", rb.blas.corename}, {"threads", rb.blas.threads},
+                 {"choice", choice ? choice : ""}, {"OPENBLAS_CORETYPE", coretype ? coretype : ""}};
+    j["affinity"] = rb.affinity;
+    j["threads_total"] = rb.threads_total;
+    j["threads_elsewhere"] = rb.threads_elsewhere;
+    const fs::path dir = fs::path(ctx.run_dir) / "runtime";
+    fs::create_directories(dir);
+    std::ofstream f(dir / ("rank-" + std::to_string(ctx.rank) + ".json"));
+    f << j.dump(2) << "\n";
+  }
+  constexpr int64_t kFields = 8;
+  const int64_t first = rb.affinity.empty() ? -1 : rb.affinity.front();
+  const int64_t last = rb.affinity.empty() ? -1 : rb.affinity.back();
+  torch::Tensor mine = torch::tensor(
+      {int64_t{rb.intra_op}, int64_t{rb.inter_op}, int64_t{rb.blas.threads},
+       static_cast<int64_t>(rb.affinity.size()), first, last, int64_t{rb.threads_elsewhere},
+       int64_t{rb.threads_total}},
+      torch::kLong);
+  torch::Tensor all = torch::empty({ctx.world_size * kFields}, torch::kLong);
+  accelerator.call("all_gather (runtime report)", [&](v1::Accelerator& a) {
+    a.communicator().all_gather(mine, all)->wait();
+    return 0;
+  });
+  std::vector<std::string> lines;
+  lines.push_back(libtorch_build_text() + " | " +
+                  (rb.blas.openblas ? rb.blas.config : std::string("BLAS: not OpenBLAS")));
+  lines.push_back("BLAS " + std::string(choice ? choice : ("kernel " + rb.blas.corename)));
+  std::string ranks;
+  const auto a = all.accessor<int64_t, 1>();
+  const int shown = std::min(ctx.world_size, 8);
+  for (int r = 0; r < shown; ++r) {
+    const int64_t* v = &a[r * kFields];
+    std::ostringstream os;
+    os << "rank " << r << ": intra-op " << v[0] << ", inter-op " << v[1] << ", BLAS " << v[2]
+       << ", CPU" << (v[3] == 1 ? " " : "s ");
+    if (v[3] == v[5] - v[4] + 1) os << (v[3] == 1 ? std::to_string(v[4]) : std::to_string(v[4]) + "-" + std::to_string(v[5]));
+    else os << v[3] << " of " << v[4] << "-" << v[5];
+    if (v[6] > 0) os << " (" << v[6] << " of " << v[7] << " threads elsewhere)";
+    ranks += (ranks.empty() ? "" : " | ") + os.str();
+  }
+  if (ctx.world_size > shown) ranks += " | ... (" + std::to_string(ctx.world_size - shown) + " more)";
+  lines.push_back(ranks);
+  return lines;
+}
+
 int train(const JobConfig& job, const Registry& registry) {
   using clock = std::chrono::steady_clock;
   const auto t_start = clock::now();
@@ -192,6 +255,7 @@ int train(const JobConfig& job, const Registry& registry) {
       return 0;
     });
   }
+  const std::vector<std::string> runtime_lines = report_runtime(accelerator, ctx);
   auto dataset = build<v1::Dataset>(registry, job.data, ctx);
   ctx.data = dataset.call("info", [](v1::Dataset& d) { return d.info(); });
   // Re-seed so the model's initial weights depend on the seed alone, not on what the dataset
@@ -259,7 +323,10 @@ int train(const JobConfig& job, const Registry& registry) {
               << "  accelerator " << job.accelerator.plugin << ": "
               << accelerator.call("describe", [](v1::Accelerator& a) { return a.describe(); }) << "\n"
               << "  strategy " << job.strategy.plugin << " | precision " << job.precision.plugin
-              << " | optimizer " << job.optimizer.plugin << "\n"
+              << " | optimizer " << job.optimizer.plugin << "\n";
+    for (size_t i = 0; i < runtime_lines.size(); ++i)
+      std::cout << (i ? "              " : "  runtime     ") << runtime_lines[i] << "\n";
+    std::cout
               << "  batch: global " << plan.global_batch_size << " = micro "
               << plan.micro_batch_size << " x accumulation " << plan.accumulation_steps
               << " x world " << ctx.world_size << " | " << plan.total_steps << " steps ("

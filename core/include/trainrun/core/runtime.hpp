@@ -1,0 +1,92 @@
+#pragma once
+// The process-level CPU runtime the core decides before any rank starts: which OpenBLAS kernel
+// set the ranks run ([launch] blas_coretype), and the start-up banner that shows LibTorch's
+// build, the BLAS library and kernel, every rank's thread pools and pinning, and the backends.
+//
+// OpenBLAS picks its kernels once, when it is loaded, from the CPU model it recognises, and
+// falls back to generic SSE3 kernels ("Prescott") for a model it does not know; only
+// OPENBLAS_CORETYPE, set before the library loads, overrides that. trainrun links LibTorch and
+// so OpenBLAS: the choice is made in the launcher (which sets the variable in its workers'
+// environment) or, for a process that runs alone or under mpiexec/SLURM, by running itself
+// again once with the variable set. A chosen kernel is first tried in a child process
+// (`trainrun blas-probe`), which must report that kernel and compute a small sgemm that matches
+// a double-precision reference; a kernel that is refused, unknown or crashes (SIGILL) is never
+// used.
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "trainrun/core/config.hpp"
+#include "trainrun/cpu_runtime.hpp"
+
+namespace trainrun::core {
+
+/// CPU features that decide which OpenBLAS kernel set a CPU can run (cpuid).
+struct CpuFeatures {
+  bool avx = false, avx2 = false, fma = false;
+  bool avx512f = false, avx512bw = false, avx512vl = false, avx512dq = false, avx512cd = false;
+  bool avx512bf16 = false;
+};
+
+/// This CPU's features.
+CpuFeatures cpu_features();
+
+/// Vector ISA tier of an OpenBLAS kernel set name (case-insensitive): 4 AVX-512 (SkylakeX,
+/// Cooperlake, SapphireRapids), 3 AVX2 (Haswell, Zen), 2 AVX (Sandybridge, Bulldozer, ...),
+/// 1 SSE-era kernels (Prescott, Core2, Nehalem, Atom, ...), 0 unknown name.
+int blas_kernel_tier(const std::string& corename);
+
+/// Name of a tier: "AVX-512", "AVX2", "AVX", "SSE", "unknown".
+const char* tier_name(int tier);
+
+/// The best OpenBLAS kernel set for `cpu`: "Cooperlake" (AVX-512 with BF16), "SkylakeX"
+/// (AVX-512 F/BW/VL/DQ/CD), "Haswell" (AVX2 + FMA), "Sandybridge" (AVX), else "".
+std::string best_blas_kernel(const CpuFeatures& cpu);
+
+/// What to do about the BLAS kernel.
+struct BlasChoice {
+  bool select = false;  ///< run the ranks with OPENBLAS_CORETYPE = coretype
+  std::string coretype;
+  std::string note;     ///< one line for the banner: the kernel and why
+  bool warn = false;    ///< note is a warning the user should act on
+};
+
+/// Decides from the option ([launch] blas_coretype: "auto", "off" or a kernel name), the
+/// OPENBLAS_CORETYPE already in the environment (nullopt when unset), what OpenBLAS loaded and
+/// the best kernel for this CPU. "auto" selects `best` only when the loaded kernel belongs to a
+/// lower ISA tier, and leaves a user's OPENBLAS_CORETYPE alone (warning when it costs a tier).
+BlasChoice decide_blas_kernel(const std::string& option, const std::optional<std::string>& env,
+                              const v1::cpu::BlasInfo& loaded, const std::string& best);
+
+/// Result of trying a kernel in a child process.
+struct BlasProbe {
+  bool ok = false;
+  std::string corename;  ///< the kernel the child's OpenBLAS reported
+  double max_rel_err = 0;
+  std::string message;   ///< why it failed, naming the kernel
+};
+
+/// Runs `trainrun blas-probe` with OPENBLAS_CORETYPE = coretype (timeout 60 s) and checks it.
+BlasProbe probe_blas_kernel(const std::string& coretype);
+
+/// Body of `trainrun blas-probe`: prints "corename NAME" and "max_rel_err E" for a 96x80 by
+/// 80x64 sgemm against a double reference; returns 0, or 1 when OpenBLAS is absent.
+int blas_probe_main();
+
+/// Applies [launch] blas_coretype for this process before it trains or launches: decides,
+/// probes, and records the outcome in TRAINRUN_BLAS_CHOICE (and OPENBLAS_CORETYPE) for the
+/// workers and the banner. A process that will train itself (`launching` false) and needs a
+/// kernel change runs its own command line again (execv, does not return). Does nothing when
+/// TRAINRUN_BLAS_CHOICE is already set (by the launcher or the first run). Warnings go to stderr.
+void select_blas_kernel(const JobConfig& job, char** argv, bool launching);
+
+/// "LibTorch 1.13.1 (OpenMP, oneDNN v2.6.3, CPU capability AVX2)".
+std::string libtorch_build_text();
+
+/// Lines of `trainrun check`'s runtime section: LibTorch, BLAS and the kernel decision (probed),
+/// and the planned pools and pinning of each local rank from the accelerator's `threads`,
+/// `blas_threads` and `pin` options when it declares them.
+std::vector<std::string> check_runtime_lines(const JobConfig& job,
+                                             const std::vector<std::string>& accelerators);
+
+}  // namespace trainrun::core
