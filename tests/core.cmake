@@ -36,3 +36,8 @@ set_tests_properties(e2e_same_seed_bitwise e2e_accumulation_equivalence e2e_cli
 set_tests_properties(e2e_same_seed_bitwise e2e_accumulation_equivalence e2e_cli PROPERTIES TIMEOUT 180)
 set_tests_properties(e2e_fashion_mnist_short e2e_gpt_text_short PROPERTIES TIMEOUT 300)
 set_tests_properties(e2e_torchscript PROPERTIES TIMEOUT 180 SKIP_RETURN_CODE 77)
+# Per-rank CPU runtime read back from inside the workers (threads, BLAS kernel, pinning) at 1
+# and 2 local ranks, the BLAS probe's refusal, library defaults, OMP_NUM_THREADS.
+add_test(NAME cpu_runtime
+  COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cpu_runtime.sh ${_tr} ${_jobs}/mlp-small.toml ${_work}/cpu_runtime)
+set_tests_properties(cpu_runtime PROPERTIES TIMEOUT 240)

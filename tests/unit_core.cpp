@@ -12,6 +12,7 @@
 #include "job_files.hpp"
 #include "trainrun/core/config.hpp"
 #include "trainrun/core/registry.hpp"
+#include "trainrun/core/runtime.hpp"
 #include "trainrun/core/safetensors.hpp"
 #include "trainrun/core/sampler.hpp"
 #include "trainrun/core/trainer.hpp"
@@ -334,4 +335,168 @@ TEST_CASE("safetensors: round trip, atomic replace, truncation named") {
   fs::copy_file(path, cut, fs::copy_options::overwrite_existing);
   fs::resize_file(cut, fs::file_size(cut) - 10);
   CHECK_THROWS_WITH_AS(core::read_safetensors(cut), doctest::Contains("cut.safetensors"), v1::Error);
+}
+
+// ---------------------------------------------------------------------------------------------
+// CPU runtime: options of type IntOrAuto, CPU lists, cgroup quotas, per-rank thread plans and
+// the BLAS kernel decision (the process-level parts run end to end in tests/cpu_runtime.sh).
+
+TEST_CASE("int-or-auto options: \"auto\", a number, and clear errors") {
+  const std::string job = std::string(kGood) + "[accelerator]\nplugin = \"cpu\"\n";
+  auto j = core::JobFile::load(write_job(job + "threads = \"auto\"\n"), {}).validate(registry());
+  CHECK(j.accelerator.options.get_int("threads") == v1::kAuto);
+  CHECK(j.accelerator.options.get_int("blas_threads") == v1::kAuto);  // the default
+  CHECK(j.resolved_toml.find("threads = 'auto'") != std::string::npos);
+  j = core::JobFile::load(write_job(job + "threads = 3\n"), {}).validate(registry());
+  CHECK(j.accelerator.options.get_int("threads") == 3);
+  CHECK(j.resolved_toml.find("threads = 3") != std::string::npos);
+  std::string e = error_of(job + "threads = \"many\"\n");
+  CHECK(e.find(".toml:13:11") != std::string::npos);
+  CHECK(e.find("threads: expected an integer or \"auto\", got 'many'") != std::string::npos);
+  e = error_of(job + "threads = -2\n");
+  CHECK(e.find("threads: -2 is out of range [0, 4096]") != std::string::npos);
+  e = error_of(job + "pin = 1\n");
+  CHECK(e.find("pin: expected boolean") != std::string::npos);
+  j = core::JobFile::load(write_job(job), {"accelerator.threads=\"auto\"", "accelerator.blas_threads=2"})
+          .validate(registry());
+  CHECK(j.accelerator.options.get_int("threads") == v1::kAuto);
+  CHECK(j.accelerator.options.get_int("blas_threads") == 2);
+}
+
+TEST_CASE("cpu lists and cgroup quotas") {
+  using v1::cpu::cpu_list_text;
+  using v1::cpu::parse_cpu_list;
+  CHECK(parse_cpu_list("0-3,8,10-11") == std::vector<int>{0, 1, 2, 3, 8, 10, 11});
+  CHECK(parse_cpu_list(" 5, 1-2,2\n") == std::vector<int>{1, 2, 5});
+  CHECK(parse_cpu_list("").empty());
+  for (const char* bad : {"3-1", "a", "1-", "-2", "1-2-3", "4x"})
+    CHECK_THROWS_WITH_AS(parse_cpu_list(bad), doctest::Contains("malformed CPU list"), v1::Error);
+  CHECK(cpu_list_text({0, 1, 2, 3, 8, 10, 11}) == "0-3,8,10-11");
+  CHECK(cpu_list_text({7}) == "7");
+  CHECK(cpu_list_text({3, 1, 2}) == "1-3");
+  CHECK(cpu_list_text({}).empty());
+  CHECK(v1::cpu::cgroup_v2_quota_cores("max 100000\n") == 0);
+  CHECK(v1::cpu::cgroup_v2_quota_cores("150000 100000\n") == doctest::Approx(1.5));
+  CHECK(v1::cpu::cgroup_v2_quota_cores("garbage") == 0);
+  CHECK(v1::cpu::cgroup_v1_quota_cores(-1, 100000) == 0);
+  CHECK(v1::cpu::cgroup_v1_quota_cores(200000, 100000) == doctest::Approx(2.0));
+  // This process: at least one CPU, and the budget never exceeds the mask.
+  const auto b = v1::cpu::available_cores();
+  CHECK(!b.cpus.empty());
+  CHECK(b.usable >= 1);
+  CHECK(b.usable <= static_cast<int>(b.cpus.size()));
+}
+
+TEST_CASE("thread plans: budget per local rank, BLAS 1, disjoint pinning, env and explicit counts") {
+  using v1::kAuto;
+  using v1::cpu::plan_threads;
+  const v1::cpu::EnvThreads no_env{};
+  v1::cpu::CoreBudget two;
+  two.cpus = {0, 1};
+  two.usable = 2;
+  auto p = plan_threads(kAuto, kAuto, true, 0, 1, two, no_env);
+  CHECK(p.intra_op == 2);
+  CHECK(p.inter_op == 2);
+  CHECK(p.blas == 1);
+  CHECK(p.pin == std::vector<int>{0, 1});
+  CHECK(p.reason.find("2 cores (affinity 0-1) / 1 local rank") != std::string::npos);
+  p = plan_threads(kAuto, kAuto, true, 1, 2, two, no_env);
+  CHECK(p.intra_op == 1);
+  CHECK(p.pin == std::vector<int>{1});
+  p = plan_threads(kAuto, kAuto, true, 3, 4, two, no_env);  // more ranks than CPUs
+  CHECK(p.intra_op == 1);
+  CHECK(p.pin.empty());
+  CHECK(p.reason.find("oversubscribed") != std::string::npos);
+  CHECK(p.reason.find("not pinned: 4 local ranks > 2 CPUs") != std::string::npos);
+  p = plan_threads(0, 0, false, 0, 1, two, no_env);  // library defaults: touch nothing
+  CHECK(p.intra_op == 0);
+  CHECK(p.inter_op == 0);
+  CHECK(p.blas == 0);
+  CHECK(p.pin.empty());
+  p = plan_threads(3, 2, true, 0, 2, two, no_env);
+  CHECK(p.intra_op == 3);
+  CHECK(p.blas == 2);
+  CHECK(p.pin == std::vector<int>{0});
+  // The environment's counts win over "auto", never over an explicit option.
+  p = plan_threads(kAuto, kAuto, true, 0, 1, two, v1::cpu::EnvThreads{1, 2});
+  CHECK(p.intra_op == 1);
+  CHECK(p.blas == 2);
+  CHECK(p.reason.find("OMP_NUM_THREADS=1") != std::string::npos);
+  p = plan_threads(2, 0, true, 0, 1, two, v1::cpu::EnvThreads{1, 2});
+  CHECK(p.intra_op == 2);
+  CHECK(p.blas == 0);
+  // A cgroup quota limits the thread budget; pinning slices the affinity mask.
+  v1::cpu::CoreBudget quota;
+  quota.cpus = {0, 1, 2, 3, 4, 5, 6, 7};
+  quota.quota_cores = 2.0;
+  quota.usable = 2;
+  p = plan_threads(kAuto, kAuto, true, 1, 2, quota, no_env);
+  CHECK(p.intra_op == 1);
+  CHECK(p.pin == std::vector<int>{4, 5, 6, 7});
+  CHECK(p.reason.find("cgroup quota 2 cores") != std::string::npos);
+  CHECK_THROWS_AS(plan_threads(-3, kAuto, true, 0, 1, two, no_env), v1::ConfigError);
+  CHECK_THROWS_AS(plan_threads(kAuto, kAuto, true, 2, 2, two, no_env), v1::ConfigError);
+}
+
+TEST_CASE("BLAS kernel: tiers, the best kernel for a CPU, and the decision table") {
+  CHECK(core::blas_kernel_tier("SkylakeX") == 4);
+  CHECK(core::blas_kernel_tier("cooperlake") == 4);
+  CHECK(core::blas_kernel_tier("Haswell") == 3);
+  CHECK(core::blas_kernel_tier("Zen") == 3);
+  CHECK(core::blas_kernel_tier("Sandybridge") == 2);
+  CHECK(core::blas_kernel_tier("Prescott") == 1);
+  CHECK(core::blas_kernel_tier("Nehalem") == 1);
+  CHECK(core::blas_kernel_tier("FutureLake") == 0);
+  core::CpuFeatures f;
+  CHECK(core::best_blas_kernel(f).empty());
+  f.avx = true;
+  CHECK(core::best_blas_kernel(f) == "Sandybridge");
+  f.avx2 = f.fma = true;
+  CHECK(core::best_blas_kernel(f) == "Haswell");
+  f.avx512f = f.avx512bw = f.avx512vl = f.avx512dq = f.avx512cd = true;
+  CHECK(core::best_blas_kernel(f) == "SkylakeX");
+  f.avx512bf16 = true;
+  CHECK(core::best_blas_kernel(f) == "Cooperlake");
+
+  struct Row {
+    const char* option;
+    std::optional<std::string> env;
+    const char* loaded;
+    const char* best;
+    bool select;
+    const char* coretype;
+    bool warn;
+    const char* note_has;
+  };
+  const Row rows[] = {
+      // auto: a generic kernel on an AVX-512 CPU is replaced (the measured case)
+      {"auto", std::nullopt, "Prescott", "SkylakeX", true, "SkylakeX", false, "OpenBLAS picked Prescott, a SSE kernel"},
+      {"auto", std::nullopt, "Haswell", "SkylakeX", true, "SkylakeX", false, "AVX2 kernel"},
+      // auto: same tier is left alone (SkylakeX and Cooperlake run the same sgemm)
+      {"auto", std::nullopt, "SkylakeX", "Cooperlake", false, "", false, "already uses this CPU's AVX-512"},
+      {"auto", std::nullopt, "FutureLake", "SkylakeX", false, "", false, "does not know"},
+      {"auto", std::nullopt, "Prescott", "", false, "", false, "SSE"},
+      // auto never overrides the user's OPENBLAS_CORETYPE, but says what it costs
+      {"auto", std::string("Prescott"), "Prescott", "SkylakeX", false, "", true, "unset OPENBLAS_CORETYPE"},
+      {"auto", std::string("SkylakeX"), "SkylakeX", "SkylakeX", false, "", false, "from the environment"},
+      {"off", std::nullopt, "Prescott", "SkylakeX", false, "", false, "OpenBLAS's own choice"},
+      {"Haswell", std::nullopt, "SkylakeX", "SkylakeX", true, "Haswell", false, "OpenBLAS picked SkylakeX"},
+      {"skylakex", std::nullopt, "SkylakeX", "SkylakeX", false, "", false, "blas_coretype = \"skylakex\""},
+  };
+  for (const auto& r : rows) {
+    CAPTURE(r.option);
+    CAPTURE(r.loaded);
+    v1::cpu::BlasInfo loaded;
+    loaded.openblas = true;
+    loaded.corename = r.loaded;
+    const auto c = core::decide_blas_kernel(r.option, r.env, loaded, r.best);
+    CHECK(c.select == r.select);
+    CHECK(c.coretype == r.coretype);
+    CHECK(c.warn == r.warn);
+    CHECK(c.note.find(r.note_has) != std::string::npos);
+  }
+  v1::cpu::BlasInfo none;  // another BLAS: nothing to select, a named kernel is a warning
+  CHECK(!core::decide_blas_kernel("Haswell", std::nullopt, none, "SkylakeX").select);
+  CHECK(core::decide_blas_kernel("Haswell", std::nullopt, none, "SkylakeX").warn);
+  CHECK(!core::decide_blas_kernel("auto", std::nullopt, none, "SkylakeX").warn);
 }

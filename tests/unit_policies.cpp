@@ -329,11 +329,12 @@ TEST_SUITE("cpu") {
     CpuAccelerator acc(make_options<CpuAccelerator>({{"threads", int64_t{2}}}), make_ctx());
     CHECK(acc.device() == c10::Device(c10::kCPU));
     CHECK(at::get_num_threads() == 2);
-    CHECK(acc.describe() == "cpu, 2 threads");
+    CHECK(acc.describe().rfind("cpu, 2 threads (threads = 2), BLAS 1 thread", 0) == 0);
+    CHECK(trainrun::v1::cpu::blas_info().threads == 1);  // blas_threads = "auto"
     CHECK(acc.memory_stats().current_bytes == -1);
     // A second accelerator must not fail on the once-per-process inter-op setting.
     CpuAccelerator again(make_options<CpuAccelerator>({{"threads", int64_t{1}}}), make_ctx());
-    CHECK(again.describe() == "cpu, 1 thread");
+    CHECK(again.describe().rfind("cpu, 1 thread (threads = 1), BLAS 1 thread", 0) == 0);
     Communicator& comm = acc.communicator();
     CHECK(comm.rank() == 0);
     CHECK(comm.world_size() == 1);

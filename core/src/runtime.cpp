@@ -136,6 +136,10 @@ BlasChoice decide_blas_kernel(const std::string& option, const std::optional<std
     }
     return c;
   }
+  if (have == 0) {
+    c.note = "kernel " + loaded.corename + " (auto: a kernel this trainrun does not know; kept)";
+    return c;
+  }
   if (have < can) {
     c.select = true;
     c.coretype = best;

@@ -214,16 +214,38 @@ struct ThreadPlan {
   std::string reason;    ///< how the numbers were chosen, one line
 };
 
+/// Thread counts the environment asks for (0 = not set or not a positive integer). "auto" yields
+/// to them, as LibTorch and OpenBLAS would: a user (or a test harness running several jobs at
+/// once) who exports OMP_NUM_THREADS=1 means it.
+struct EnvThreads {
+  int omp = 0;       ///< OMP_NUM_THREADS
+  int openblas = 0;  ///< OPENBLAS_NUM_THREADS
+  /// Reads both variables of this process.
+  static EnvThreads read() {
+    auto get = [](const char* name) {
+      const char* v = std::getenv(name);
+      if (!v || !*v) return 0;
+      char* end = nullptr;
+      const long n = std::strtol(v, &end, 10);
+      return (*end == '\0' && n > 0 && n <= 4096) ? static_cast<int>(n) : 0;
+    };
+    return {get("OMP_NUM_THREADS"), get("OPENBLAS_NUM_THREADS")};
+  }
+};
+
 /// Plans one rank's pools from the options `threads` and `blas_threads` (kAuto, 0 = library
 /// default, or a count) and `pin`, for local rank `local_rank` of `local_world_size` on a node
 /// whose cores are `budget`:
-/// - threads auto: usable cores / local ranks (at least 1), for the intra- and inter-op pools;
-/// - blas_threads auto: 1 (see the measurements at the top of this file);
+/// - threads auto: OMP_NUM_THREADS where `env` has it, else usable cores / local ranks (at least
+///   1), for the intra- and inter-op pools;
+/// - blas_threads auto: OPENBLAS_NUM_THREADS where `env` has it, else 1 (see the measurements at
+///   the top of this file);
 /// - pin: local rank r gets the r-th of local_world_size equal, disjoint slices of the affinity
 ///   mask; skipped (and said so in `reason`) when there are more local ranks than CPUs.
 /// Throws ConfigError for a negative count other than kAuto, or a bad rank layout.
 inline ThreadPlan plan_threads(int64_t threads, int64_t blas_threads, bool pin, int local_rank,
-                               int local_world_size, const CoreBudget& budget) {
+                               int local_world_size, const CoreBudget& budget,
+                               const EnvThreads& env = EnvThreads::read()) {
   TR_CHECK_TYPED(ConfigError, threads >= 0 || threads == kAuto,
                  "threads must be \"auto\" or >= 0, got ", threads);
   TR_CHECK_TYPED(ConfigError, blas_threads >= 0 || blas_threads == kAuto,
@@ -233,7 +255,10 @@ inline ThreadPlan plan_threads(int64_t threads, int64_t blas_threads, bool pin, 
   ThreadPlan plan;
   const int share = std::max(1, budget.usable / local_world_size);
   std::ostringstream why;
-  if (threads == kAuto) {
+  if (threads == kAuto && env.omp > 0) {
+    plan.intra_op = plan.inter_op = env.omp;
+    why << "auto: OMP_NUM_THREADS=" << env.omp << " from the environment";
+  } else if (threads == kAuto) {
     plan.intra_op = plan.inter_op = share;
     why << "auto: " << budget.text() << " / " << local_world_size
         << (local_world_size == 1 ? " local rank" : " local ranks");
@@ -244,7 +269,7 @@ inline ThreadPlan plan_threads(int64_t threads, int64_t blas_threads, bool pin, 
     plan.intra_op = plan.inter_op = static_cast<int>(threads);
     why << "threads = " << threads;
   }
-  plan.blas = blas_threads == kAuto ? 1 : static_cast<int>(blas_threads);
+  plan.blas = blas_threads != kAuto ? static_cast<int>(blas_threads) : env.openblas > 0 ? env.openblas : 1;
   const auto n = static_cast<int>(budget.cpus.size());
   if (pin && n >= local_world_size) {
     const int k = n / local_world_size;
@@ -315,8 +340,12 @@ inline void pin_all_threads(const std::vector<int>& cpus) {
 /// Applies a plan: pinning first (so pools started afterwards inherit it), then LibTorch's
 /// intra-op threads, its inter-op threads (once per process: LibTorch fixes that pool's size
 /// once and throws on a second call, and several accelerators can be built in one process, so a
-/// refusal is a warning on stderr naming `who`), then the BLAS pool. Throws Error when pinning
-/// fails.
+/// refusal is a warning on stderr naming `who`), then the BLAS pool. Warns on stderr when the
+/// plan gives LibTorch several threads while other processes already keep the node busy (1-minute
+/// load average >= 0.5): OpenMP pools wait for every thread at each parallel region, and a thread
+/// whose core is taken by another process stalls all of them (measured here: a single-process MLP
+/// at 2 threads fell from ~30k to under 1k samples/s beside a 2-job compile). Throws Error when
+/// pinning fails.
 inline void apply(const ThreadPlan& plan, const char* who) {
   pin_all_threads(plan.pin);
   if (plan.intra_op > 0) at::set_num_threads(plan.intra_op);
@@ -336,6 +365,14 @@ inline void apply(const ThreadPlan& plan, const char* who) {
     });
   }
   if (plan.blas > 0) set_blas_threads(plan.blas);
+  double load[1] = {0};
+  if (plan.intra_op > 1 && getloadavg(load, 1) == 1 && load[0] >= 0.5)
+    std::fprintf(stderr,
+                 "trainrun %s: warning: this node is already busy (load average %.2f) and this "
+                 "rank runs %d LibTorch threads; OpenMP pools slow down sharply when another "
+                 "process takes one of their cores: use threads = 1 (or OMP_NUM_THREADS=1) on a "
+                 "shared node\n",
+                 who, load[0], plan.intra_op);
 }
 
 /// The runtime as the libraries and the kernel report it now, for banners and tests.

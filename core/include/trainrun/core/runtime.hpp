@@ -54,7 +54,8 @@ struct BlasChoice {
 /// Decides from the option ([launch] blas_coretype: "auto", "off" or a kernel name), the
 /// OPENBLAS_CORETYPE already in the environment (nullopt when unset), what OpenBLAS loaded and
 /// the best kernel for this CPU. "auto" selects `best` only when the loaded kernel belongs to a
-/// lower ISA tier, and leaves a user's OPENBLAS_CORETYPE alone (warning when it costs a tier).
+/// lower ISA tier (a kernel name it does not know is kept), and leaves a user's
+/// OPENBLAS_CORETYPE alone (warning when it costs a tier).
 BlasChoice decide_blas_kernel(const std::string& option, const std::optional<std::string>& env,
                               const v1::cpu::BlasInfo& loaded, const std::string& best);
 
