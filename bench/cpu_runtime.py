@@ -35,6 +35,7 @@ before and after.
 
 usage: bench/cpu_runtime.py <trainrun binary> [--only mlp,cnn,gpt] [--layouts single,ddp]
        [--steps N] [--gpt-steps N] [--rounds R] [--warmup N] [--set KEY=VALUE]...
+       [--defaults-env KEY=VALUE]...
 """
 import argparse, json, os, signal, statistics, subprocess, sys, tempfile, time, tomllib
 
@@ -62,6 +63,7 @@ THREAD_ENV = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "MK
 # A hung gloo rendezvous would otherwise block the bench for [accelerator] timeout_s.
 RUN_TIMEOUT_S = 600
 EXTRA_SETS = []  # --set of the command line: added to every run
+DEFAULTS_ENV = {}  # --defaults-env: added to the environment of the defaults side only
 
 
 def job_name(model, layout):
@@ -97,6 +99,8 @@ def run(binary, model, layout, config, steps, warmup, work):
     for s in LAYOUT_SETS[layout] + CONFIGS[config] + EXTRA_SETS:
         cmd += ["--set", s]
     env = {k: v for k, v in os.environ.items() if k not in THREAD_ENV}
+    if config == "defaults":
+        env.update(DEFAULTS_ENV)
     # Own session: on a timeout the whole launcher + ranks group is killed, not just the launcher.
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                          start_new_session=True)
@@ -230,7 +234,15 @@ def main():
     ap.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                     help="extra --set for every run (both configs), e.g. "
                          "accelerator.check_collectives=false")
+    ap.add_argument("--defaults-env", action="append", default=[], metavar="KEY=VALUE",
+                    help="environment of the defaults side only; OPENBLAS_CORETYPE=Prescott "
+                         "reproduces a CPU that OpenBLAS does not recognise (it then runs its "
+                         "generic kernels), which blas_coretype=auto would correct")
     a = ap.parse_args()
+    for kv in a.defaults_env:
+        if "=" not in kv:
+            ap.error(f"--defaults-env {kv}: expected KEY=VALUE")
+        DEFAULTS_ENV[kv.split("=", 1)[0]] = kv.split("=", 1)[1]
     models = [m for m in a.only.split(",") if m]
     layouts = [l for l in a.layouts.split(",") if l]
     for m in models:
@@ -259,6 +271,8 @@ def main():
     print(f"defaults: --set {' --set '.join(CONFIGS['defaults'])}")
     if a.sets:
         print(f"both:     --set {' --set '.join(a.sets)}")
+    if DEFAULTS_ENV:
+        print("defaults side environment: " + " ".join(f"{k}={v}" for k, v in DEFAULTS_ENV.items()))
     before = load()
     print(f"load average before: {before}", flush=True)
     if float(before.split()[0]) >= 0.5:
