@@ -337,12 +337,34 @@ inline void pin_all_threads(const std::vector<int>& cpus) {
     throw Error(detail::cat("cannot pin to CPUs ", cpu_list_text(cpus), ": ", std::strerror(err)));
 }
 
+/// Cores kept busy right now by everything on the node, this process included: the share of
+/// non-idle time in /proc/stat over `seconds`, times the online CPUs. Unlike the load average
+/// (a decaying 1-minute mean) it does not report a job that has just ended. 0 when /proc/stat
+/// is unreadable.
+inline double busy_cores_now(double seconds = 0.1) {
+  auto sample = [](double& busy, double& total) {
+    std::ifstream f("/proc/stat");
+    std::string cpu;
+    double v[8] = {0, 0, 0, 0, 0, 0, 0, 0};  // user nice system idle iowait irq softirq steal
+    if (!(f >> cpu) || cpu != "cpu") return false;
+    for (double& x : v) f >> x;
+    total = v[0] + v[1] + v[2] + v[3] + v[4] + v[5] + v[6] + v[7];
+    busy = total - v[3] - v[4];
+    return static_cast<bool>(f);
+  };
+  double b0 = 0, t0 = 0, b1 = 0, t1 = 0;
+  if (!sample(b0, t0)) return 0;
+  usleep(static_cast<useconds_t>(seconds * 1e6));
+  if (!sample(b1, t1) || t1 <= t0) return 0;
+  return (b1 - b0) / (t1 - t0) * static_cast<double>(sysconf(_SC_NPROCESSORS_ONLN));
+}
+
 /// Applies a plan: pinning first (so pools started afterwards inherit it), then LibTorch's
 /// intra-op threads, its inter-op threads (once per process: LibTorch fixes that pool's size
 /// once and throws on a second call, and several accelerators can be built in one process, so a
 /// refusal is a warning on stderr naming `who`), then the BLAS pool. Warns on stderr when the
-/// plan gives LibTorch several threads while other processes already keep the node busy (1-minute
-/// load average >= 0.5): OpenMP pools wait for every thread at each parallel region, and a thread
+/// plan gives LibTorch several threads while other processes already keep half a core or more
+/// busy (busy_cores_now, sampled for 0.1 s only in that case): OpenMP pools wait for every thread at each parallel region, and a thread
 /// whose core is taken by another process stalls all of them (measured here: a single-process MLP
 /// at 2 threads fell from ~30k to under 1k samples/s beside a 2-job compile). Throws Error when
 /// pinning fails.
@@ -365,14 +387,14 @@ inline void apply(const ThreadPlan& plan, const char* who) {
     });
   }
   if (plan.blas > 0) set_blas_threads(plan.blas);
-  double load[1] = {0};
-  if (plan.intra_op > 1 && getloadavg(load, 1) == 1 && load[0] >= 0.5)
+  if (plan.intra_op <= 1) return;
+  if (const double busy = busy_cores_now(); busy >= 0.5)
     std::fprintf(stderr,
-                 "trainrun %s: warning: this node is already busy (load average %.2f) and this "
+                 "trainrun %s: warning: this node is already busy (%.1f cores in use) and this "
                  "rank runs %d LibTorch threads; OpenMP pools slow down sharply when another "
                  "process takes one of their cores: use threads = 1 (or OMP_NUM_THREADS=1) on a "
                  "shared node\n",
-                 who, load[0], plan.intra_op);
+                 who, busy, plan.intra_op);
 }
 
 /// The runtime as the libraries and the kernel report it now, for banners and tests.
