@@ -23,6 +23,25 @@ foreach(backend gloo-cpu mpi)
   endforeach()
 endforeach()
 
+# The SDK's ring all-reduce (the `ring` strategy's algorithm) over each backend's send/recv:
+# the all-reduce part of the matrix (every dtype x reduce op x 0, 1, 7, 1000003 elements), with
+# chunks small enough that every segment is pipelined in several pieces; and the fused path of
+# the fusion bench (20 tensors copied into one buffer and back) against the reference.
+foreach(backend gloo-cpu mpi)
+  foreach(n 2 3 4)
+    add_test(NAME collectives_verify_ring.${backend}.w${n}
+      COMMAND ${_tr} bench collectives --backend ${backend} --nproc ${n} --verify --op allreduce
+              --algo ring --chunk 64K --set accelerator.threads=1)
+    set_tests_properties(collectives_verify_ring.${backend}.w${n} PROPERTIES TIMEOUT 300
+      ENVIRONMENT "OMP_NUM_THREADS=1;OPENBLAS_NUM_THREADS=1")
+  endforeach()
+  add_test(NAME collectives_fusion_ring.${backend}
+    COMMAND ${_tr} bench collectives --backend ${backend} --nproc 2 --algo ring --fusion 20
+            --sizes 4K --iters 2 --warmup 1 --set accelerator.threads=1)
+  set_tests_properties(collectives_fusion_ring.${backend} PROPERTIES TIMEOUT 120
+    ENVIRONMENT "OMP_NUM_THREADS=1;OPENBLAS_NUM_THREADS=1")
+endforeach()
+
 # The user's own mpiexec, without the trainrun launcher.
 find_program(_mpiexec NAMES mpiexec.hydra mpiexec)
 if(_mpiexec)

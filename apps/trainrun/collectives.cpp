@@ -29,6 +29,7 @@
 #include "trainrun/core/launcher.hpp"
 #include "trainrun/core/log.hpp"
 #include "trainrun/core/registry.hpp"
+#include "trainrun/ring.hpp"
 
 namespace trainrun::app {
 
@@ -52,6 +53,9 @@ struct Args {
   bool verify = false;
   std::string inject;
   std::string label;
+  std::string algo = "native";
+  std::string chunk = "512K";
+  int fusion = 0;
   std::vector<std::string> sets;
   std::vector<std::string> plugin_paths;
 };
@@ -218,6 +222,21 @@ void report(Ctx& c, bool ok, const std::string& what) {
 
 // Runs one operation on fresh inputs and checks it against the reference; returns the
 // operation's result check (true = correct).
+// All-reduce with the backend's own algorithm, or (--algo ring) with the SDK's ring over the
+// backend's send/recv, the algorithm the `ring` strategy runs.
+void all_reduce_with(const Ctx& c, v1::Communicator& comm, torch::Tensor& t, ReduceOp rop) {
+  if (c.args.algo == "ring") {
+    v1::ring::Options o;
+    o.op = rop;
+    o.chunk_bytes = core::parse_size(c.args.chunk);
+    v1::ring::all_reduce(comm, t, o);
+    return;
+  }
+  v1::AllReduceOptions o;
+  o.op = rop;
+  comm.all_reduce(t, o)->wait();
+}
+
 bool run_checked(Ctx& c, v1::Communicator& comm, const std::vector<int>& members,
                  const std::string& op, c10::ScalarType dtype, ReduceOp rop, int64_t count,
                  int root, std::string* detail) {
@@ -226,9 +245,7 @@ bool run_checked(Ctx& c, v1::Communicator& comm, const std::vector<int>& members
   torch::Tensor want, got;
   if (op == "allreduce") {
     got = input_of(me, count, dtype);
-    v1::AllReduceOptions o;
-    o.op = rop;
-    comm.all_reduce(got, o)->wait();
+    all_reduce_with(c, comm, got, rop);
     want = reduce_reference(members, count, 0, rop, dtype);
   } else if (op == "reducescatter") {
     auto in = input_of(me, count * n, dtype);
@@ -402,7 +419,8 @@ int bench(Ctx& c) {
     for (int64_t s : sizes) counts.push_back(std::max<int64_t>(1, s / esize));
   for (const auto& op : ops) {
     if (c.rank == 0) {
-      std::cout << "# " << op << " on " << comm.backend() << ", " << n << " ranks, " << dt_name
+      std::cout << "# " << op << (op == "allreduce" && c.args.algo == "ring" ? " (ring over send/recv, chunks of " + c.args.chunk + ")" : "")
+                << " on " << comm.backend() << ", " << n << " ranks, " << dt_name
                 << (op == "allreduce" || op == "reducescatter" ? ", " + c.args.reduce : "")
                 << ", " << c.args.iters << " iterations after " << c.args.warmup << " warm-up"
                 << (c.args.label.empty() ? "" : " [" + c.args.label + "]") << "\n"
@@ -427,9 +445,7 @@ int bench(Ctx& c) {
       auto y = torch::empty({op == "allgather" ? total : chunk}, x.options());
       auto once = [&] {
         if (op == "allreduce") {
-          v1::AllReduceOptions o;
-          o.op = rop;
-          comm.all_reduce(x, o)->wait();
+          all_reduce_with(c, comm, x, rop);
         } else if (op == "reducescatter") {
           v1::ReduceScatterOptions o;
           o.op = rop;
@@ -460,6 +476,65 @@ int bench(Ctx& c) {
                   << algbw << std::setw(12) << algbw * bus_factor(op, n) << std::defaultfloat
                   << "  " << check << std::endl;
     }
+  }
+  auto f = torch::tensor({static_cast<double>(c.failures)}, torch::kDouble);
+  comm.all_reduce(f)->wait();
+  return f.item<double>() == 0 ? 0 : 1;
+}
+
+// Tensor fusion (Horovod): --fusion K tensors of --sizes bytes each, all-reduced one by one vs
+// copied into one buffer, all-reduced once and copied back, timed the same way as bench().
+int fusion_bench(Ctx& c) {
+  auto& comm = *c.comm;
+  const auto dtype = dtype_of(c.args.dtype);
+  const auto rop = reduce_of(c.args.reduce);
+  const auto sizes = parse_sizes(c.args.sizes);
+  const int k = c.args.fusion;
+  for (int64_t bytes : sizes) {
+    const int64_t count = std::max<int64_t>(1, bytes / c10::elementSize(dtype));
+    std::vector<torch::Tensor> ts;
+    for (int i = 0; i < k; ++i) ts.push_back(input_of(c.rank, count, dtype, i * count));
+    torch::Tensor fused = torch::empty({count * k}, ts[0].options());
+    auto one_by_one = [&] {
+      for (auto& t : ts) all_reduce_with(c, comm, t, rop);
+    };
+    auto fused_once = [&] {
+      for (int i = 0; i < k; ++i) fused.slice(0, i * count, (i + 1) * count).copy_(ts[i]);
+      all_reduce_with(c, comm, fused, rop);
+      for (int i = 0; i < k; ++i) ts[i].copy_(fused.slice(0, i * count, (i + 1) * count));
+    };
+    auto timed = [&](const std::function<void()>& f) {
+      for (int i = 0; i < c.args.warmup; ++i) f();
+      comm.barrier()->wait();
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < c.args.iters; ++i) f();
+      double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() /
+                  std::max(1, c.args.iters);
+      auto tt = torch::tensor({dt}, torch::kDouble);
+      v1::AllReduceOptions mx;
+      mx.op = ReduceOp::Max;
+      comm.all_reduce(tt, mx)->wait();
+      return tt.item<double>();
+    };
+    // Correctness of the fused path first: same result as the reference.
+    for (int i = 0; i < k; ++i) ts[i] = input_of(c.rank, count, dtype, i * count);
+    fused_once();
+    std::vector<int> members(c.world);
+    for (int r = 0; r < c.world; ++r) members[r] = r;
+    double worst = 0;
+    for (int i = 0; i < k; ++i) {
+      const double e = mismatch(ts[i], reduce_reference(members, count, i * count, rop, dtype));
+      worst = std::max(worst, e);
+    }
+    report(c, worst < 0 || worst == 0, "fused all-reduce differs from the reference");
+    const double separate = timed(one_by_one), together = timed(fused_once);
+    if (c.rank == 0)
+      std::cout << "# fusion: " << k << " tensors x " << bytes << " B, " << c.args.dtype << ", "
+                << comm.backend() << " " << c.world << " ranks, algo " << c.args.algo << "\n"
+                << "one by one " << std::fixed << std::setprecision(1) << separate * 1e6
+                << " us, fused " << together * 1e6 << " us (copies included), ratio "
+                << std::setprecision(2) << separate / together << "x" << std::defaultfloat
+                << std::endl;
   }
   auto f = torch::tensor({static_cast<double>(c.failures)}, torch::kDouble);
   comm.all_reduce(f)->wait();
@@ -512,6 +587,9 @@ int run_bench_command(int argc, char** argv) {
       "verify", po::bool_switch(&a.verify), "run the correctness matrix instead of timing (exit 1 on any failure)")(
       "inject", po::value(&a.inject), "fault injection for tests: mismatch:R, stall:R:S, skip:R")(
       "label", po::value(&a.label), "free text printed in the table header (e.g. to tell runs apart)")(
+      "algo", po::value(&a.algo)->default_value(a.algo), "all-reduce algorithm: native (the backend's own) or ring (the SDK's ring over send/recv, as the ring strategy)")(
+      "chunk", po::value(&a.chunk)->default_value(a.chunk), "--algo ring: pipelining chunk size")(
+      "fusion", po::value(&a.fusion)->default_value(a.fusion), "time K tensors of each --sizes all-reduced one by one vs fused into one buffer (0 = off)")(
       "set", po::value(&a.sets)->composing(), "accelerator option: --set accelerator.timeout_s=10")(
       "plugin-path", po::value(&a.plugin_paths)->composing(), "plugin directory or file, searched first");
   po::options_description hidden;
@@ -574,6 +652,9 @@ int run_bench_command(int argc, char** argv) {
     if (c.rank == 0)
       std::cout << "# " << acc->describe() << std::endl;
     inject(c);
+    if (a.algo != "native" && a.algo != "ring")
+      throw v1::ConfigError("--algo " + a.algo + ": expected native or ring");
+    if (a.fusion > 0) return fusion_bench(c);
     if (a.verify) {
       const auto counts = parse_counts(a.counts.empty() ? "0,1,7,1000003" : a.counts);
       return verify(c, counts);
