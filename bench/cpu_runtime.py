@@ -39,6 +39,10 @@ usage: bench/cpu_runtime.py <trainrun binary> [--only mlp,cnn,gpt] [--layouts si
 """
 import argparse, json, os, signal, statistics, subprocess, sys, tempfile, time, tomllib
 
+sys.dont_write_bytecode = True  # no bench/__pycache__ from the import below
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ddp import alternate  # the same alternating rounds as bench/ddp.py
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 JOBS = os.path.join(ROOT, "bench", "jobs")
 MODELS = ("mlp", "cnn", "gpt")
@@ -132,18 +136,6 @@ def run(binary, model, layout, config, steps, warmup, work):
              run_dir)
     return {"step": statistics.median(r["step_time_s"] for r in rows[warmup:]),
             "resolved": resolved, "ranks": ranks}
-
-
-def alternate(rounds, sides):
-    """Runs each side `rounds` times, the listed order on odd rounds (1, 3, ...), reversed on even."""
-    out = [[] for _ in sides]
-    for r in range(rounds):
-        order = list(range(len(sides)))
-        if r % 2:
-            order.reverse()
-        for i in order:
-            out[i].append(sides[i]())
-    return out
 
 
 def median_round(results):

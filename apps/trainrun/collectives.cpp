@@ -397,6 +397,23 @@ int verify(Ctx& c, const std::vector<int64_t>& counts) {
   return total == 0 ? 0 : 1;
 }
 
+// Mean seconds of one call of `once` over --iters after --warmup untimed calls, started together
+// after a barrier; the maximum over ranks (the slowest rank is the operation's time).
+double time_per_iteration(Ctx& c, const std::function<void()>& once) {
+  auto& comm = *c.comm;
+  for (int i = 0; i < c.args.warmup; ++i) once();
+  comm.barrier()->wait();
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < c.args.iters; ++i) once();
+  const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() /
+                    std::max(1, c.args.iters);
+  auto tt = torch::tensor({dt}, torch::kDouble);
+  v1::AllReduceOptions mx;
+  mx.op = ReduceOp::Max;
+  comm.all_reduce(tt, mx)->wait();
+  return tt.item<double>();
+}
+
 double bus_factor(const std::string& op, int n) {
   if (op == "allreduce") return 2.0 * (n - 1) / n;
   if (op == "reducescatter" || op == "allgather") return static_cast<double>(n - 1) / n;
@@ -456,17 +473,7 @@ int bench(Ctx& c) {
           comm.broadcast(x)->wait();
         }
       };
-      for (int i = 0; i < c.args.warmup; ++i) once();
-      comm.barrier()->wait();
-      const auto t0 = std::chrono::steady_clock::now();
-      for (int i = 0; i < c.args.iters; ++i) once();
-      double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() /
-                  std::max(1, c.args.iters);
-      auto tt = torch::tensor({dt}, torch::kDouble);
-      v1::AllReduceOptions mx;
-      mx.op = ReduceOp::Max;
-      comm.all_reduce(tt, mx)->wait();
-      dt = tt.item<double>();
+      const double dt = time_per_iteration(c, once);
       const double bytes = static_cast<double>(total * esize);
       const double algbw = bytes / dt / 1e9;
       if (c.rank == 0)
@@ -503,19 +510,6 @@ int fusion_bench(Ctx& c) {
       all_reduce_with(c, comm, fused, rop);
       for (int i = 0; i < k; ++i) ts[i].copy_(fused.slice(0, i * count, (i + 1) * count));
     };
-    auto timed = [&](const std::function<void()>& f) {
-      for (int i = 0; i < c.args.warmup; ++i) f();
-      comm.barrier()->wait();
-      const auto t0 = std::chrono::steady_clock::now();
-      for (int i = 0; i < c.args.iters; ++i) f();
-      double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() /
-                  std::max(1, c.args.iters);
-      auto tt = torch::tensor({dt}, torch::kDouble);
-      v1::AllReduceOptions mx;
-      mx.op = ReduceOp::Max;
-      comm.all_reduce(tt, mx)->wait();
-      return tt.item<double>();
-    };
     // Correctness of the fused path first: same result as the reference.
     for (int i = 0; i < k; ++i) ts[i] = input_of(c.rank, count, dtype, i * count);
     fused_once();
@@ -527,7 +521,8 @@ int fusion_bench(Ctx& c) {
       worst = std::max(worst, e);
     }
     report(c, worst < 0 || worst == 0, "fused all-reduce differs from the reference");
-    const double separate = timed(one_by_one), together = timed(fused_once);
+    const double separate = time_per_iteration(c, one_by_one);
+    const double together = time_per_iteration(c, fused_once);
     if (c.rank == 0)
       std::cout << "# fusion: " << k << " tensors x " << bytes << " B, " << c.args.dtype << ", "
                 << comm.backend() << " " << c.world << " ranks, algo " << c.args.algo << "\n"
