@@ -40,6 +40,7 @@ grep -q "held an earlier run" "$work/again2.log" || fail "no notice about the ea
 [ "$(grep -c '"loss"' "$work/again/metrics.jsonl")" -eq 6 ] || fail "metrics.jsonl mixes two runs"
 [ "$(grep -c '"loss"' "$work/again/previous-1/metrics.jsonl")" -eq 3 ] || fail "earlier metrics lost"
 grep -q "max_steps = 3" "$work/again/previous-1/job.toml" || fail "earlier job.toml lost"
+[ -f "$work/again/previous-1/runtime/rank-0.json" ] || fail "the earlier run's runtime/ was not kept"
 # Ctrl-C (SIGINT) and SIGTERM stop after the current step with exit code 130, leaving the
 # metrics already logged.
 for sig in INT TERM; do

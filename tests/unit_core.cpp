@@ -352,9 +352,12 @@ TEST_CASE("int-or-auto options: \"auto\", a number, and clear errors") {
   CHECK(j.resolved_toml.find("threads = 3") != std::string::npos);
   std::string e = error_of(job + "threads = \"many\"\n");
   CHECK(e.find(".toml:13:11") != std::string::npos);
-  CHECK(e.find("threads: expected an integer or \"auto\", got 'many'") != std::string::npos);
+  CHECK(e.find("threads: expected integer or \"auto\", got string \"many\"") != std::string::npos);
   e = error_of(job + "threads = -2\n");
   CHECK(e.find("threads: -2 is out of range [0, 4096]") != std::string::npos);
+  e = error_of(std::string(kGood) + "[launch]\nblas_coretype = \"Skylakex2\"\n");
+  CHECK(e.find(".toml:12:17") != std::string::npos);
+  CHECK(e.find("[launch] blas_coretype: 'Skylakex2' is not an OpenBLAS kernel name trainrun knows (did you mean 'SkylakeX'?)") != std::string::npos);
   e = error_of(job + "pin = 1\n");
   CHECK(e.find("pin: expected boolean") != std::string::npos);
   j = core::JobFile::load(write_job(job), {"accelerator.threads=\"auto\"", "accelerator.blas_threads=2"})
@@ -406,15 +409,28 @@ TEST_CASE("thread plans: budget per local rank, BLAS 1, disjoint pinning, env an
   p = plan_threads(kAuto, kAuto, true, 3, 4, two, no_env);  // more ranks than CPUs
   CHECK(p.intra_op == 1);
   CHECK(p.pin.empty());
-  CHECK(p.reason.find("oversubscribed") != std::string::npos);
+  CHECK(p.reason.find("more ranks than cores") != std::string::npos);
   CHECK(p.reason.find("not pinned: 4 local ranks > 2 CPUs") != std::string::npos);
+  CHECK(p.reason.find("oversubscribed") == std::string::npos);  // 1 thread, not pinned
+  p = plan_threads(3, kAuto, true, 0, 2, two, no_env);        // 3 threads on 1 pinned CPU
+  CHECK(p.reason.find("oversubscribed: 3 LibTorch threads on 1 CPU") != std::string::npos);
+  // Bound by an outer launcher (srun --cpu-bind, mpiexec -bind-to): the mask is this rank's.
+  v1::cpu::CoreBudget bound;
+  bound.cpus = {2, 3};
+  bound.usable = 2;
+  bound.per_rank = true;
+  p = plan_threads(kAuto, kAuto, true, 1, 2, bound, no_env);
+  CHECK(p.intra_op == 2);
+  CHECK(p.pin.empty());
+  CHECK(p.reason.find("bound by the launcher") != std::string::npos);
+  CHECK(p.reason.find("oversubscribed") == std::string::npos);
   p = plan_threads(0, 0, false, 0, 1, two, no_env);  // library defaults: touch nothing
   CHECK(p.intra_op == 0);
   CHECK(p.inter_op == 0);
   CHECK(p.blas == 0);
   CHECK(p.pin.empty());
-  p = plan_threads(3, 2, true, 0, 2, two, no_env);
-  CHECK(p.intra_op == 3);
+  p = plan_threads(1, 2, true, 0, 2, two, no_env);
+  CHECK(p.intra_op == 1);
   CHECK(p.blas == 2);
   CHECK(p.pin == std::vector<int>{0});
   // The environment's counts win over "auto", never over an explicit option.
@@ -447,6 +463,8 @@ TEST_CASE("BLAS kernel: tiers, the best kernel for a CPU, and the decision table
   CHECK(core::blas_kernel_tier("Prescott") == 1);
   CHECK(core::blas_kernel_tier("Nehalem") == 1);
   CHECK(core::blas_kernel_tier("FutureLake") == 0);
+  CHECK(core::canonical_kernel("SKYLAKEX") == "SkylakeX");
+  CHECK(core::canonical_kernel("FutureLake").empty());
   core::CpuFeatures f;
   CHECK(core::best_blas_kernel(f).empty());
   f.avx = true;
@@ -470,8 +488,8 @@ TEST_CASE("BLAS kernel: tiers, the best kernel for a CPU, and the decision table
   };
   const Row rows[] = {
       // auto: a generic kernel on an AVX-512 CPU is replaced (the issue's measured case)
-      {"auto", std::nullopt, "Prescott", "SkylakeX", true, "SkylakeX", false, "OpenBLAS picked Prescott, a SSE kernel"},
-      {"auto", std::nullopt, "Haswell", "SkylakeX", true, "SkylakeX", false, "AVX2 kernel"},
+      {"auto", std::nullopt, "Prescott", "SkylakeX", true, "SkylakeX", false, "OpenBLAS picked Prescott, an SSE kernel"},
+      {"auto", std::nullopt, "Haswell", "SkylakeX", true, "SkylakeX", false, "an AVX2 kernel"},
       // auto: same tier is left alone (SkylakeX and Cooperlake run the same sgemm)
       {"auto", std::nullopt, "SkylakeX", "Cooperlake", false, "", false, "already uses this CPU's AVX-512"},
       {"auto", std::nullopt, "FutureLake", "SkylakeX", false, "", false, "does not know"},
@@ -480,7 +498,10 @@ TEST_CASE("BLAS kernel: tiers, the best kernel for a CPU, and the decision table
       {"auto", std::string("Prescott"), "Prescott", "SkylakeX", false, "", true, "unset OPENBLAS_CORETYPE"},
       {"auto", std::string("SkylakeX"), "SkylakeX", "SkylakeX", false, "", false, "from the environment"},
       {"off", std::nullopt, "Prescott", "SkylakeX", false, "", false, "OpenBLAS's own choice"},
-      {"Haswell", std::nullopt, "SkylakeX", "SkylakeX", true, "Haswell", false, "OpenBLAS picked SkylakeX"},
+      // a named kernel: canonical spelling, a warning when it is of a lower tier than "auto"
+      {"haswell", std::nullopt, "SkylakeX", "SkylakeX", true, "Haswell", true, "so slower than \"auto\""},
+      {"Cooperlake", std::nullopt, "SkylakeX", "Cooperlake", true, "Cooperlake", false, "OpenBLAS picked SkylakeX"},
+      {"SkylakeX", std::string("Prescott"), "Prescott", "SkylakeX", true, "SkylakeX", false, "OPENBLAS_CORETYPE=Prescott from the environment overridden"},
       {"skylakex", std::nullopt, "SkylakeX", "SkylakeX", false, "", false, "blas_coretype = \"skylakex\""},
   };
   for (const auto& r : rows) {

@@ -3,6 +3,7 @@
 // a typo on line 40 is reported before a ten-minute data load, with the file, line, column and
 // key named.
 #include "trainrun/core/config.hpp"
+#include "trainrun/core/runtime.hpp"
 
 #include <toml++/toml.h>
 
@@ -273,7 +274,7 @@ OptionValue convert(const toml::node& node, const OptionSpec& spec, const std::s
       }
       if (auto v = node.value_exact<std::string>()) {
         if (*v == "auto") return v1::kAuto;
-        throw ConfigError(loc + ": " + section + " " + spec.name + ": expected an integer or \"auto\", got '" + *v + "'");
+        throw ConfigError(loc + ": " + section + " " + spec.name + ": expected integer or \"auto\", got string \"" + *v + "\"");
       }
       throw bad_type();
     case OptionType::Float:
@@ -535,6 +536,20 @@ JobConfig JobFile::validate(const Registry& registry) const {
   };
   job.trainer = validate_table(table_or_empty("trainer"), trainer_schema(), "[trainer]", file, "");
   job.launch = validate_table(table_or_empty("launch"), launch_schema(), "[launch]", file, "");
+  // A misspelt kernel would otherwise only be found by the probe, after the job has started.
+  if (const std::string& k = job.launch.get_string("blas_coretype");
+      k != "auto" && k != "off" && canonical_kernel(k).empty()) {
+    const auto* launch_table = root.get_as<toml::table>("launch");
+    const toml::node* n = launch_table ? launch_table->get("blas_coretype") : nullptr;
+    std::vector<std::string> names = {"auto", "off"};
+    std::stringstream ks(known_kernels());
+    for (std::string item; std::getline(ks, item, ',');) names.push_back(item.substr(item.find_first_not_of(' ')));
+    const std::string hint = closest(k, names);
+    throw ConfigError((n ? where(n->source(), file) : file) + ": [launch] blas_coretype: '" + k +
+                      "' is not an OpenBLAS kernel name trainrun knows" +
+                      (hint.empty() ? "" : " (did you mean '" + hint + "'?)") +
+                      "; use \"auto\", \"off\" or one of: " + known_kernels());
+  }
   validate_table(table_or_empty("plugins"), plugins_schema(), "[plugins]", file, "");
 
   // The batch layout depends only on the job, so `trainrun check` catches a bad one too.

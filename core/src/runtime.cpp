@@ -69,18 +69,37 @@ CpuFeatures cpu_features() {
   return f;
 }
 
+namespace {
+// OpenBLAS's kernel set names (as OPENBLAS_CORETYPE takes them) with their vector ISA tier.
+struct KernelName {
+  const char* name;
+  int tier;
+};
+constexpr KernelName kKernels[] = {
+    {"Prescott", 1},    {"Core2", 1},       {"Penryn", 1},      {"Dunnington", 1},
+    {"Nehalem", 1},     {"Atom", 1},        {"Katmai", 1},      {"Coppermine", 1},
+    {"Northwood", 1},   {"Banias", 1},      {"Opteron", 1},     {"Opteron_SSE3", 1},
+    {"Barcelona", 1},   {"Bobcat", 1},      {"Nano", 1},        {"Athlon", 1},
+    {"Sandybridge", 2}, {"Bulldozer", 2},   {"Piledriver", 2},  {"Steamroller", 2},
+    {"Excavator", 2},   {"Haswell", 3},     {"Zen", 3},         {"SkylakeX", 4},
+    {"Cooperlake", 4},  {"SapphireRapids", 4}};
+}  // namespace
+
+std::string canonical_kernel(const std::string& name) {
+  for (const auto& k : kKernels)
+    if (lower(name) == lower(k.name)) return k.name;
+  return "";
+}
+
+std::string known_kernels() {
+  std::string out;
+  for (const auto& k : kKernels) out += (out.empty() ? "" : ", ") + std::string(k.name);
+  return out;
+}
+
 int blas_kernel_tier(const std::string& corename) {
-  const std::string c = lower(corename);
-  for (const char* n : {"skylakex", "cooperlake", "sapphirerapids"})
-    if (c == n) return 4;
-  for (const char* n : {"haswell", "zen"})
-    if (c == n) return 3;
-  for (const char* n : {"sandybridge", "bulldozer", "piledriver", "steamroller", "excavator"})
-    if (c == n) return 2;
-  for (const char* n : {"prescott", "core2", "penryn", "dunnington", "nehalem", "atom", "katmai",
-                        "coppermine", "northwood", "banias", "opteron", "opteron_sse3",
-                        "barcelona", "bobcat", "nano", "athlon", "generic"})
-    if (c == n) return 1;
+  for (const auto& k : kKernels)
+    if (lower(corename) == lower(k.name)) return k.tier;
   return 0;
 }
 
@@ -117,13 +136,20 @@ BlasChoice decide_blas_kernel(const std::string& option, const std::optional<std
     return c;
   }
   if (option != "auto") {
-    if (same_kernel(option, loaded.corename)) {
+    const std::string name = canonical_kernel(option).empty() ? option : canonical_kernel(option);
+    const int want = blas_kernel_tier(name);
+    if (same_kernel(name, loaded.corename)) {
       c.note = "kernel " + loaded.corename + " (blas_coretype = \"" + option + "\")";
     } else {
       c.select = true;
-      c.coretype = option;
-      c.note = "kernel " + option + " (blas_coretype = \"" + option + "\"; OpenBLAS picked " +
-               loaded.corename + ")";
+      c.coretype = name;
+      c.note = "kernel " + name + " (blas_coretype = \"" + option + "\"; OpenBLAS picked " +
+               loaded.corename + (env ? ", OPENBLAS_CORETYPE=" + *env + " from the environment overridden" : "") + ")";
+    }
+    if (want > 0 && want < can) {
+      c.warn = true;
+      c.note += ": an " + std::string(tier_name(want)) + " kernel on a CPU that runs " + best + " (" +
+                tier_name(can) + "), so slower than \"auto\"";
     }
     return c;
   }
@@ -131,7 +157,7 @@ BlasChoice decide_blas_kernel(const std::string& option, const std::optional<std
     c.note = "kernel " + loaded.corename + " (OPENBLAS_CORETYPE=" + *env + " from the environment)";
     if (have < can) {
       c.warn = true;
-      c.note += ": a " + std::string(tier_name(have)) + " kernel on a CPU that runs " + best + " (" +
+      c.note += ": an " + std::string(tier_name(have)) + " kernel on a CPU that runs " + best + " (" +
                 tier_name(can) + "); unset OPENBLAS_CORETYPE to let trainrun choose";
     }
     return c;
@@ -143,7 +169,7 @@ BlasChoice decide_blas_kernel(const std::string& option, const std::optional<std
   if (have < can) {
     c.select = true;
     c.coretype = best;
-    c.note = "kernel " + best + " (auto: OpenBLAS picked " + loaded.corename + ", a " +
+    c.note = "kernel " + best + " (auto: OpenBLAS picked " + loaded.corename + ", an " +
              tier_name(have) + " kernel, on a CPU that runs " + tier_name(can) + ")";
     return c;
   }
@@ -243,9 +269,9 @@ BlasProbe probe_blas_kernel(const std::string& coretype) {
     r.message = "the probe with OPENBLAS_CORETYPE=" + coretype + " exited with status " +
                 std::to_string(WEXITSTATUS(status));
   } else if (!same_kernel(r.corename, coretype)) {
-    r.message = "OPENBLAS_CORETYPE=" + coretype + " was not taken: OpenBLAS ran kernel " +
+    r.message = "OpenBLAS did not take OPENBLAS_CORETYPE=" + coretype + " (the probe ran kernel " +
                 (r.corename.empty() ? "?" : r.corename) +
-                " instead (unknown to this OpenBLAS, or not supported by this CPU)";
+                " instead: this OpenBLAS build has no such kernel, or this CPU cannot run it)";
   } else if (!(r.max_rel_err <= 1e-5)) {
     std::ostringstream os;
     os << "kernel " << coretype << " computed a test sgemm with relative error " << r.max_rel_err
@@ -257,6 +283,23 @@ BlasProbe probe_blas_kernel(const std::string& coretype) {
   return r;
 }
 
+namespace {
+// Probes the chosen kernel; a refusal turns the choice into "keep the loaded kernel", with a
+// note that says why and what to do instead.
+void refuse_if_probe_fails(BlasChoice& choice, const std::string& option,
+                           const v1::cpu::BlasInfo& loaded) {
+  const BlasProbe probe = probe_blas_kernel(choice.coretype);
+  if (probe.ok) return;
+  choice.warn = true;
+  choice.note = "kernel " + loaded.corename + " kept: " + probe.message +
+                (option == "auto"
+                     ? "; to choose a kernel yourself set OPENBLAS_CORETYPE=NAME before starting "
+                       "trainrun"
+                     : "; set [launch] blas_coretype to another kernel, or \"auto\"");
+  choice.select = false;
+}
+}  // namespace
+
 void select_blas_kernel(const JobConfig& job, char** argv, bool launching) {
   if (std::getenv("TRAINRUN_BLAS_CHOICE")) return;
   const std::string option = job.launch.get_string("blas_coretype");
@@ -264,16 +307,7 @@ void select_blas_kernel(const JobConfig& job, char** argv, bool launching) {
   if (const char* e = std::getenv("OPENBLAS_CORETYPE"); e && *e) env = e;
   const v1::cpu::BlasInfo loaded = v1::cpu::blas_info();
   BlasChoice choice = decide_blas_kernel(option, env, loaded, best_blas_kernel(cpu_features()));
-  if (choice.select) {
-    const BlasProbe probe = probe_blas_kernel(choice.coretype);
-    if (!probe.ok) {
-      choice.warn = true;
-      choice.note = "kernel " + loaded.corename + " kept: " + probe.message +
-                    "; to choose a kernel yourself set OPENBLAS_CORETYPE=NAME before starting "
-                    "trainrun, or [launch] blas_coretype = \"NAME\"";
-      choice.select = false;
-    }
-  }
+  if (choice.select) refuse_if_probe_fails(choice, option, loaded);
   if (choice.warn) log_warn("[launch] blas_coretype: " + choice.note);
   setenv("TRAINRUN_BLAS_CHOICE", choice.note.c_str(), 1);
   if (!choice.select) return;
@@ -319,13 +353,13 @@ std::vector<std::string> check_runtime_lines(const JobConfig& job,
                   (loaded.openblas ? loaded.config : std::string("BLAS: not OpenBLAS")));
   std::optional<std::string> env;
   if (const char* e = std::getenv("OPENBLAS_CORETYPE"); e && *e) env = e;
-  BlasChoice choice = decide_blas_kernel(job.launch.get_string("blas_coretype"), env, loaded,
-                                         best_blas_kernel(cpu_features()));
+  const std::string option = job.launch.get_string("blas_coretype");
+  BlasChoice choice = decide_blas_kernel(option, env, loaded, best_blas_kernel(cpu_features()));
   if (choice.select) {
-    const BlasProbe probe = probe_blas_kernel(choice.coretype);
-    choice.note += probe.ok ? " [probe ok]" : " would be refused: " + probe.message;
+    refuse_if_probe_fails(choice, option, loaded);
+    if (choice.select) choice.note += " [probe ok]";
   }
-  lines.push_back("BLAS " + choice.note);
+  lines.push_back("BLAS " + choice.note + (choice.warn ? " (warning)" : ""));
   const auto& opts = job.accelerator.options;
   const int local = static_cast<int>(job.launch.get_int("nproc_per_node"));
   if (opts.has("threads") && opts.has("blas_threads") && opts.has("pin")) {

@@ -94,9 +94,15 @@ std::string keep_previous_run(const std::string& run_dir) {
   while (fs::exists(dir / ("previous-" + std::to_string(n)))) ++n;
   const fs::path dst = dir / ("previous-" + std::to_string(n));
   fs::create_directory(dst);
-  for (const auto& e : fs::directory_iterator(dir))
-    if (e.is_regular_file() || (e.is_directory() && e.path().filename() == "logs"))
-      fs::rename(e.path(), dst / e.path().filename());
+  // The earlier run's files and the folders trainrun itself writes move; other folders stay,
+  // so a run_dir that also holds the user's own folders never has them moved.
+  std::vector<fs::path> moving;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const std::string name = e.path().filename().string();
+    if (e.is_regular_file() || (e.is_directory() && (name == "logs" || name == "runtime")))
+      moving.push_back(e.path());
+  }
+  for (const auto& p : moving) fs::rename(p, dst / p.filename());
   log_info("run_dir " + dir.string() + " held an earlier run: its files are now in " +
            dst.string());
   return dst.string();

@@ -183,10 +183,14 @@ struct CoreBudget {
   std::vector<int> cpus;   ///< logical CPUs of the calling thread's affinity mask, sorted
   double quota_cores = 0;  ///< cgroup CPU bandwidth limit in cores; 0 = none
   int usable = 1;          ///< min(cpus.size(), floor(quota_cores) where limited), at least 1
+  /// The mask is already this rank's own share (an outer launcher such as `srun --cpu-bind` or
+  /// `mpiexec -bind-to` bound the rank): it is neither divided nor sliced again.
+  bool per_rank = false;
   /// "2 cores (affinity 0-1)" or "2 cores (affinity 0-7, cgroup quota 2.0 cores)"
   std::string text() const {
     std::ostringstream os;
     os << usable << (usable == 1 ? " core" : " cores") << " (affinity " << cpu_list_text(cpus);
+    if (per_rank) os << " bound by the launcher";
     if (quota_cores > 0) os << ", cgroup quota " << quota_cores << " cores";
     os << ")";
     return os.str();
@@ -253,16 +257,17 @@ inline ThreadPlan plan_threads(int64_t threads, int64_t blas_threads, bool pin, 
   TR_CHECK_TYPED(ConfigError, local_world_size >= 1 && local_rank >= 0 && local_rank < local_world_size,
                  "local rank ", local_rank, " is not in [0, local_world_size ", local_world_size, ")");
   ThreadPlan plan;
-  const int share = std::max(1, budget.usable / local_world_size);
+  const int ranks_sharing = budget.per_rank ? 1 : local_world_size;
+  const int share = std::max(1, budget.usable / ranks_sharing);
   std::ostringstream why;
   if (threads == kAuto && env.omp > 0) {
     plan.intra_op = plan.inter_op = env.omp;
     why << "auto: OMP_NUM_THREADS=" << env.omp << " from the environment";
   } else if (threads == kAuto) {
     plan.intra_op = plan.inter_op = share;
-    why << "auto: " << budget.text() << " / " << local_world_size
-        << (local_world_size == 1 ? " local rank" : " local ranks");
-    if (budget.usable < local_world_size) why << " (oversubscribed: more ranks than cores)";
+    why << "auto: " << budget.text() << " / " << ranks_sharing
+        << (ranks_sharing == 1 ? " local rank" : " local ranks");
+    if (budget.usable < ranks_sharing) why << " (more ranks than cores)";
   } else if (threads == 0) {
     why << "LibTorch's default";
   } else {
@@ -271,12 +276,19 @@ inline ThreadPlan plan_threads(int64_t threads, int64_t blas_threads, bool pin, 
   }
   plan.blas = blas_threads != kAuto ? static_cast<int>(blas_threads) : env.openblas > 0 ? env.openblas : 1;
   const auto n = static_cast<int>(budget.cpus.size());
-  if (pin && n >= local_world_size) {
+  if (pin && budget.per_rank) {
+    // Already bound: the launcher's binding is the pinning.
+  } else if (pin && n >= local_world_size) {
     const int k = n / local_world_size;
     plan.pin.assign(budget.cpus.begin() + local_rank * k, budget.cpus.begin() + (local_rank + 1) * k);
   } else if (pin) {
-    why << "; not pinned: " << local_world_size << " local ranks > " << n << " CPUs";
+    why << "; not pinned: " << local_world_size << " local ranks > " << n
+        << (n == 1 ? " CPU" : " CPUs");
   }
+  const size_t on = plan.pin.empty() ? (budget.per_rank ? budget.cpus.size() : 0) : plan.pin.size();
+  if (on > 0 && static_cast<size_t>(plan.intra_op) > on)
+    why << "; oversubscribed: " << plan.intra_op << " LibTorch threads on " << on
+        << (on == 1 ? " CPU" : " CPUs");
   plan.reason = why.str();
   return plan;
 }
@@ -363,11 +375,7 @@ inline double busy_cores_now(double seconds = 0.1) {
 /// intra-op threads, its inter-op threads (once per process: LibTorch fixes that pool's size
 /// once and throws on a second call, and several accelerators can be built in one process, so a
 /// refusal is a warning on stderr naming `who`), then the BLAS pool. Warns on stderr when the
-/// plan gives LibTorch several threads while other processes already keep half a core or more
-/// busy (busy_cores_now, sampled for 0.1 s only in that case): OpenMP pools wait for every thread at each parallel region, and a thread
-/// whose core is taken by another process stalls all of them (measured here: a single-process MLP
-/// at 2 threads fell from ~30k to under 1k samples/s beside a 2-job compile). Throws Error when
-/// pinning fails.
+/// plan is oversubscribed (more LibTorch threads than its CPUs). Throws Error when pinning fails.
 inline void apply(const ThreadPlan& plan, const char* who) {
   pin_all_threads(plan.pin);
   if (plan.intra_op > 0) at::set_num_threads(plan.intra_op);
@@ -387,14 +395,8 @@ inline void apply(const ThreadPlan& plan, const char* who) {
     });
   }
   if (plan.blas > 0) set_blas_threads(plan.blas);
-  if (plan.intra_op <= 1) return;
-  if (const double busy = busy_cores_now(); busy >= 0.5)
-    std::fprintf(stderr,
-                 "trainrun %s: warning: this node is already busy (%.1f cores in use) and this "
-                 "rank runs %d LibTorch threads; OpenMP pools slow down sharply when another "
-                 "process takes one of their cores: use threads = 1 (or OMP_NUM_THREADS=1) on a "
-                 "shared node\n",
-                 who, busy, plan.intra_op);
+  if (plan.reason.find("oversubscribed: ") != std::string::npos)
+    std::fprintf(stderr, "trainrun %s: warning: %s\n", who, plan.reason.c_str());
 }
 
 /// The runtime as the libraries and the kernel report it now, for banners and tests.
@@ -434,8 +436,11 @@ inline std::string describe(const ThreadPlan& plan) {
   const Readback r = read_back();
   std::ostringstream os;
   os << r.intra_op << (r.intra_op == 1 ? " thread" : " threads") << " (" << plan.reason << ")";
-  if (r.blas.openblas) os << ", BLAS " << r.blas.threads << (r.blas.threads == 1 ? " thread" : " threads");
+  if (r.blas.openblas)
+    os << ", BLAS " << r.blas.threads << (r.blas.threads == 1 ? " thread" : " threads")
+       << (plan.blas == 0 ? " (OpenBLAS's default)" : "");
   if (!plan.pin.empty()) os << ", pinned to CPU" << (plan.pin.size() == 1 ? " " : "s ") << cpu_list_text(plan.pin);
+  else os << ", not pinned";
   return os.str();
 }
 

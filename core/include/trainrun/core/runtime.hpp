@@ -31,6 +31,13 @@ struct CpuFeatures {
 /// This CPU's features.
 CpuFeatures cpu_features();
 
+/// The spelling OpenBLAS uses for a kernel set name given in any case ("haswell" -> "Haswell"),
+/// or "" for a name trainrun does not know.
+std::string canonical_kernel(const std::string& name);
+
+/// Every kernel name canonical_kernel knows, comma-separated (for error messages).
+std::string known_kernels();
+
 /// Vector ISA tier of an OpenBLAS kernel set name (case-insensitive): 4 AVX-512 (SkylakeX,
 /// Cooperlake, SapphireRapids), 3 AVX2 (Haswell, Zen), 2 AVX (Sandybridge, Bulldozer, ...),
 /// 1 SSE-era kernels (Prescott, Core2, Nehalem, Atom, ...), 0 unknown name.
