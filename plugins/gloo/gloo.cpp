@@ -40,6 +40,7 @@
 
 #include "comm_common.hpp"
 #include "cpu_threads.hpp"
+#include "shm.hpp"
 
 namespace trainrun::plugins {
 
@@ -374,6 +375,9 @@ struct GlooCommunicator::Impl {
   // caller that waited for everything sees 0.
   std::atomic<int64_t> in_flight{0};
   std::vector<unsigned char> reduce_scatter_scratch;  // the worker's, reused between calls
+  // send/recv to peers on this machine (null: shm off, or no such peer); see shm.hpp. Its
+  // threads complete Works through this Impl, so it is stopped in ~GlooCommunicator.
+  std::unique_ptr<shm::Transport> shm;
 
   // Declared last: destroyed (drained and joined) first, while everything above still exists.
   SerialQueue reaper;  // waits for point-to-point completions
@@ -416,6 +420,8 @@ struct GlooCommunicator::Impl {
   // their sockets, so the peers' operations fail with "connection closed" at once. A 1 ms wait
   // on a buffer with nothing posted is that timeout.
   void abort_transport() {
+    // Shared-memory channels first: it wakes this rank's channel threads and tells the peers'.
+    if (shm) shm->abort();
     char byte = 0;
     try {
       auto buf = context->createUnboundBuffer(&byte, 1);
@@ -498,12 +504,31 @@ struct GlooCommunicator::Impl {
     auto work = new_work(0, text, timeout_s);
     const uint64_t slot = point_to_point_slot(opts.tag, tensor.scalar_type(), bytes);
     const int peer = opts.peer;
+    const int tag = opts.tag;
     const Millis timeout = to_millis(timeout_s);
     // Posted by the worker so that it follows the collectives issued before it (a send of a
     // tensor that an earlier all_reduce writes sends the reduced values); waited for on the
     // reaper so that the worker can post the matching half of an exchange meanwhile.
-    worker.post([this, work, tensor, slot, peer, is_send, timeout, text] {
+    worker.post([this, work, tensor, slot, peer, tag, is_send, timeout, timeout_s, text] {
       if (auto error = broken_error()) return complete(*work, error);
+      if (shm && (is_send ? shm->can_send(peer) : shm->can_recv(peer))) {
+        // Same host: the channel's own thread copies through shared memory and completes the
+        // Work; its errors poison the communicator as the TCP path's do.
+        shm::Op op;
+        op.tensor = tensor;
+        op.tag = tag;
+        op.deadline = std::chrono::steady_clock::now() + timeout;
+        op.timeout_s = timeout_s;
+        op.text = text;
+        op.done = [this, work](std::exception_ptr error) {
+          if (error) {
+            auto first = broken_error();
+            error = first ? first : fail(error);
+          }
+          complete(*work, error);
+        };
+        return shm->post(is_send, peer, std::move(op));
+      }
       std::shared_ptr<gloo::transport::UnboundBuffer> buf;
       try {
         buf = context->createUnboundBuffer(tensor.data_ptr(), tensor.nbytes());
@@ -571,6 +596,8 @@ GlooCommunicator::GlooCommunicator(std::shared_ptr<c10d::Store> store,
                    const std::string s = join(m.global_ranks);
                    return std::vector<uint8_t>(s.begin(), s.end());
                  }());
+  // Before the rendezvous, so that every member's entry is there once it has passed.
+  if (m.size > 1) shm::Transport::publish(*m.store, m.prefix, m.rank, m.settings.shm);
   auto peers = comm::rendezvous(*m.store, m.prefix + "rendezvous/", m.rank, m.size,
                                 m.settings.rendezvous_timeout_s, where);
   if (!m.id.empty()) {
@@ -595,6 +622,17 @@ GlooCommunicator::GlooCommunicator(std::shared_ptr<c10d::Store> store,
   } catch (const std::exception& e) {
     TR_FAIL(where, ": rank ", m.global_ranks[rank], " could not connect Gloo's TCP mesh of ",
             m.size, " ranks (", m.device->str(), "): ", what_of(e));
+  }
+
+  if (m.size > 1 && m.settings.shm) {
+    shm::Transport::Config sc;
+    sc.backend = kBackend;
+    sc.group = m.name;
+    sc.prefix = m.prefix;
+    sc.rank = m.rank;
+    sc.global_ranks = m.global_ranks;
+    sc.peer_name = [&m](int r) { return m.peer_name(r); };
+    m.shm = std::make_unique<shm::Transport>(m.store, std::move(sc));
   }
 
   comm::Monitor::Config mc;
@@ -625,12 +663,14 @@ GlooCommunicator::~GlooCommunicator() {
     m.fail(nullptr);
   }
   m.worker.stop();
+  if (m.shm) m.shm->stop();  // after the worker, which may still post to it
   m.reaper.stop();
 }
 
 int GlooCommunicator::rank() const { return impl_->rank; }
 int GlooCommunicator::world_size() const { return impl_->size; }
 const std::string& GlooCommunicator::group_name() const { return impl_->name; }
+int GlooCommunicator::shm_peers() const { return impl_->shm ? impl_->shm->peers() : 0; }
 
 std::shared_ptr<Work> GlooCommunicator::all_reduce(at::Tensor& tensor,
                                                    const AllReduceOptions& opts) {
@@ -821,6 +861,9 @@ void GlooAccelerator::declare_options(OptionSchema& schema) {
   schema.boolean("check_collectives", true,
                  "check through the store that every rank issues the same collective (op, "
                  "dtype, size) at the same position; a mismatch is an error naming both");
+  schema.boolean("shm", true,
+                 "send/recv between ranks on the same machine go through shared memory "
+                 "instead of loopback TCP (collectives stay on Gloo's TCP)");
   schema.choice("allreduce_algorithm", "ring", {"ring", "bcube"},
                 "Gloo all-reduce algorithm: ring (bandwidth-optimal) or bcube (fewer steps, "
                 "better for small tensors)");
@@ -837,6 +880,7 @@ GlooAccelerator::GlooAccelerator(const Options& options, const RunContext& ctx) 
                  ": stall_warning_s must be >= 0, got ", s.stall_warning_s);
   s.check_collectives = options.get_bool("check_collectives");
   s.bcube = options.get_string("allreduce_algorithm") == "bcube";
+  s.shm = options.get_bool("shm");
   s.rendezvous_timeout_s = comm::rendezvous_timeout_from_environment();
   TR_CHECK_TYPED(ConfigError, ctx.world_size >= 1 && ctx.rank >= 0 && ctx.rank < ctx.world_size,
                  kBackend, ": rank ", ctx.rank, " is not in [0, world_size ", ctx.world_size, ")");
@@ -877,7 +921,13 @@ GlooAccelerator::GlooAccelerator(const Options& options, const RunContext& ctx) 
 }
 
 std::string GlooAccelerator::describe() const {
-  return detail::cat(kBackend, " (", transport_, "), rank ", comm_->rank(), " of ",
+  // "+ shm" when this rank reaches every other rank over shared memory, "+ shm (1 of 3
+  // peers)" when only some are on its machine.
+  const int shm = comm_->shm_peers(), others = comm_->world_size() - 1;
+  const std::string via = shm == 0       ? ""
+                          : shm == others ? " + shm"
+                                          : detail::cat(" + shm (", shm, " of ", others, " peers)");
+  return detail::cat(kBackend, " (", transport_, via, "), rank ", comm_->rank(), " of ",
                      comm_->world_size(), ", ", v1::cpu::describe(threads_));
 }
 

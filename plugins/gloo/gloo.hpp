@@ -29,6 +29,7 @@ struct GlooSettings {
   double rendezvous_timeout_s = 300;  ///< rendezvous of the world and of every new_group
   bool check_collectives = true;      ///< cross-rank order/fingerprint check of collectives
   bool bcube = false;                 ///< all_reduce by Gloo's bcube instead of its ring
+  bool shm = true;                    ///< send/recv on one machine through shared memory
 };
 
 /// Collectives over Gloo's TCP transport among the ranks of one group (backend "gloo-cpu").
@@ -41,6 +42,13 @@ struct GlooSettings {
 /// on two ranks (an exchange) cannot deadlock; they are not sequence-numbered, and a tensor
 /// given to send/recv must not be touched until its Work's wait() returns. send and recv must
 /// agree on tag, dtype and element count: otherwise neither matches and both time out.
+///
+/// Same machine (option shm, default on; see shm.hpp): send/recv between two members of a
+/// group (world or sub-group) that share a machine go through a shared-memory channel per
+/// direction instead of TCP, copied in and out by a thread per channel. There, messages are
+/// matched strictly in posting order per pair: a recv whose tag, dtype or size differs from
+/// the peer's next send fails at once naming both ranks, the tag and the sizes. A peer that
+/// exits while a send/recv waits on it fails that operation within milliseconds.
 ///
 /// Failures: a Gloo error (a peer closed its connections, a timeout) fails the operation with
 /// an Error naming it, its group and the ranks that have not arrived; the communicator is then
@@ -78,6 +86,8 @@ class GlooCommunicator final : public Communicator {
   std::string backend() const override { return "gloo-cpu"; }
   /// "world" or "1 [0, 2]" (sub-group 1, global ranks 0 and 2); messages say "group <name>".
   const std::string& group_name() const;
+  /// Peers this rank reaches over shared memory in both directions (0: TCP only).
+  int shm_peers() const;
 
   std::shared_ptr<Work> all_reduce(at::Tensor& tensor, const AllReduceOptions& opts = {}) override;
   std::shared_ptr<Work> reduce_scatter(const at::Tensor& input, at::Tensor& output,
@@ -100,7 +110,7 @@ class GlooCommunicator final : public Communicator {
 
 /// The host CPU with a Gloo communicator across all ranks of the job. Options: `threads`,
 /// `blas_threads`, `pin` (as cpu's), `timeout_s`, `stall_warning_s`, `check_collectives`, `allreduce_algorithm`
-/// (ring|bcube). The world's store comes from MASTER_ADDR/MASTER_PORT (an in-process store
+/// (ring|bcube), `shm` (send/recv on one machine through shared memory). The world's store comes from MASTER_ADDR/MASTER_PORT (an in-process store
 /// when world_size is 1 and neither is set); the rendezvous timeout from
 /// TRAINRUN_RENDEZVOUS_TIMEOUT_S (default 300 s). Gloo listens on 127.0.0.1 when MASTER_ADDR
 /// is a loopback address, else on GLOO_SOCKET_IFNAME's interface when set, else on the address
@@ -115,7 +125,7 @@ class GlooAccelerator final : public Accelerator {
   std::string describe() const override;
 
  private:
-  std::string transport_;  ///< "tcp 127.0.0.1", "tcp eth0", "tcp host-a"
+  std::string transport_;  ///< "tcp 127.0.0.1", "tcp eth0", "tcp host-a" (describe() adds "+ shm")
   std::unique_ptr<GlooCommunicator> comm_;
   v1::cpu::ThreadPlan threads_;
 };

@@ -1,0 +1,34 @@
+# gloo-cpu's shared-memory send/recv (plugins/gloo/shm.cpp): shm_p2p forks its own ranks on
+# loopback and drives GlooCommunicator directly (correctness at 2 and 3 ranks, a tag/size
+# mismatch, a dead peer, a timeout; `shm_p2p bench` prints shm vs TCP GB/s and is not a test);
+# shm_e2e.sh checks through the real trainrun binary that the path is in use ("+ shm" in the
+# banner) and that --verify passes with it on and off.
+find_package(Gloo CONFIG REQUIRED)
+add_executable(shm_p2p ${CMAKE_CURRENT_SOURCE_DIR}/shm_p2p.cpp
+                       ${PROJECT_SOURCE_DIR}/plugins/gloo/gloo.cpp
+                       ${PROJECT_SOURCE_DIR}/plugins/gloo/shm.cpp
+                       ${PROJECT_SOURCE_DIR}/plugins/comm-common/comm_common.cpp)
+target_include_directories(shm_p2p PRIVATE ${PROJECT_SOURCE_DIR}/plugins
+                                           ${PROJECT_SOURCE_DIR}/plugins/comm-common)
+target_link_libraries(shm_p2p PRIVATE TrainrunSDK::sdk torch gloo)
+target_compile_definitions(shm_p2p PRIVATE
+  TRAINRUN_NO_PLUGIN_ENTRY
+  TRAINRUN_BUILD_TORCH_VERSION="${Torch_VERSION}"
+  TRAINRUN_BUILD_COMPILER_ID="x")
+
+foreach(case check mismatch dead timeout)
+  add_test(NAME shm.p2p.${case} COMMAND shm_p2p ${case})
+  set_tests_properties(shm.p2p.${case} PROPERTIES TIMEOUT 180
+    ENVIRONMENT "OMP_NUM_THREADS=1;OPENBLAS_NUM_THREADS=1")
+endforeach()
+add_test(NAME shm.p2p.check.w3 COMMAND shm_p2p check 3)
+set_tests_properties(shm.p2p.check.w3 PROPERTIES TIMEOUT 300
+  ENVIRONMENT "OMP_NUM_THREADS=1;OPENBLAS_NUM_THREADS=1")
+
+foreach(case banner verify_off)
+  add_test(NAME shm.e2e.${case}
+    COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/shm_e2e.sh $<TARGET_FILE:trainrun>
+            ${CMAKE_CURRENT_BINARY_DIR}/work/shm-${case} ${case})
+  set_tests_properties(shm.e2e.${case} PROPERTIES TIMEOUT 300
+    ENVIRONMENT "OMP_NUM_THREADS=1;OPENBLAS_NUM_THREADS=1")
+endforeach()
