@@ -113,11 +113,6 @@ class DdpStrategy final : public Strategy, public StepMetricsSource {
   };
 
   void check_setup(const char* what) const;
-  /// All ranks exchange fingerprints of every parameter and buffer (name, shape, dtype,
-  /// trainable); on a difference every rank throws the same ConfigError naming the first one.
-  void check_same_model_on_all_ranks(const std::vector<NamedTensor>& buffers);
-  /// Rank 0's values into `tensors` on every rank, coalesced per dtype into few collectives.
-  void broadcast_from_rank0(const std::vector<at::Tensor>& tensors);
   /// (Re)allocates the buckets for gradients expected in `order` (grads_ indices).
   void build_buckets(const std::vector<size_t>& order);
   void install_hooks();
