@@ -20,6 +20,7 @@ function(equivalence_suite strategy)
 endfunction()
 
 equivalence_suite(ddp)
+equivalence_suite(ring)
 
 # Distributed data: evaluation counted once across ranks, world 3 with accumulation, batch
 # layout errors (tests/data_parallel.sh).

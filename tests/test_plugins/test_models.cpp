@@ -8,10 +8,15 @@
 //                         threshold, so in a given step it is used on some ranks and not on
 //                         others (or on none); the function is per sample, so a data-parallel
 //                         run must still reproduce the single-process one.
+//   stall_rank, stall_s:  rank `stall_rank` sleeps `stall_s` seconds in its third training
+//                         forward, so its gradients are late (a strategy must end the others
+//                         within the collective timeout, naming what it waited for).
 #include <torch/torch.h>
 #include <trainrun/trainrun.hpp>
 
+#include <chrono>
 #include <cstdio>
+#include <thread>
 #include <string>
 
 namespace {
@@ -39,9 +44,13 @@ class DdpTestModel final : public tr::ModuleModel {
     s.boolean("unused_layer", false, "register a layer 'head2' that forward never uses");
     s.real("gate_threshold", 0.0,
            "> 0: layer 'gate' adds to the logits of samples whose mean input exceeds this");
+    s.integer("stall_rank", -1, "rank that sleeps stall_s seconds in its third training forward");
+    s.real("stall_s", 0.0, "how long stall_rank sleeps", 0.0, 3600.0);
   }
   DdpTestModel(const tr::Options& o, const tr::RunContext& ctx)
-      : threshold_(o.get_double("gate_threshold")), rank_(ctx.rank) {
+      : threshold_(o.get_double("gate_threshold")),
+        rank_(ctx.rank),
+        stall_s_(o.get_int("stall_rank") == ctx.rank ? o.get_double("stall_s") : 0.0) {
     int64_t in = 1;
     for (int64_t d : ctx.data.sample_shape) in *= d;
     const auto& widths = o.get_int_list("hidden");
@@ -52,6 +61,8 @@ class DdpTestModel final : public tr::ModuleModel {
     set_module(net_);
   }
   tr::ModelOutput forward(const tr::Batch& b) override {
+    if (stall_s_ > 0 && torch::GradMode::is_enabled() && ++train_forwards_ == 3)
+      std::this_thread::sleep_for(std::chrono::duration<double>(stall_s_));
     const torch::Tensor x = b.input.flatten(1);
     const torch::Tensor h = torch::relu(net_->fc1(torch::relu(net_->fc0(x))));
     torch::Tensor logits = net_->out(h);
@@ -74,6 +85,8 @@ class DdpTestModel final : public tr::ModuleModel {
  private:
   double threshold_;
   int rank_;
+  double stall_s_;
+  int train_forwards_ = 0;
   std::string gate_usage_;
   std::shared_ptr<DdpTestNet> net_;
 };
