@@ -5,8 +5,11 @@ memcpy, measured in the same run on this machine.
     bench/collectives.py [--nproc 2] [--sizes 4K:256M] [--iters 20] [--warmup 5] [--ops all]
 
 Runs `trainrun bench collectives` for gloo-cpu and mpi (nccl-tests columns: time, algbw, busbw
-and a correctness check per row), then bench/collectives_ref.c under mpiexec for the references,
-and prints one all-reduce table with the ratios, plus the other operations' tables as measured.
+and a correctness check per row), the SDK's ring all-reduce (`--algo ring`, the `ring`
+strategy's algorithm) over gloo-cpu's send/recv with shared memory and over plain TCP
+(`shm = false`) and over mpi's send/recv, then bench/collectives_ref.c under mpiexec for the
+references, and prints one all-reduce table with the ratios, plus the other operations' tables
+as measured.
 Needs the build (scripts/test or scripts/run builds it) and the mpich package (mpicc, mpiexec).
 """
 import argparse
@@ -39,7 +42,7 @@ def parse_table(text):
     tables, op = {}, None
     for line in text.splitlines():
         line = re.sub(r"^\[rank \d+\] ", "", line)  # the launcher's prefix
-        m = re.match(r"# (\w+) on ", line)
+        m = re.match(r"# (\w+)(?: \(ring[^)]*\))? on ", line)
         if m:
             op = m.group(1)
             tables[op] = []
@@ -72,6 +75,15 @@ def main():
         print(re.sub(r"^\[rank 0\] ", "", out, flags=re.M).rstrip())
         print()
 
+    rings = {"ring-shm": ["--backend", "gloo-cpu"],
+             "ring-tcp": ["--backend", "gloo-cpu", "--set", "accelerator.shm=false"],
+             "ring-mpi": ["--backend", "mpi"]}
+    for name, args in rings.items():
+        out = run([trainrun, "bench", "collectives", *args, "--algo", "ring", "--nproc",
+                   str(a.nproc), "--op", "allreduce", "--sizes", a.sizes, "--iters", str(a.iters),
+                   "--warmup", str(a.warmup), "--set", "accelerator.threads=1"], env=env)
+        results[name] = parse_table(out)
+
     ref_bin = os.path.join(a.build, "bench", "collectives_ref")
     os.makedirs(os.path.dirname(ref_bin), exist_ok=True)
     run(["mpicc", "-O2", "-o", ref_bin, os.path.join(ROOT, "bench", "collectives_ref.c")])
@@ -84,17 +96,19 @@ def main():
 
     print(f"# all-reduce float32 sum, {a.nproc} ranks: busbw (GB/s) and ratios to MPICH's "
           f"MPI_Allreduce and to one core's memcpy (same run)")
-    hdr = ["size(B)", "gloo-cpu", "mpi", "MPICH", "memcpy", "gloo/MPICH", "mpi/MPICH",
-           "gloo/memcpy", "mpi/memcpy", "checks"]
+    hdr = ["size(B)", "gloo-cpu", "mpi", "ring-shm", "ring-tcp", "ring-mpi", "MPICH", "memcpy",
+           "gloo/MPICH", "mpi/MPICH", "shm/MPICH", "tcp/gloo", "gloo/memcpy", "checks"]
     print("".join(f"{h:>12}" for h in hdr))
-    gloo = {r[0]: r for r in results["gloo-cpu"].get("allreduce", [])}
-    mpi = {r[0]: r for r in results["mpi"].get("allreduce", [])}
+    cols = {k: {r[0]: r for r in results[k].get("allreduce", [])}
+            for k in ("gloo-cpu", "mpi", "ring-shm", "ring-tcp", "ring-mpi")}
     for size in sorted(ref):
-        if size not in gloo or size not in mpi:
+        if any(size not in c for c in cols.values()):
             continue
-        g, m, (_, mb, cp) = gloo[size][3], mpi[size][3], ref[size]
-        checks = "ok" if gloo[size][4] == "ok" and mpi[size][4] == "ok" else "FAIL"
-        row = [size, g, m, mb, cp, g / mb, m / mb, g / cp, m / cp]
+        g, m = cols["gloo-cpu"][size][3], cols["mpi"][size][3]
+        rs, rt, rm = (cols[k][size][3] for k in ("ring-shm", "ring-tcp", "ring-mpi"))
+        _, mb, cp = ref[size]
+        checks = "ok" if all(c[size][4] == "ok" for c in cols.values()) else "FAIL"
+        row = [size, g, m, rs, rt, rm, mb, cp, g / mb, m / mb, rs / mb, rt / g, g / cp]
         print(f"{row[0]:>12}" + "".join(f"{v:>12.3f}" for v in row[1:]) + f"{checks:>12}")
 
 
