@@ -7,97 +7,10 @@
 source "$(dirname "$0")/e2e_lib.sh"
 tr=$1 jobs=$2 work=$3 plugins=$4 case=$5 gpt_job=${6:-}
 here=$(cd "$(dirname "$0")" && pwd)
-rm -rf "$work" && mkdir -p "$work"
-
-job=$work/job.toml
-cat "$jobs/mlp-small.toml" - >"$job" <<'EOF'
-
-[[callbacks]]
-plugin = "metrics"
-all_ranks = true
-EOF
-
-single() {  # single <name> [--set ...]
-  local name=$1; shift
-  run "$work/$name.log" "$tr" --config "$job" --plugin-path "$plugins" \
-    --set trainer.run_dir="$work/$name" "$@"
-}
-ring() {  # ring <name> [--set ...]: 2 ranks, micro-batch 32 (global 64)
-  local name=$1; shift
-  run "$work/$name.log" "$tr" --config "$job" --plugin-path "$plugins" \
-    --set trainer.run_dir="$work/$name" --set strategy.plugin=ring \
-    --set accelerator.plugin=gloo-cpu --set accelerator.timeout_s=60 \
-    --set launch.nproc_per_node=2 --set trainer.micro_batch_size=32 "$@"
-}
-# ring_fails <regex>... -- [--set ...]: exit code != 0 within 60 s, output matching each regex.
-ring_fails() {
-  local res=()
-  while [ "$1" != "--" ]; do res+=("$1"); shift; done
-  shift
-  local log=$work/fail.log rc=0 t0
-  t0=$(now)
-  timeout 120 "$tr" --config "$job" --plugin-path "$plugins" --set trainer.run_dir="$work/fail" \
-    --set strategy.plugin=ring --set accelerator.plugin=gloo-cpu --set accelerator.timeout_s=60 \
-    --set launch.nproc_per_node=2 --set trainer.micro_batch_size=32 "$@" >"$log" 2>&1 || rc=$?
-  cat "$log"
-  [ "$rc" -ne 0 ] || fail "the run succeeded; expected an error"
-  [ "$rc" -ne 124 ] || fail "the run hung (killed after 120 s)"
-  [ "$rc" -lt 128 ] || fail "crashed (exit code $rc)"
-  for re in "${res[@]}"; do expect_in "$log" "$re"; done
-  within 60 "$(elapsed "$t0")" "the error"
-  no_leftovers "$work/fail"
-}
-# compare <reference> <run> <rel. tolerance of losses> [of final weights]: per-step losses of
-# every rank's metrics file (their mean is the global loss) and the final weights.
-compare() {
-  py - "$work" "$@" <<'PY'
-import glob, json, os, struct, sys
-work, ref, run, tol = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
-wtol = float(sys.argv[5]) if len(sys.argv) > 5 else tol
-def steps(d):
-    by_step = {}
-    files = sorted(glob.glob(f"{work}/{d}/metrics*.jsonl"))
-    assert files, f"no metrics in {work}/{d}"
-    for f in files:
-        for line in open(f):
-            j = json.loads(line)
-            if "loss" in j and "step" in j and "eval_loss" not in j:
-                by_step.setdefault(j["step"], []).append(j)
-    return by_step
-a, b = steps(ref), steps(run)
-assert len(a) == len(b) == 20, f"{len(a)} and {len(b)} steps"
-worst = 0.0
-for s in sorted(a):
-    x = a[s][0]["loss"]
-    y = sum(j["loss"] for j in b[s]) / len(b[s])
-    rel = abs(x - y) / max(abs(x), 1e-12)
-    worst = max(worst, rel)
-    assert rel <= tol, f"step {s}: loss {x!r} (single) vs {y!r} (ring), rel {rel:.2e} > {tol}"
-assert a[1][0]["loss"] > a[20][0]["loss"], "the model did not train"
-print(f"OK: {run} vs {ref}: worst relative loss difference {worst:.2e} over 20 steps (tolerance {tol})")
-def tensors(d):
-    path = f"{work}/{d}/model.safetensors"
-    if not os.path.exists(path):
-        return None
-    with open(path, "rb") as f:
-        n = struct.unpack("<Q", f.read(8))[0]
-        header = json.loads(f.read(n))
-        data = f.read()
-    return {name: struct.unpack(f"<{(t['data_offsets'][1] - t['data_offsets'][0]) // 4}f",
-                                data[t["data_offsets"][0]:t["data_offsets"][1]])
-            for name, t in header.items() if name != "__metadata__" and t["dtype"] == "F32"}
-wa, wb = tensors(ref), tensors(run)
-if wa is not None and wb is not None:
-    worst_w, where = 0.0, ""
-    for name in wa:
-        scale = max(max(abs(v) for v in wa[name]), 1e-12)
-        d = max(abs(x - y) for x, y in zip(wa[name], wb[name])) / scale
-        if d > worst_w:
-            worst_w, where = d, name
-    assert worst_w <= wtol, f"final weights: {where} differs by {worst_w:.2e} (relative) > {wtol}"
-    print(f"OK: final weights: worst relative difference {worst_w:.2e} ({where or 'none'}, tolerance {wtol})")
-PY
-}
+strategy=ring
+source "$here/dp_e2e_lib.sh"
+ring() { dp_run "$@"; }
+ring_fails() { dp_fails "$@"; }
 # metrics <run> <python condition on m (rank 0's last step)>: e.g. "m['fused_buffers'] == 1".
 metrics() {
   py - "$work/$1" "$2" <<'PY'
