@@ -142,17 +142,11 @@ void DdpStrategy::setup(Model& model, Accelerator& accelerator, const TrainPlan&
   params_ = model.named_parameters();
   std::vector<NamedTensor> buffers = model.named_buffers();
 
-  if (world_size_ > 1) {
-    // Before any other collective: a model that differs across ranks would otherwise fail
-    // later with a size mismatch far from the cause (or silently train garbage).
-    trainrun::v1::check_same_model_on_all_ranks(*comm_, device_, kName, params_, buffers);
-    // Rank 0's initial values everywhere, so every replica starts identical even when model
-    // construction is not seeded alike (PyTorch's DDP does the same in its constructor).
-    std::vector<at::Tensor> state;
-    for (const auto& p : params_) state.push_back(p.tensor);
-    for (const auto& b : buffers) state.push_back(b.tensor);
-    trainrun::v1::broadcast_from_rank0(*comm_, state);
-  }
+  // Before any other collective: a model that differs across ranks would otherwise fail later
+  // with a size mismatch far from the cause (or silently train garbage). Then rank 0's initial
+  // values everywhere, so every replica starts identical even when model construction is not
+  // seeded alike (PyTorch's DDP does the same in its constructor).
+  trainrun::v1::replicate_from_rank0(*comm_, device_, kName, params_, buffers);
 
   trainable_.clear();
   for (const auto& p : params_)

@@ -239,17 +239,11 @@ void RingStrategy::setup(Model& model, Accelerator& accelerator, const TrainPlan
            device_, ")");
   params_ = model.named_parameters();
   std::vector<NamedTensor> buffers = model.named_buffers();
-  if (world_size_ > 1) {
-    // Before any other collective: a model that differs across ranks would otherwise fail
-    // later with a size mismatch far from the cause. This is also the "order check" of the
-    // negotiation: identical tensor lists mean a tensor index names the same tensor on every
-    // rank, so the byte-per-tensor vote and the fusion order agree everywhere.
-    trainrun::v1::check_same_model_on_all_ranks(*comm_, device_, kName, params_, buffers);
-    std::vector<at::Tensor> state;
-    for (const auto& p : params_) state.push_back(p.tensor);
-    for (const auto& b : buffers) state.push_back(b.tensor);
-    trainrun::v1::broadcast_from_rank0(*comm_, state);
-  }
+  // Before any other collective: a model that differs across ranks would otherwise fail later
+  // with a size mismatch far from the cause. This is also the "order check" of the
+  // negotiation: identical tensor lists mean a tensor index names the same tensor on every
+  // rank, so the byte-per-tensor vote and the fusion order agree everywhere.
+  trainrun::v1::replicate_from_rank0(*comm_, device_, kName, params_, buffers);
 
   trainable_.clear();
   for (const auto& p : params_)

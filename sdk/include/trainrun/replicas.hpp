@@ -186,4 +186,18 @@ inline void broadcast_from_rank0(Communicator& comm, const std::vector<at::Tenso
   }
 }
 
+/// What a replicating strategy does first at setup, on more than one rank:
+/// check_same_model_on_all_ranks, then broadcast_from_rank0 of every parameter and buffer.
+/// Nothing at world size 1. Throws as those two do.
+inline void replicate_from_rank0(Communicator& comm, c10::Device device, const std::string& strategy,
+                                 const std::vector<NamedTensor>& params,
+                                 const std::vector<NamedTensor>& buffers) {
+  if (comm.world_size() == 1) return;
+  check_same_model_on_all_ranks(comm, device, strategy, params, buffers);
+  std::vector<at::Tensor> state;
+  for (const auto& p : params) state.push_back(p.tensor);
+  for (const auto& b : buffers) state.push_back(b.tensor);
+  broadcast_from_rank0(comm, state);
+}
+
 }  // namespace trainrun::v1
