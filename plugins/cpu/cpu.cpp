@@ -4,12 +4,6 @@
 
 #include <trainrun/plugin.hpp>
 
-#include <ATen/Parallel.h>
-#include <c10/util/Exception.h>
-
-#include <cstdio>
-#include <mutex>
-
 namespace trainrun::plugins {
 
 namespace {
