@@ -296,6 +296,13 @@ int train(const JobConfig& job, const Registry& registry) {
 
   precision.call("convert", [&](v1::Precision& p) { p.convert(*model.obj); return 0; });
   for (auto& cb : callbacks) cb.call("on_setup", [&](v1::Callback& c) { c.on_setup(*model.obj, ctx); return 0; });
+  if (auto* shapes = dynamic_cast<v1::ParameterShapesAware*>(optimizer.obj.get())) {
+    // Before the strategy shards anything: a sharded strategy hands the optimizer 1-D pieces.
+    std::map<std::string, std::vector<int64_t>> by_name;
+    for (const auto& p : model.call("named_parameters", [](v1::Model& m) { return m.named_parameters(); }))
+      by_name[p.name] = p.tensor.sizes().vec();
+    optimizer.call("set_parameter_shapes", [&](v1::Optimizer&) { shapes->set_parameter_shapes(by_name); return 0; });
+  }
   strategy.call("setup", [&](v1::Strategy& s) { s.setup(*model.obj, *accelerator.obj, plan); return 0; });
   auto params = strategy.call("optimizer_parameters", [](v1::Strategy& s) { return s.optimizer_parameters(); });
   optimizer.call("init", [&](v1::Optimizer& o) { o.init(params, plan); return 0; });

@@ -439,7 +439,7 @@ class Gpt final : public LogitsModel {
     torch::Tensor x = net_->embed(idx);
     const auto& blocks = net_->blocks();
     for (size_t i = 0; i < blocks.size(); ++i)
-      x = units_[i]->run([&] { return blocks[i]->forward(x); });
+      x = units_[i]->run(x, [&](const torch::Tensor& in) { return blocks[i]->forward(in); });
     return net_->head(x);
   }
   ModelOutput forward(const Batch& b) override { return v1::cross_entropy_sum(logits(b.input), b.target); }

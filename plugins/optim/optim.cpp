@@ -175,6 +175,10 @@ AdamW::AdamW(const Options& options, const RunContext&)
                  ": beta2 must be in [0, 1), got ", beta2_);
 }
 
+void AdamW::set_parameter_shapes(const std::map<std::string, std::vector<int64_t>>& shapes) {
+  shapes_ = shapes;
+}
+
 void AdamW::step(int64_t step) {
   check_initialized("step");
   const double lr = schedule_.at(step);
@@ -187,7 +191,9 @@ void AdamW::step(int64_t step) {
     int64_t& t = *s.step.data_ptr<int64_t>();
     ++t;
 
-    const bool decay = weight_decay_ != 0 && !(no_decay_1d_ && s.param.dim() < 2);
+    const auto shape = shapes_.find(s.name);
+    const size_t dims = shape != shapes_.end() ? shape->second.size() : static_cast<size_t>(s.param.dim());
+    const bool decay = weight_decay_ != 0 && !(no_decay_1d_ && dims < 2);
     if (decay) s.param.mul_(1.0 - lr * weight_decay_);
 
     // Operation order as torch::optim::AdamW in LibTorch 1.13, so results agree bit for bit

@@ -5,6 +5,7 @@
 #include <trainrun/interfaces.hpp>
 #include <trainrun/lr_schedule.hpp>
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -69,12 +70,15 @@ class Sgd final : public ScheduledOptimizer {
 ///   p *= 1 - lr * wd;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;
 ///   p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps).
 /// With no_decay_1d, parameters of dim < 2 (biases, norm weights) get no decay, as in the
-/// parameter grouping of GPT-2/BERT training code.
-class AdamW final : public ScheduledOptimizer {
+/// parameter grouping of GPT-2/BERT training code. The dimension is the parameter's shape as
+/// the model created it (ParameterShapesAware), so the 1-D pieces a ZeRO/FSDP strategy hands
+/// over are decayed exactly as the unsharded parameters would be.
+class AdamW final : public ScheduledOptimizer, public ParameterShapesAware {
  public:
   static void declare_options(OptionSchema& schema);
   AdamW(const Options& options, const RunContext& ctx);
   void step(int64_t step) override;
+  void set_parameter_shapes(const std::map<std::string, std::vector<int64_t>>& shapes) override;
 
  private:
   double beta1_;
@@ -82,6 +86,7 @@ class AdamW final : public ScheduledOptimizer {
   double eps_;
   double weight_decay_;
   bool no_decay_1d_;
+  std::map<std::string, std::vector<int64_t>> shapes_;
 };
 
 }  // namespace trainrun::plugins

@@ -278,4 +278,15 @@ class StepMetricsSource {
   virtual void add_step_metrics(std::map<std::string, double>& extra) = 0;
 };
 
+/// ABI 1.3. An Optimizer that decides per parameter from the parameter's shape (AdamW's
+/// no_decay_1d) and must keep deciding the same way when a sharding strategy (ZeRO, FSDP) hands
+/// it 1-D pieces of flat parameters named after the parameters they come from. The core calls
+/// it once, before init(), with every model parameter's name and shape as the model created
+/// them (after Precision::convert and Callback::on_setup, before Strategy::setup).
+class ParameterShapesAware {
+ public:
+  virtual ~ParameterShapesAware() = default;
+  virtual void set_parameter_shapes(const std::map<std::string, std::vector<int64_t>>& shapes) = 0;
+};
+
 }  // namespace trainrun::v1
