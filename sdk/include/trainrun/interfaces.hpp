@@ -289,4 +289,46 @@ class ParameterShapesAware {
   virtual void set_parameter_shapes(const std::map<std::string, std::vector<int64_t>>& shapes) = 0;
 };
 
+/// ABI 1.3. What a Precision keeps per parameter, for memory estimates (the Psi formulas of
+/// ZeRO, Rajbhandari et al. SC20, section 3.1). Bytes per parameter.
+class PrecisionBytes {
+ public:
+  virtual ~PrecisionBytes() = default;
+  /// Weights the model computes with: 4 (fp32), 2 (bf16/fp16), ~0.5 (4-bit).
+  virtual double param_bytes() const = 0;
+  /// Gradients the strategy reduces: 4 or 2.
+  virtual double grad_bytes() const = 0;
+  /// fp32 master weights kept beside low-precision ones: 4, or 0 when the weights are fp32.
+  /// The paper counts these in its K (K = 12 for mixed-precision Adam).
+  virtual double master_bytes() const = 0;
+};
+
+/// ABI 1.3. An Optimizer's state per parameter it steps, in bytes, excluding master weights
+/// (Adam/AdamW: 8 = exp_avg + exp_avg_sq in fp32; SGD with momentum: 4; plain SGD: 0).
+class OptimizerStateBytes {
+ public:
+  virtual ~OptimizerStateBytes() = default;
+  virtual double state_bytes_per_param() const = 0;
+};
+
+/// ABI 1.3. What the core knows about the other components that a Strategy may need for its
+/// memory estimate (ZeRO stage "auto", FSDP sharding_strategy "auto"). Fields are only ever
+/// appended. Bytes are per parameter unless named otherwise.
+struct MemoryInputs {
+  double param_bytes = 4;           ///< from PrecisionBytes (4 when the precision says nothing)
+  double grad_bytes = 4;            ///< from PrecisionBytes
+  double master_bytes = 0;          ///< from PrecisionBytes
+  double optimizer_bytes = -1;      ///< from OptimizerStateBytes; -1 = unknown
+  int64_t memory_budget_bytes = -1; ///< per rank: accelerator capacity / local ranks; -1 unknown
+  int local_world_size = 1;         ///< ranks on this node
+  int nnodes = 1;                   ///< nodes in the job
+};
+
+/// ABI 1.3. A Strategy that wants MemoryInputs; the core calls it once, before setup().
+class MemoryInputsAware {
+ public:
+  virtual ~MemoryInputsAware() = default;
+  virtual void set_memory_inputs(const MemoryInputs& inputs) = 0;
+};
+
 }  // namespace trainrun::v1
