@@ -1,0 +1,346 @@
+// The sharding engine (sdk trainrun/sharding.hpp) and the zero strategy in one process:
+// layout arithmetic on awkward sizes, storage release that keeps views attached, and stage 3 on
+// a two-unit model whose gradients must equal the unsharded model's. Multi-rank behaviour is
+// covered by the equivalence suite (tests/equivalence.cmake) and tests/zero.cmake.
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
+
+#include <trainrun/sharding.hpp>
+#include <trainrun/strategy_helpers.hpp>
+
+#include <torch/torch.h>
+
+#include <map>
+#include <set>
+
+#include "zero/zero.hpp"
+
+using namespace trainrun::v1;
+using trainrun::v1::sharding::FlatLayout;
+using trainrun::v1::sharding::ParamSpan;
+
+namespace {
+
+FlatLayout layout_of(const std::vector<std::vector<int64_t>>& shapes, int world) {
+  std::vector<ParamSpan> spans;
+  for (size_t i = 0; i < shapes.size(); ++i) spans.push_back({"p" + std::to_string(i), shapes[i], 0, 0});
+  return FlatLayout(spans, world);
+}
+
+// Every element of every parameter is in exactly one rank's pieces, at the right place.
+void check_cover(const FlatLayout& l) {
+  std::map<size_t, std::vector<int>> seen;
+  for (size_t i = 0; i < l.params().size(); ++i) seen[i].assign(static_cast<size_t>(l.params()[i].numel), 0);
+  for (int r = 0; r < l.world_size(); ++r) {
+    int64_t last_end = -1;
+    for (const auto& pc : l.pieces(r)) {
+      CHECK(pc.length > 0);
+      CHECK(pc.shard_offset >= 0);
+      CHECK(pc.shard_offset + pc.length <= l.shard_numel());
+      CHECK(pc.shard_offset >= last_end);  // in order, not overlapping
+      last_end = pc.shard_offset + pc.length;
+      // Flat position agrees from both sides.
+      CHECK(r * l.shard_numel() + pc.shard_offset == l.params()[pc.param].offset + pc.param_offset);
+      for (int64_t k = 0; k < pc.length; ++k) ++seen[pc.param][static_cast<size_t>(pc.param_offset + k)];
+    }
+  }
+  for (auto& [i, v] : seen)
+    for (int c : v) CHECK(c == 1);
+}
+
+// A world of one: collectives are copies. Enough to run the engine's code paths in-process.
+class LocalComm final : public Communicator {
+ public:
+  int rank() const override { return 0; }
+  int world_size() const override { return 1; }
+  std::string backend() const override { return "local"; }
+  std::shared_ptr<Work> all_reduce(at::Tensor&, const AllReduceOptions&) override {
+    return std::make_shared<CompletedWork>();
+  }
+  std::shared_ptr<Work> reduce_scatter(const at::Tensor& in, at::Tensor& out,
+                                       const ReduceScatterOptions&) override {
+    out.copy_(in);
+    ++reduce_scatters;
+    return std::make_shared<CompletedWork>();
+  }
+  std::shared_ptr<Work> all_gather(const at::Tensor& in, at::Tensor& out,
+                                   const AllGatherOptions&) override {
+    out.copy_(in);
+    ++all_gathers;
+    return std::make_shared<CompletedWork>();
+  }
+  std::shared_ptr<Work> broadcast(at::Tensor&, const BroadcastOptions&) override {
+    return std::make_shared<CompletedWork>();
+  }
+  int reduce_scatters = 0, all_gathers = 0;
+};
+
+class LocalAccelerator final : public Accelerator {
+ public:
+  c10::Device device() const override { return c10::kCPU; }
+  Communicator& communicator() override { return comm; }
+  std::string describe() const override { return "local"; }
+  LocalComm comm;
+};
+
+// Two Linear units (each run through a Unit) and a head outside any unit, with a weight shared
+// by the head and the first layer's input projection (a tied weight used at both ends).
+struct TwoUnitNet : torch::nn::Module {
+  TwoUnitNet() {
+    emb = register_parameter("emb", torch::randn({8, 6}) * 0.3);
+    l0 = register_module("l0", torch::nn::Linear(6, 6));
+    l1 = register_module("l1", torch::nn::Linear(6, 6));
+  }
+  at::Tensor emb;
+  torch::nn::Linear l0{nullptr}, l1{nullptr};
+};
+
+class TwoUnitModel final : public Model {
+ public:
+  TwoUnitModel() : net(std::make_shared<TwoUnitNet>()) {
+    units_.push_back(std::make_unique<Unit>("l0", net->l0.ptr()));
+    units_.push_back(std::make_unique<Unit>("l1", net->l1.ptr()));
+  }
+  std::vector<NamedTensor> named_parameters() override {
+    std::vector<NamedTensor> out;
+    for (auto& p : net->named_parameters()) out.push_back({p.key(), p.value()});
+    return out;
+  }
+  void train(bool) override {}
+  ModelOutput forward(const Batch& b) override {
+    at::Tensor x = torch::matmul(b.input, net->emb);  // [B, 6]
+    x = units_[0]->run(x, [&](const at::Tensor& in) { return torch::tanh(net->l0(in)); });
+    x = units_[1]->run(x, [&](const at::Tensor& in) { return torch::tanh(net->l1(in)); });
+    at::Tensor logits = torch::matmul(x, net->emb.t());  // tied: [B, 8]
+    ModelOutput o;
+    o.loss_sum = torch::nn::functional::cross_entropy(
+        logits, b.target, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
+    o.num_correct = -1;
+    return o;
+  }
+  std::vector<Unit*> units() override { return {units_[0].get(), units_[1].get()}; }
+  torch::nn::Module* module() override { return net.get(); }
+  std::string describe() const override { return "two units"; }
+  std::shared_ptr<TwoUnitNet> net;
+  std::vector<std::unique_ptr<Unit>> units_;
+};
+
+Batch make_batch() {
+  torch::manual_seed(3);
+  Batch b;
+  b.input = torch::randn({5, 8});
+  b.target = torch::randint(0, 8, {5}, torch::kLong);
+  b.num_samples = 5;
+  b.num_targets = 5;
+  return b;
+}
+
+std::map<std::string, at::Tensor> reference_grads(int seed) {
+  torch::manual_seed(seed);
+  TwoUnitModel m;
+  Batch b = make_batch();
+  m.forward(b).loss_sum.backward();
+  std::map<std::string, at::Tensor> g;
+  for (auto& p : m.named_parameters()) g[p.name] = p.tensor.grad().clone();
+  return g;
+}
+
+Options zero_options(int64_t stage, int64_t persistence) {
+  std::map<std::string, OptionValue> v{{"stage", stage},
+                                       {"reduce_bucket_size", int64_t{40}},
+                                       {"prefetch_bucket_size", int64_t{0}},
+                                       {"param_persistence_threshold", persistence},
+                                       {"overlap_comm", true},
+                                       {"memory_budget_gb", 0.0}};
+  return Options(v, "[strategy] zero (test)");
+}
+
+}  // namespace
+
+TEST_SUITE("sharding_layout") {
+  TEST_CASE("sizes not divisible by world size are padded at the end") {
+    FlatLayout l = layout_of({{3, 5}, {7}}, 4);  // 22 elements
+    CHECK(l.numel() == 22);
+    CHECK(l.shard_numel() == 6);
+    CHECK(l.padded_numel() == 24);
+    CHECK(l.padding() == 2);
+    CHECK(l.params()[1].offset == 15);
+    CHECK(l.owner(0) == 0);
+    CHECK(l.owner(21) == 3);
+    auto p3 = l.pieces(3);  // [18, 24): param 1 elements 3..6, then padding
+    REQUIRE(p3.size() == 1);
+    CHECK(p3[0].param == 1);
+    CHECK(p3[0].param_offset == 3);
+    CHECK(p3[0].shard_offset == 0);
+    CHECK(p3[0].length == 4);
+    check_cover(l);
+  }
+  TEST_CASE("parameters smaller than the world size, and ranks holding only padding") {
+    FlatLayout l = layout_of({{1}, {2}}, 4);  // 3 elements over 4 ranks
+    CHECK(l.shard_numel() == 1);
+    CHECK(l.pieces(3).empty());
+    CHECK(l.pieces(1).size() == 1);
+    CHECK(l.pieces(1)[0].param == 1);
+    check_cover(l);
+    for (int w : {1, 2, 3, 4, 5, 7, 8}) check_cover(layout_of({{3, 3}, {1}, {5}, {2, 2, 2}, {4}}, w));
+  }
+  TEST_CASE("bad layouts are refused with the reason") {
+    CHECK_THROWS_WITH_AS(layout_of({}, 2), doctest::Contains("no parameters"), Error);
+    CHECK_THROWS_WITH_AS(layout_of({{0}}, 2), doctest::Contains("hold no element"), Error);
+    CHECK_THROWS_WITH_AS(layout_of({{2}}, 0), doctest::Contains("world_size must be >= 1"), Error);
+    CHECK_THROWS_WITH_AS(layout_of({{2}}, 2).pieces(2), doctest::Contains("rank 2 outside"), Error);
+  }
+  TEST_CASE("buckets by element count") {
+    auto b = sharding::bucket_by_elements({10, 10, 50, 5, 5}, {4, 3, 2, 1, 0}, 20);
+    REQUIRE(b.size() == 3);
+    CHECK(b[0] == std::vector<size_t>{4, 3});
+    CHECK(b[1] == std::vector<size_t>{2});  // larger than the cap: alone
+    CHECK(b[2] == std::vector<size_t>{1, 0});
+  }
+}
+
+TEST_SUITE("sharding_engine") {
+  TEST_CASE("freeing storage keeps views attached; refilling serves them again") {
+    at::Tensor full = torch::arange(12, torch::kFloat);
+    at::Tensor view = full.narrow(0, 4, 4).view({2, 2});
+    sharding::free_storage(full);
+    CHECK(full.storage().nbytes() == 0);
+    sharding::refill_storage(full);
+    CHECK(full.storage().nbytes() == 48);
+    full.copy_(torch::arange(12, torch::kFloat) * 2);
+    CHECK(view[1][1].item<float>() == 14.0f);
+  }
+  TEST_CASE("a flat parameter: parameters view the full buffer, pieces alias the shard") {
+    LocalComm comm;
+    at::Tensor a = torch::randn({3, 4}).requires_grad_(true);
+    at::Tensor b = torch::randn({5}).requires_grad_(true);
+    const at::Tensor a0 = a.detach().clone(), b0 = b.detach().clone();
+    sharding::FlatParameter::Options o;
+    o.name = "test";
+    o.keep_full = false;
+    sharding::FlatParameter f({{"a", a}, {"b", b}}, comm, o);
+    CHECK_FALSE(f.materialized());
+    f.gather();
+    CHECK(torch::equal(a.detach(), a0));
+    CHECK(torch::equal(b.detach(), b0));
+    REQUIRE(f.optimizer_pieces().size() == 2);
+    CHECK(f.optimizer_pieces()[0].name == "a");
+    CHECK(f.optimizer_pieces()[1].tensor.numel() == 5);
+    // Gradients: copied into the flat buffer, reduced, accumulated over micro-batches.
+    a.mutable_grad() = torch::ones({3, 4});
+    f.reduce_async();
+    f.finish_reduce();
+    CHECK_FALSE(a.grad().defined());
+    a.mutable_grad() = torch::ones({3, 4});
+    f.reduce_async();
+    f.finish_reduce();
+    CHECK(f.optimizer_pieces()[0].tensor.grad().sum().item<float>() == doctest::Approx(24.0));
+    CHECK(f.optimizer_pieces()[1].tensor.grad().abs().sum().item<float>() == 0.0f);
+    // A step on the piece reaches the parameter after the next gather.
+    {
+      torch::NoGradGuard ng;
+      f.optimizer_pieces()[1].tensor.add_(1.0);
+    }
+    f.release();
+    f.gather();
+    CHECK(torch::allclose(b.detach(), b0 + 1));
+    CHECK(sharding::global_grad_norm({&f}, comm) == doctest::Approx(std::sqrt(48.0)));  // 12 elements of 2
+    f.zero_grad();
+    CHECK(f.grad_shard().abs().sum().item<float>() == 0.0f);
+  }
+}
+
+TEST_SUITE("zero_strategy") {
+  TEST_CASE("stage 3 frees unit parameters between uses and keeps the unsharded gradients") {
+    for (int64_t persistence : {int64_t{0}, int64_t{10}}) {
+      CAPTURE(persistence);
+      const auto ref = reference_grads(5);
+      torch::manual_seed(5);
+      TwoUnitModel model;
+      LocalAccelerator acc;
+      RunContext ctx;
+      trainrun::plugins::ZeroStrategy zero(zero_options(3, persistence), ctx);
+      TrainPlan plan;
+      zero.setup(model, acc, plan);
+      CHECK(zero.stage() == 3);
+      // Between uses, only shards remain: the unit weights hold no memory.
+      CHECK(model.net->l0->weight.storage().nbytes() == 0);
+      Batch b = make_batch();
+      zero.before_backward(true);
+      ModelOutput out = zero.forward(b);
+      CHECK(model.net->l1->weight.storage().nbytes() == 0);  // released after its forward
+      out.loss_sum.backward();
+      zero.finish_gradient_sync();
+      CHECK(model.net->l0->weight.storage().nbytes() == 0);
+      CHECK(model.net->emb.storage().nbytes() == 0);  // root released when backward is done
+      std::set<std::string> names;
+      for (const auto& p : zero.optimizer_parameters()) {
+        names.insert(p.name);
+        CHECK(p.tensor.dim() == 1);
+      }
+      CHECK(names == std::set<std::string>{"emb", "l0.weight", "l0.bias", "l1.weight", "l1.bias"});
+      // The gathered full state and the gradients equal the unsharded model's.
+      std::map<std::string, at::Tensor> full;
+      for (auto& p : zero.full_state_dict()) full[p.name] = p.tensor;
+      CHECK(full.at("l1.weight").sizes() == at::IntArrayRef({6, 6}));
+      for (const auto& p : zero.optimizer_parameters()) {
+        CAPTURE(p.name);
+        CHECK(torch::allclose(p.tensor.grad(), ref.at(p.name).reshape({-1}), 1e-6, 1e-7));
+      }
+      double ref_norm = 0;
+      for (auto& [n, g] : ref) ref_norm += g.pow(2).sum().item<double>();
+      CHECK(zero.grad_norm() == doctest::Approx(std::sqrt(ref_norm)).epsilon(1e-6));
+    }
+  }
+  TEST_CASE("stage 1 accumulates in the full gradient buffer; stages 1 and 2 agree") {
+    const auto ref = reference_grads(7);
+    for (int64_t stage : {int64_t{1}, int64_t{2}}) {
+      CAPTURE(stage);
+      torch::manual_seed(7);
+      TwoUnitModel model;
+      LocalAccelerator acc;
+      RunContext ctx;
+      trainrun::plugins::ZeroStrategy zero(zero_options(stage, 0), ctx);
+      zero.setup(model, acc, TrainPlan{});
+      Batch b = make_batch();
+      // Two micro-batches of the same data: the accumulated gradient is twice the reference.
+      for (bool sync : {false, true}) {
+        zero.before_backward(sync);
+        zero.forward(b).loss_sum.backward();
+      }
+      zero.finish_gradient_sync();
+      for (const auto& p : zero.optimizer_parameters()) {
+        CAPTURE(p.name);
+        CHECK(torch::allclose(p.tensor.grad(), 2 * ref.at(p.name).reshape({-1}), 1e-6, 1e-7));
+      }
+      // Stage 1 communicates once per step, stage 2 once per micro-batch (buckets of 40
+      // elements: each of these 5 parameters fills one, none pairs under the cap).
+      CHECK(acc.comm.reduce_scatters == (stage == 1 ? 5 : 10));
+      if (stage == 1)
+        CHECK(model.net->l0->weight.grad().defined());  // whole gradients kept (views)
+      else
+        CHECK_FALSE(model.net->l0->weight.grad().defined());  // freed once sent
+    }
+  }
+  TEST_CASE("stage auto picks the lowest stage that fits, or names the world size that would") {
+    torch::manual_seed(1);
+    TwoUnitModel model;  // 48 + 2 * 42 = 132 parameters
+    LocalAccelerator acc;
+    RunContext ctx;
+    MemoryInputs in;
+    in.optimizer_bytes = 8;  // Adam: 16 bytes per parameter in fp32 = 2112 bytes
+    in.memory_budget_bytes = 5000;
+    {
+      trainrun::plugins::ZeroStrategy zero(zero_options(kAuto, 0), ctx);
+      zero.set_memory_inputs(in);
+      zero.setup(model, acc, TrainPlan{});
+      CHECK(zero.stage() == 1);
+    }
+    in.memory_budget_bytes = 1000;
+    TwoUnitModel model2;
+    trainrun::plugins::ZeroStrategy zero2(zero_options(kAuto, 0), ctx);
+    zero2.set_memory_inputs(in);
+    CHECK_THROWS_WITH_AS(zero2.setup(model2, acc, TrainPlan{}),
+                         doctest::Contains("a world size of at least 3 would fit"), ConfigError);
+  }
+}
