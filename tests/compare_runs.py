@@ -4,7 +4,8 @@
 
   compare_runs.py REF_DIR RUN_DIR [--rtol 1e-5] [--label TEXT]
 
-Loss: |loss - ref| <= rtol * |ref| at every step. Weights: for every tensor,
+Loss and gradient norm (the global norm clipping uses, which a sharded strategy assembles from
+shards): |x - ref| <= rtol * |ref| at every step. Weights: for every tensor,
 ||w - ref||_2 <= rtol * ||ref||_2 (an element-wise ratio is meaningless for weights near 0).
 Exit 1 with the worst step / tensor named when a figure is out of tolerance."""
 import argparse, array, json, math, struct, sys
@@ -53,6 +54,16 @@ def main():
             worst_loss, worst_step = rel, x["step"]
         if rel > a.rtol:
             errors.append(f"step {x['step']}: loss {y['loss']!r} vs reference {x['loss']!r} (rel {rel:.2e})")
+    worst_norm, worst_norm_step = 0.0, 0
+    for x, y in zip(ref_steps, run_steps):
+        if "grad_norm" not in x or "grad_norm" not in y:
+            continue
+        rel = abs(x["grad_norm"] - y["grad_norm"]) / max(abs(x["grad_norm"]), 1e-30)
+        if rel > worst_norm:
+            worst_norm, worst_norm_step = rel, x["step"]
+        if rel > a.rtol:
+            errors.append(f"step {x['step']}: grad_norm {y['grad_norm']!r} vs reference "
+                          f"{x['grad_norm']!r} (rel {rel:.2e})")
     if ref_steps[0]["loss"] == ref_steps[-1]["loss"]:
         errors.append("the reference did not train (first and last loss equal)")
     ref_w, run_w = tensors(f"{a.ref}/model.safetensors"), tensors(f"{a.run}/model.safetensors")
@@ -72,6 +83,7 @@ def main():
         if rel > a.rtol:
             errors.append(f"weights {name}: relative difference {rel:.2e}")
     print(f"{a.label:<28} losses: worst rel {worst_loss:.1e} (step {worst_step}) | "
+          f"grad_norm: worst rel {worst_norm:.1e} (step {worst_norm_step}) | "
           f"weights: worst rel {worst_w:.1e} ({worst_name})")
     if errors:
         for e in errors[:10]:
