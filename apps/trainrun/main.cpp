@@ -18,6 +18,7 @@
 #include "trainrun/core/config.hpp"
 #include "trainrun/core/launcher.hpp"
 #include "trainrun/core/log.hpp"
+#include "trainrun/core/memory.hpp"
 #include "trainrun/core/registry.hpp"
 #include "trainrun/core/runtime.hpp"
 #include "trainrun/core/trainer.hpp"
@@ -159,6 +160,9 @@ core::LaunchSpec launch_spec(const core::JobConfig& job, int argc, char** argv) 
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Before anything allocates: every rank's CPU bytes are counted from here on (the metrics'
+  // mem_* fields, Accelerator::memory_stats, trainrun/memory.hpp).
+  core::install_memory_tracker();
   // `bench` has its own flags (Boost.PO rejects unknown ones), so it is dispatched first.
   if (argc > 1 && std::string(argv[1]) == "bench") return trainrun::app::run_bench_command(argc, argv);
   // The child process of the BLAS kernel probe (core/runtime.hpp), not a user command.
@@ -251,6 +255,8 @@ int main(int argc, char** argv) {
       std::cout << "# runtime\n";
       for (const auto& line : core::check_runtime_lines(job, accelerators))
         std::cout << "#   " << line << "\n";
+      std::cout << "# memory estimate (ZeRO stages 0-3)\n";
+      for (const auto& line : core::check_memory_lines(job, reg)) std::cout << "#   " << line << "\n";
       return 0;
     }
     const bool launching = !core::detect_worker_environment().is_worker &&

@@ -2,6 +2,7 @@
 // Accelerator `cpu`: the host CPU and a world-of-one communicator.
 #include <trainrun/cpu_runtime.hpp>
 #include <trainrun/interfaces.hpp>
+#include <trainrun/memory.hpp>
 
 #include <memory>
 #include <string>
@@ -49,7 +50,8 @@ class CpuAccelerator final : public Accelerator {
   CpuAccelerator(const Options& options, const RunContext& ctx);
   c10::Device device() const override { return c10::Device(c10::kCPU); }
   Communicator& communicator() override { return comm_; }
-  MemoryStats memory_stats() const override { return {}; }
+  /// This process's LibTorch CPU bytes (the tracker of trainrun/memory.hpp) and physical RAM.
+  MemoryStats memory_stats() const override { return v1::memory::cpu_stats(); }
   std::string describe() const override;
 
  private:

@@ -6,6 +6,7 @@
 // mapping of each operation onto a Gloo algorithm, and failure handling.
 #include <trainrun/cpu_runtime.hpp>
 #include <trainrun/interfaces.hpp>
+#include <trainrun/memory.hpp>
 
 #include <memory>
 #include <string>
@@ -121,7 +122,8 @@ class GlooAccelerator final : public Accelerator {
   GlooAccelerator(const Options& options, const RunContext& ctx);
   c10::Device device() const override { return c10::Device(c10::kCPU); }
   Communicator& communicator() override { return *comm_; }
-  MemoryStats memory_stats() const override { return {}; }
+  /// This process's LibTorch CPU bytes (the tracker of trainrun/memory.hpp) and physical RAM.
+  MemoryStats memory_stats() const override { return v1::memory::cpu_stats(); }
   std::string describe() const override;
 
  private:

@@ -4,6 +4,7 @@
 // through mpiexec. The MPI types stay in mpi.cpp, so this header does not need <mpi.h>.
 #include <trainrun/cpu_runtime.hpp>
 #include <trainrun/interfaces.hpp>
+#include <trainrun/memory.hpp>
 
 #include <memory>
 #include <string>
@@ -85,7 +86,8 @@ class MpiAccelerator final : public Accelerator {
   ~MpiAccelerator() override;
   c10::Device device() const override { return c10::Device(c10::kCPU); }
   Communicator& communicator() override { return *world_; }
-  MemoryStats memory_stats() const override { return {}; }
+  /// This process's LibTorch CPU bytes (the tracker of trainrun/memory.hpp) and physical RAM.
+  MemoryStats memory_stats() const override { return v1::memory::cpu_stats(); }
   /// "mpi (MPICH 4.0.2), rank 0 of 4, 1 thread (auto: ...), BLAS 1 thread, pinned to CPU 0"
   std::string describe() const override;
 

@@ -1,0 +1,39 @@
+#pragma once
+// The per-process CPU memory tracker (a counting wrapper around LibTorch's CPU allocator) and
+// the memory figures the core hands to strategies and prints in `trainrun check`.
+// Plugins read the tracker through the SDK's trainrun/memory.hpp, which finds the extern "C"
+// functions this file's implementation exports (see there for why).
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <trainrun/interfaces.hpp>
+
+#include "trainrun/core/config.hpp"
+#include "trainrun/core/registry.hpp"
+
+namespace trainrun::core {
+
+/// Installs the counting allocator as LibTorch's CPU allocator (once per process; later calls
+/// do nothing). Call it first thing in main(): storage allocated before it is not counted.
+void install_memory_tracker();
+
+/// What the tracker counts now (bytes), the peak since the last reset, and the reset; -1 before
+/// install_memory_tracker().
+int64_t tracked_current_bytes();
+int64_t tracked_peak_bytes();
+void reset_tracked_peak();
+
+/// MemoryInputs from what the components say of themselves: bytes per parameter from a
+/// v1::PrecisionBytes precision (4/4/0 otherwise) and a v1::OptimizerStateBytes optimizer
+/// (-1 otherwise); the budget is accelerator_total_bytes / local_world_size (-1 when unknown).
+v1::MemoryInputs memory_inputs(const v1::Precision* precision, const v1::Optimizer* optimizer,
+                               int64_t accelerator_total_bytes, int local_world_size,
+                               int world_size);
+
+/// `trainrun check`: the "# memory estimate (ZeRO stages 0-3)" section for the job's model at
+/// the job's world size, without training (builds the dataset, the model, the precision and the
+/// optimizer; nothing else). Lines without the leading "#   ".
+std::vector<std::string> check_memory_lines(const JobConfig& job, const Registry& registry);
+
+}  // namespace trainrun::core

@@ -1,0 +1,133 @@
+// MemoryInputs for strategies, and the ZeRO memory table of `trainrun check`.
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <iomanip>
+#include <sstream>
+
+#include <trainrun/memory.hpp>
+#include <trainrun/memory_estimate.hpp>
+
+#include "trainrun/core/memory.hpp"
+#include "trainrun/core/trainer.hpp"
+
+namespace trainrun::core {
+
+v1::MemoryInputs memory_inputs(const v1::Precision* precision, const v1::Optimizer* optimizer,
+                               int64_t accelerator_total_bytes, int local_world_size,
+                               int world_size) {
+  v1::MemoryInputs mi;
+  if (const auto* pb = dynamic_cast<const v1::PrecisionBytes*>(precision)) {
+    mi.param_bytes = pb->param_bytes();
+    mi.grad_bytes = pb->grad_bytes();
+    mi.master_bytes = pb->master_bytes();
+  }
+  if (const auto* ob = dynamic_cast<const v1::OptimizerStateBytes*>(optimizer))
+    mi.optimizer_bytes = ob->state_bytes_per_param();
+  mi.local_world_size = std::max(1, local_world_size);
+  mi.nnodes = std::max(1, world_size / mi.local_world_size);
+  mi.memory_budget_bytes =
+      accelerator_total_bytes > 0 ? accelerator_total_bytes / mi.local_world_size : -1;
+  return mi;
+}
+
+std::vector<std::string> check_memory_lines(const JobConfig& job, const Registry& registry) {
+  const int nproc = static_cast<int>(job.launch.get_int("nproc_per_node"));
+  const int nnodes = static_cast<int>(job.launch.get_int("nnodes"));
+  const int world = std::max(1, nproc * nnodes);
+  // The model needs the dataset's DataInfo (input shape, classes, vocabulary); building the
+  // dataset is the only honest source of it. Nothing that communicates or trains is built, and
+  // run_dir is not created.
+  v1::RunContext ctx;
+  ctx.world_size = world;
+  ctx.local_world_size = std::max(1, nproc);
+  ctx.seed = static_cast<uint64_t>(job.trainer.get_int("seed"));
+  ctx.job_file = job.file;
+  ctx.run_dir = run_dir_of(job);
+  auto dataset = registry.create<v1::Dataset>(*job.data.info, job.data.options, ctx);
+  ctx.data = guarded(describe_component(*job.data.info), "info", [&] { return dataset->info(); });
+  torch::manual_seed(ctx.seed);
+  const std::string model_label = describe_component(*job.model.info);
+  auto model = registry.create<v1::Model>(*job.model.info, job.model.options, ctx);
+  auto precision = registry.create<v1::Precision>(*job.precision.info, job.precision.options, ctx);
+  auto optimizer = registry.create<v1::Optimizer>(*job.optimizer.info, job.optimizer.options, ctx);
+
+  // Psi: trainable parameters, a tied tensor once. The largest unit bounds what stage 3 gathers
+  // at once; parameters outside every unit form one more group (the whole model without units).
+  int64_t psi = 0, in_units = 0, largest = 0;
+  std::vector<at::Tensor> trainable;
+  for (const auto& p : guarded(model_label, "named_parameters", [&] { return model->named_parameters(); })) {
+    const bool seen = std::any_of(trainable.begin(), trainable.end(),
+                                  [&](const at::Tensor& t) { return t.is_same(p.tensor); });
+    if (!p.tensor.requires_grad() || seen) continue;
+    trainable.push_back(p.tensor);
+    psi += p.tensor.numel();
+  }
+  const auto units = guarded(model_label, "units", [&] { return model->units(); });
+  for (v1::Unit* u : units) {
+    int64_t n = 0;
+    for (const auto& t : u->module().parameters())
+      if (t.requires_grad()) n += t.numel();
+    in_units += n;
+    largest = std::max(largest, n);
+  }
+  largest = std::max(largest, psi - std::min(psi, in_units));
+
+  const v1::MemoryInputs mi =
+      memory_inputs(precision.get(), optimizer.get(), v1::memory::physical_memory_bytes(), nproc, world);
+  v1::memory::ZeroEstimateInputs in = v1::memory::zero_inputs(mi, psi, world);
+  in.largest_unit_params = largest;
+  // The zero strategy's own sizes when the job uses it (its option names follow DeepSpeed's).
+  const v1::Options& so = job.strategy.options;
+  auto opt_int = [&](const char* key) -> int64_t {
+    if (!so.has(key)) return -1;
+    const auto& v = so.values().at(key);
+    return std::holds_alternative<int64_t>(v) ? std::get<int64_t>(v) : -1;
+  };
+  std::string sizes = "buffers: stage 3's gathered largest unit";
+  if (opt_int("reduce_bucket_size") >= 0 || opt_int("prefetch_bucket_size") >= 0) {
+    in.reduce_bucket_elems = std::max<int64_t>(0, opt_int("reduce_bucket_size"));
+    in.prefetch_elems = std::max<int64_t>(0, opt_int("prefetch_bucket_size"));
+    sizes += " and prefetch window, the reduce bucket ([strategy] reduce_bucket_size " +
+             std::to_string(in.reduce_bucket_elems) + ", prefetch_bucket_size " +
+             std::to_string(in.prefetch_elems) + " elements)";
+  } else {
+    sizes += " (strategy " + job.strategy.plugin + " sets no bucket sizes)";
+  }
+  if (const int64_t threshold = opt_int("param_persistence_threshold"); threshold > 0) {
+    for (const auto& t : trainable)
+      if (t.numel() < threshold) in.persistent_params += t.numel();
+    sizes += ", " + std::to_string(in.persistent_params) + " parameters persistent at stage 3";
+  }
+  const auto stages = v1::memory::estimate_zero(in);
+  int64_t budget = mi.memory_budget_bytes;
+  std::string budget_source = "physical RAM / " + std::to_string(mi.local_world_size) + " local rank(s)";
+  if (so.has("memory_budget_gb") && std::holds_alternative<double>(so.values().at("memory_budget_gb")) &&
+      so.get_double("memory_budget_gb") > 0) {
+    budget = static_cast<int64_t>(so.get_double("memory_budget_gb") * 1e9);
+    budget_source = "[strategy] memory_budget_gb";
+  }
+
+  std::vector<std::string> lines;
+  std::ostringstream os;
+  os << "model " << job.model.plugin << ": " << psi << " trainable parameters, largest unit "
+     << largest << " (" << (units.empty() ? 1 : units.size()) << " unit(s)); world " << world
+     << " = " << nnodes << " node(s) x " << nproc << " process(es)";
+  lines.push_back(os.str());
+  os.str("");
+  os << "bytes per parameter: params " << mi.param_bytes << ", grads " << mi.grad_bytes
+     << ", master " << mi.master_bytes << " (precision " << job.precision.plugin
+     << (dynamic_cast<const v1::PrecisionBytes*>(precision.get()) ? "" : ", assumed fp32")
+     << "), optimizer state " << in.optimizer_bytes << " (" << job.optimizer.plugin
+     << (mi.optimizer_bytes < 0 ? ", unknown: Adam's 8 assumed" : "") << ")";
+  lines.push_back(os.str());
+  lines.push_back(sizes + "; activations not included");
+  for (const auto& l : v1::memory::format_zero_table(stages, budget)) lines.push_back(l);
+  if (budget > 0)
+    lines.push_back("budget per rank " + v1::memory::format_bytes(static_cast<double>(budget)) +
+                    " (" + budget_source + ")");
+  lines.push_back("per rank, after Rajbhandari et al., ZeRO (SC20), sec. 3.1 and 5; 1 MiB = 2^20 bytes");
+  return lines;
+}
+
+}  // namespace trainrun::core
