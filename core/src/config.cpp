@@ -167,8 +167,29 @@ v1::OptionSchema trainer_schema() {
   s.boolean("save_final_model", true,
             "At the end, rank 0 writes the strategy's full state dict to "
             "<run_dir>/model.safetensors (atomically)");
+  s.choice("state_dict_type", "full", {"full", "sharded"},
+           "What save_final_model writes (PyTorch FSDP's names): \"full\" = the gathered model "
+           "in <run_dir>/model.safetensors; \"sharded\" = each rank its own pieces, no gather, in "
+           "<run_dir>/model-shards/rank-R-of-W.safetensors (strategies zero and fsdp)");
+  s.string("init_weights", "",
+           "A safetensors file (e.g. a run's model.safetensors) whose tensors replace the "
+           "model's parameters and buffers of the same names before training; every name and "
+           "shape must match; \"\" = the model's own initialisation");
   s.integer("log_every", 10, "Log metrics every N steps", 1, 1e15);
-  s.real("gradient_clip_val", 0.0, "Clip gradients to this global L2 norm; 0 = off", 0, 1e30);
+  s.real("gradient_clip_val", 0.0,
+         "Clip gradients (after unscaling): to this global L2 norm, or each element to "
+         "[-value, value] (gradient_clip_algorithm); 0 = off", 0, 1e30);
+  s.choice("gradient_clip_algorithm", "norm", {"norm", "value"},
+           "How gradient_clip_val clips (Lightning's names): \"norm\" scales all gradients by "
+           "val / global L2 norm when the norm exceeds val (across ranks and shards); \"value\" "
+           "clamps each gradient element to [-val, val]");
+  s.boolean("activation_checkpointing", false,
+            "Recompute each sharding unit's forward during backward instead of storing its "
+            "activations (the model's units, e.g. gpt's blocks; see "
+            "activation_checkpointing_units)");
+  s.string_list("activation_checkpointing_units", {},
+                "With activation_checkpointing = true: only these units (names as the model "
+                "gives them, e.g. \"blocks.0\"); empty = every unit");
   return s;
 }
 

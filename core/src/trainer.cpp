@@ -6,6 +6,7 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <csignal>
@@ -15,12 +16,16 @@
 #include <fstream>
 #include <iomanip>
 #include <iostream>
+#include <set>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
 
+#include "trainrun/activation_checkpointing.hpp"
+
 #include "trainrun/core/launcher.hpp"
 #include "trainrun/core/log.hpp"
+#include "trainrun/core/memory.hpp"
 #include "trainrun/core/runtime.hpp"
 #include "trainrun/core/safetensors.hpp"
 #include "trainrun/core/sampler.hpp"
@@ -51,6 +56,12 @@ std::string fmt_duration(double s) {
   return os.str();
 }
 
+std::string fmt_scale(double scale) {
+  std::ostringstream os;
+  os << std::setprecision(12) << scale;
+  return os.str();
+}
+
 // A component plus the label that guarded calls put in front of its errors.
 template <class T>
 struct Slot {
@@ -63,6 +74,34 @@ struct Slot {
 };
 
 // Components that report their own per-step figures (capability v1::StepMetricsSource).
+// [trainer] init_weights: every parameter and buffer of the model from a safetensors file, by
+// name; a missing, extra or reshaped tensor is an error naming the file and the tensor, raised
+// before anything trains.
+void load_initial_weights(v1::Model& model, const std::string& path, const std::string& label) {
+  std::map<std::string, at::Tensor> file;
+  for (auto& t : read_safetensors(path, nullptr)) file[t.name] = t.tensor;
+  std::vector<v1::NamedTensor> targets = model.named_parameters();
+  for (auto& b : model.named_buffers()) targets.push_back(b);
+  std::set<std::string> used;
+  torch::NoGradGuard no_grad;
+  for (auto& t : targets) {
+    auto it = file.find(t.name);
+    if (it == file.end())
+      throw ConfigError("[trainer] init_weights = \"" + path + "\": no tensor '" + t.name +
+                        "' for " + label);
+    if (it->second.sizes() != t.tensor.sizes())
+      throw ConfigError("[trainer] init_weights = \"" + path + "\": tensor '" + t.name +
+                        "' has shape " + c10::str(it->second.sizes()) + ", the model's has " +
+                        c10::str(t.tensor.sizes()));
+    t.tensor.copy_(it->second);
+    used.insert(t.name);
+  }
+  for (const auto& [name, _] : file)
+    if (!used.count(name))
+      throw ConfigError("[trainer] init_weights = \"" + path + "\": tensor '" + name +
+                        "' is not a parameter or buffer of " + label);
+}
+
 template <class T>
 v1::StepMetricsSource* metrics_source(Slot<T>& slot) {
   return dynamic_cast<v1::StepMetricsSource*>(slot.obj.get());
@@ -80,6 +119,40 @@ uint64_t rank_seed(uint64_t seed, int rank) {
 template <class T>
 Slot<T> build(const Registry& reg, const ComponentConfig& c, const v1::RunContext& ctx) {
   return Slot<T>{reg.create<T>(*c.info, c.options, ctx), describe_component(*c.info)};
+}
+
+// [trainer] activation_checkpointing: a checkpointer on every unit of the model, or on those
+// named in activation_checkpointing_units. Returns "k of n units" for the banner ("" = off).
+std::string install_activation_checkpointing(const v1::Options& trainer, Slot<v1::Model>& model) {
+  const bool on = trainer.get_bool("activation_checkpointing");
+  const auto& only = trainer.get_string_list("activation_checkpointing_units");
+  if (!on) {
+    if (!only.empty())
+      throw ConfigError("[trainer] activation_checkpointing_units is set, but "
+                        "activation_checkpointing = false; set activation_checkpointing = true");
+    return "";
+  }
+  const std::vector<v1::Unit*> units = model.call("units", [](v1::Model& m) { return m.units(); });
+  if (units.empty())
+    throw ConfigError("[trainer] activation_checkpointing = true, but the model (" + model.label +
+                      ") has no units: only a model that runs parts of its forward through "
+                      "Unit::run(input, fn) can recompute them (e.g. gpt's blocks)");
+  std::string names;
+  for (const v1::Unit* u : units) names += (names.empty() ? "" : ", ") + u->name();
+  for (const auto& want : only) {
+    bool found = false;
+    for (const v1::Unit* u : units) found = found || u->name() == want;
+    if (!found)
+      throw ConfigError("[trainer] activation_checkpointing_units: the model has no unit '" + want +
+                        "'; its units are " + names);
+  }
+  size_t n = 0;
+  for (v1::Unit* u : units) {
+    if (!only.empty() && std::find(only.begin(), only.end(), u->name()) == only.end()) continue;
+    v1::enable_activation_checkpointing(*u);
+    ++n;
+  }
+  return std::to_string(n) + " of " + std::to_string(units.size()) + " units";
 }
 
 }  // namespace
@@ -267,7 +340,12 @@ int train(const JobConfig& job, const Registry& registry) {
   // Re-seed so the model's initial weights depend on the seed alone, not on what the dataset
   // or accelerator drew while being built.
   torch::manual_seed(ctx.seed);
+  // What the process holds before the model exists (libraries, dataset): mem_model_state_bytes
+  // is measured from here.
+  const int64_t mem_baseline = tracked_current_bytes();
   auto model = build<v1::Model>(registry, job.model, ctx);
+  if (const std::string init = job.trainer.get_string("init_weights"); !init.empty())
+    load_initial_weights(*model.obj, init, model.label);
   auto precision = build<v1::Precision>(registry, job.precision, ctx);
   auto strategy = build<v1::Strategy>(registry, job.strategy, ctx);
   auto optimizer = build<v1::Optimizer>(registry, job.optimizer, ctx);
@@ -296,12 +374,20 @@ int train(const JobConfig& job, const Registry& registry) {
 
   precision.call("convert", [&](v1::Precision& p) { p.convert(*model.obj); return 0; });
   for (auto& cb : callbacks) cb.call("on_setup", [&](v1::Callback& c) { c.on_setup(*model.obj, ctx); return 0; });
+  // On the units as the callbacks left them, before a strategy hooks or shards them.
+  const std::string checkpointed = install_activation_checkpointing(job.trainer, model);
   if (auto* shapes = dynamic_cast<v1::ParameterShapesAware*>(optimizer.obj.get())) {
     // Before the strategy shards anything: a sharded strategy hands the optimizer 1-D pieces.
     std::map<std::string, std::vector<int64_t>> by_name;
     for (const auto& p : model.call("named_parameters", [](v1::Model& m) { return m.named_parameters(); }))
       by_name[p.name] = p.tensor.sizes().vec();
     optimizer.call("set_parameter_shapes", [&](v1::Optimizer&) { shapes->set_parameter_shapes(by_name); return 0; });
+  }
+  if (auto* aware = dynamic_cast<v1::MemoryInputsAware*>(strategy.obj.get())) {
+    const int64_t total = accelerator.call("memory_stats", [](v1::Accelerator& a) { return a.memory_stats(); }).total_bytes;
+    const v1::MemoryInputs mi = memory_inputs(precision.obj.get(), optimizer.obj.get(), total,
+                                              ctx.local_world_size, ctx.world_size);
+    strategy.call("set_memory_inputs", [&](v1::Strategy&) { aware->set_memory_inputs(mi); return 0; });
   }
   strategy.call("setup", [&](v1::Strategy& s) { s.setup(*model.obj, *accelerator.obj, plan); return 0; });
   auto params = strategy.call("optimizer_parameters", [](v1::Strategy& s) { return s.optimizer_parameters(); });
@@ -336,7 +422,9 @@ int train(const JobConfig& job, const Registry& registry) {
               << "  accelerator " << job.accelerator.plugin << ": "
               << accelerator.call("describe", [](v1::Accelerator& a) { return a.describe(); }) << "\n"
               << "  strategy " << job.strategy.plugin << " | precision " << job.precision.plugin
-              << " | optimizer " << job.optimizer.plugin << "\n";
+              << " | optimizer " << job.optimizer.plugin
+              << (checkpointed.empty() ? "" : " | activation checkpointing " + checkpointed)
+              << "\n";
     for (size_t i = 0; i < runtime_lines.size(); ++i)
       std::cout << (i ? "              " : "  runtime     ") << runtime_lines[i] << "\n";
     std::cout
@@ -368,6 +456,8 @@ int train(const JobConfig& job, const Registry& registry) {
     accelerator.call(what, [&](v1::Accelerator&) { w->wait(); return 0; });
   };
   const double clip = job.trainer.get_double("gradient_clip_val");
+  const bool clip_by_value = job.trainer.get_string("gradient_clip_algorithm") == "value";
+  int64_t skipped_steps = 0;
   const int64_t log_every = job.trainer.get_int("log_every");
   const int64_t eval_every = job.trainer.get_int("eval_every");
   const int64_t eval_max_batches = job.trainer.get_int("eval_max_batches");
@@ -455,6 +545,7 @@ int train(const JobConfig& job, const Registry& registry) {
   for (; step < plan.total_steps; ++step) {
     if (g_stop_signal.load()) break;
     const auto t0 = clock::now();
+    reset_tracked_peak();
     const int64_t epoch = step / plan.steps_per_epoch;
     // The loss is normalised by the targets of the whole global batch, which only the ranks
     // together know. The step's counts normally arrived with the previous step's loss (one
@@ -512,16 +603,29 @@ int train(const JobConfig& job, const Registry& registry) {
     double grad_norm = std::numeric_limits<double>::quiet_NaN();
     if (finite) {
       grad_norm = strategy.call("grad_norm", [](v1::Strategy& s) { return s.grad_norm(); });
-      if (clip > 0 && grad_norm > clip) {
+      // The gradients are unscaled by now (unscale_and_check), so clip_val is in the units of
+      // the true gradient; grad_norm is logged as it was before clipping (as Lightning does).
+      if (clip > 0 && clip_by_value) {
+        torch::NoGradGuard ng;
+        for (auto& g : grads) g.clamp_(-clip, clip);
+      } else if (clip > 0 && grad_norm > clip) {
         torch::NoGradGuard ng;
         const double factor = clip / (grad_norm + 1e-6);
         for (auto& g : grads) g.mul_(factor);
       }
       optimizer.call("step", [&](v1::Optimizer& o) { o.step(step); return 0; });
       strategy.call("after_optimizer_step", [](v1::Strategy& s) { s.after_optimizer_step(); return 0; });
-    } else if (lead) {
-      log_warn("step " + std::to_string(step + 1) + ": non-finite gradients, step skipped");
+    } else {
+      ++skipped_steps;
+      if (lead) {
+        const double used = precision.call("loss_scale", [](v1::Precision& p) { return p.loss_scale(); });
+        log_warn("step " + std::to_string(step + 1) + ": non-finite gradients, step skipped" +
+                 (used != 1.0 ? " (loss scale " + fmt_scale(used) + ")" : std::string()));
+      }
     }
+    // Parameters, gradients and optimizer state at rest (what ZeRO's formulas predict): the
+    // gradients are still alive until zero_grad; the step's batches are included (small).
+    const int64_t mem_model_state = tracked_current_bytes();
     precision.call("update", [&](v1::Precision& p) { p.update(!finite); return 0; });
     strategy.call("zero_grad", [](v1::Strategy& s) { s.zero_grad(); return 0; });
 
@@ -547,6 +651,12 @@ int train(const JobConfig& job, const Registry& registry) {
     const double scale = precision.call("loss_scale", [](v1::Precision& p) { return p.loss_scale(); });
     if (scale != 1.0) m.extra["loss_scale"] = scale;
     if (!finite) m.extra["skipped"] = 1;
+    if (skipped_steps > 0) m.extra["skipped_steps"] = static_cast<double>(skipped_steps);
+    if (mem_baseline >= 0) {
+      m.extra["mem_peak_bytes"] = static_cast<double>(tracked_peak_bytes());
+      m.extra["mem_current_bytes"] = static_cast<double>(tracked_current_bytes());
+      m.extra["mem_model_state_bytes"] = static_cast<double>(mem_model_state - mem_baseline);
+    }
     for (auto& [label, source] : metric_sources)
       guarded(label, "add_step_metrics", [&] { source->add_step_metrics(m.extra); return 0; });
     for (auto& cb : callbacks) cb.call("on_step_end", [&](v1::Callback& c) { c.on_step_end(m); return 0; });
@@ -558,6 +668,7 @@ int train(const JobConfig& job, const Registry& registry) {
                 << " | grad_norm " << std::setprecision(4) << grad_norm << " | "
                 << std::setprecision(0) << std::fixed << m.samples_per_s << " samples/s";
       if (m.tokens_per_s > 0) std::cout << " | " << m.tokens_per_s << " tokens/s";
+      if (scale != 1.0) std::cout << " | loss scale " << fmt_scale(scale);
       std::cout << std::defaultfloat << std::setprecision(6) << " | eta " << fmt_duration(eta)
                 << std::endl;
     }
@@ -569,8 +680,39 @@ int train(const JobConfig& job, const Registry& registry) {
   std::signal(SIGINT, prev_int);
   std::signal(SIGTERM, prev_term);
 
+  // state_dict_type = "sharded": every rank writes its own pieces, nothing is gathered. Each
+  // file's metadata maps a tensor to its whole shape and the offset of its piece, so the files of
+  // all ranks rebuild the model under any layout.
+  auto save_sharded_model = [&]() -> bool {
+    auto* source = dynamic_cast<v1::ShardedStateDictSource*>(strategy.obj.get());
+    if (source == nullptr) {
+      if (lead)
+        log_warn("[trainer] state_dict_type = \"sharded\": strategy '" + job.strategy.plugin +
+                 "' has no sharded state dict; writing the full one");
+      return false;
+    }
+    auto pieces = strategy.call("sharded_state_dict", [&](v1::Strategy&) { return source->sharded_state_dict(); });
+    nlohmann::json index = nlohmann::json::object();
+    std::vector<v1::NamedTensor> tensors;
+    for (auto& p : pieces) {
+      index[p.name] = {{"shape", p.shape}, {"offset", p.offset}};
+      tensors.push_back({p.name, p.data.contiguous()});
+    }
+    const fs::path dir = fs::path(ctx.run_dir) / "model-shards";
+    fs::create_directories(dir);
+    const std::string path = (dir / ("rank-" + std::to_string(ctx.rank) + "-of-" +
+                                     std::to_string(ctx.world_size) + ".safetensors")).string();
+    write_safetensors(path, tensors, {{"format", "pt"}, {"trainrun_step", std::to_string(step)},
+                                      {"trainrun_strategy", job.strategy.plugin},
+                                      {"trainrun_rank", std::to_string(ctx.rank)},
+                                      {"trainrun_world_size", std::to_string(ctx.world_size)},
+                                      {"trainrun_pieces", index.dump()}});
+    if (lead) log_info("wrote " + dir.string() + "/rank-*-of-" + std::to_string(ctx.world_size) + ".safetensors");
+    return true;
+  };
   // Every rank asks (a sharded strategy gathers, which is a collective); rank 0 writes.
   auto save_final_model = [&] {
+    if (job.trainer.get_string("state_dict_type") == "sharded" && save_sharded_model()) return;
     std::vector<v1::NamedTensor> state;
     try {
       state = strategy.call("full_state_dict", [](v1::Strategy& s) { return s.full_state_dict(); });

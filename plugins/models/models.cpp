@@ -438,8 +438,10 @@ class Gpt final : public LogitsModel {
              " exceeds block_size = ", c.block_size);
     torch::Tensor x = net_->embed(idx);
     const auto& blocks = net_->blocks();
+    // The block is captured by value: with activation checkpointing the function runs again
+    // during backward, after this frame is gone.
     for (size_t i = 0; i < blocks.size(); ++i)
-      x = units_[i]->run(x, [&](const torch::Tensor& in) { return blocks[i]->forward(in); });
+      x = units_[i]->run(x, [block = blocks[i]](const torch::Tensor& in) { return block->forward(in); });
     return net_->head(x);
   }
   ModelOutput forward(const Batch& b) override { return v1::cross_entropy_sum(logits(b.input), b.target); }

@@ -55,11 +55,18 @@ void ScheduledOptimizer::init(const std::vector<NamedTensor>& params, const Trai
     ParamSlot slot;
     slot.name = np.name;
     slot.param = np.tensor;
+    const at::ScalarType dtype = np.tensor.scalar_type();
+    if (dtype == at::kBFloat16 || dtype == at::kHalf) {
+      c10::NoGradGuard no_grad;
+      slot.master = np.tensor.detach().to(at::kFloat, /*non_blocking=*/false, /*copy=*/true)
+                        .contiguous();
+    }
     if (needs_state()) {
       c10::NoGradGuard no_grad;
+      const at::Tensor& w = slot.weights();
       slot.step = at::zeros({}, at::TensorOptions().dtype(at::kLong));
       for (size_t i = 0; i < buffer_names_.size(); ++i)
-        slot.buffers.push_back(at::zeros_like(np.tensor, np.tensor.options(), at::MemoryFormat::Contiguous));
+        slot.buffers.push_back(at::zeros_like(w, w.options(), at::MemoryFormat::Contiguous));
     }
     slots_.push_back(std::move(slot));
   }
@@ -70,11 +77,13 @@ double ScheduledOptimizer::lr(int64_t step) const { return schedule_.at(step); }
 
 std::vector<NamedTensor> ScheduledOptimizer::state() {
   std::vector<NamedTensor> out;
-  if (!needs_state()) return out;
   for (auto& s : slots_) {
-    for (size_t i = 0; i < buffer_names_.size(); ++i)
-      out.push_back({s.name + "." + buffer_names_[i], s.buffers[i]});
-    out.push_back({s.name + ".step", s.step});
+    if (needs_state()) {
+      for (size_t i = 0; i < buffer_names_.size(); ++i)
+        out.push_back({s.name + "." + buffer_names_[i], s.buffers[i]});
+      out.push_back({s.name + ".step", s.step});
+    }
+    if (s.master.defined()) out.push_back({s.name + ".master", s.master});
   }
   return out;
 }
@@ -94,6 +103,18 @@ at::Tensor grad_of(const ParamSlot& slot, const std::string& context) {
   TR_CHECK(g.sizes() == slot.param.sizes(), context, ": gradient of '", slot.name,
            "' has shape ", g.sizes(), " but the parameter has ", slot.param.sizes());
   return g;
+}
+
+// The gradient in the dtype of the tensor the rule updates: float32 for a master copy (a bf16
+// gradient is converted once per step; accumulation across micro-batches happened in the
+// parameter's own dtype, see README "Precision").
+at::Tensor grad_for_update(const ParamSlot& slot, const at::Tensor& g) {
+  return slot.master.defined() ? g.to(at::kFloat) : g;
+}
+
+// After an update of the master copy: the parameter takes the rounded value.
+void sync_master(ParamSlot& slot) {
+  if (slot.master.defined()) slot.param.copy_(slot.master);
 }
 
 }  // namespace
@@ -130,7 +151,9 @@ void Sgd::step(int64_t step) {
   for (auto& s : slots_) {
     at::Tensor g = grad_of(s, context_);
     if (!g.defined()) continue;
-    at::Tensor d_p = weight_decay_ != 0 ? g.add(s.param, weight_decay_) : g;
+    g = grad_for_update(s, g);
+    at::Tensor& p = s.weights();
+    at::Tensor d_p = weight_decay_ != 0 ? g.add(p, weight_decay_) : g;
     if (momentum_ != 0) {
       at::Tensor& buf = s.buffers[0];
       int64_t& t = *s.step.data_ptr<int64_t>();
@@ -142,7 +165,8 @@ void Sgd::step(int64_t step) {
       ++t;
       d_p = nesterov_ ? d_p.add(buf, momentum_) : buf;
     }
-    s.param.add_(d_p, -lr);
+    p.add_(d_p, -lr);
+    sync_master(s);
   }
 }
 
@@ -186,15 +210,17 @@ void AdamW::step(int64_t step) {
   for (auto& s : slots_) {
     at::Tensor g = grad_of(s, context_);
     if (!g.defined()) continue;
+    g = grad_for_update(s, g);
+    at::Tensor& p = s.weights();
     at::Tensor& exp_avg = s.buffers[0];
     at::Tensor& exp_avg_sq = s.buffers[1];
     int64_t& t = *s.step.data_ptr<int64_t>();
     ++t;
 
     const auto shape = shapes_.find(s.name);
-    const size_t dims = shape != shapes_.end() ? shape->second.size() : static_cast<size_t>(s.param.dim());
+    const size_t dims = shape != shapes_.end() ? shape->second.size() : static_cast<size_t>(p.dim());
     const bool decay = weight_decay_ != 0 && !(no_decay_1d_ && dims < 2);
-    if (decay) s.param.mul_(1.0 - lr * weight_decay_);
+    if (decay) p.mul_(1.0 - lr * weight_decay_);
 
     // Operation order as torch::optim::AdamW in LibTorch 1.13, so results agree bit for bit
     // rather than only within rounding.
@@ -203,7 +229,8 @@ void AdamW::step(int64_t step) {
     exp_avg.mul_(beta1_).add_(g, 1.0 - beta1_);
     exp_avg_sq.mul_(beta2_).addcmul_(g, g, 1.0 - beta2_);
     at::Tensor denom = (exp_avg_sq.sqrt() / std::sqrt(bias_correction2)).add_(eps_);
-    s.param.addcdiv_(exp_avg, denom, -lr / bias_correction1);
+    p.addcdiv_(exp_avg, denom, -lr / bias_correction1);
+    sync_master(s);
   }
 }
 

@@ -23,6 +23,14 @@ struct ParamSlot {
   at::Tensor param;
   at::Tensor step;
   std::vector<at::Tensor> buffers;  ///< rule-specific, named by the rule's buffer_names
+  /// float32 master copy of a bfloat16/float16 parameter (precision bf16-true), undefined for a
+  /// float32 one. The rule steps the master with the gradient converted to float32, its
+  /// buffers are float32, and the parameter receives the rounded result after every update, so
+  /// updates smaller than the parameter's own resolution still accumulate (mixed-precision
+  /// training's master weights, Micikevicius et al., ICLR 2018). In state() as "<name>.master".
+  at::Tensor master;
+  /// The tensor the rule updates: the master when there is one, else the parameter.
+  at::Tensor& weights() { return master.defined() ? master : param; }
 };
 
 /// Shared plumbing: the schedule, the parameter slots and the named state.
@@ -49,11 +57,13 @@ class ScheduledOptimizer : public Optimizer {
 /// torch.optim.SGD (PyTorch 1.13) with momentum, dampening, Nesterov and coupled L2 weight
 /// decay:  g += wd * p;  b = g (first step) or momentum * b + (1 - dampening) * g;
 ///         g = g + momentum * b (Nesterov) or b;  p -= lr * g.
-class Sgd final : public ScheduledOptimizer {
+class Sgd final : public ScheduledOptimizer, public OptimizerStateBytes {
  public:
   static void declare_options(OptionSchema& schema);
   Sgd(const Options& options, const RunContext& ctx);
   void step(int64_t step) override;
+  /// The momentum buffer (4 bytes per parameter), none without momentum.
+  double state_bytes_per_param() const override { return momentum_ != 0 ? 4 : 0; }
 
  protected:
   bool needs_state() const override { return momentum_ != 0; }
@@ -73,11 +83,13 @@ class Sgd final : public ScheduledOptimizer {
 /// parameter grouping of GPT-2/BERT training code. The dimension is the parameter's shape as
 /// the model created it (ParameterShapesAware), so the 1-D pieces a ZeRO/FSDP strategy hands
 /// over are decayed exactly as the unsharded parameters would be.
-class AdamW final : public ScheduledOptimizer, public ParameterShapesAware {
+class AdamW final : public ScheduledOptimizer, public ParameterShapesAware, public OptimizerStateBytes {
  public:
   static void declare_options(OptionSchema& schema);
   AdamW(const Options& options, const RunContext& ctx);
   void step(int64_t step) override;
+  /// exp_avg and exp_avg_sq in float32.
+  double state_bytes_per_param() const override { return 8; }
   void set_parameter_shapes(const std::map<std::string, std::vector<int64_t>>& shapes) override;
 
  private:

@@ -18,11 +18,20 @@ bool all_finite_local(const std::vector<at::Tensor>& grads);
 /// every rank skips the step or none does. Communicates only when world_size > 1.
 bool all_finite_agreed(const std::vector<at::Tensor>& grads, Communicator& comm);
 
-class Fp32Precision final : public Precision {
+/// Logical AND of `local` over the ranks of `comm` (a Min all-reduce of one float32 on the
+/// device of the first defined tensor in `grads`, CPU when none). Communicates only when
+/// world_size > 1; every rank must call it.
+bool all_ranks_agree(bool local, const std::vector<at::Tensor>& grads, Communicator& comm);
+
+class Fp32Precision final : public Precision, public PrecisionBytes {
  public:
   static void declare_options(OptionSchema& schema);
   Fp32Precision(const Options& options, const RunContext& ctx);
   bool unscale_and_check(const std::vector<at::Tensor>& grads, Communicator& comm) override;
+  /// float32 weights and gradients, no master copy.
+  double param_bytes() const override { return 4; }
+  double grad_bytes() const override { return 4; }
+  double master_bytes() const override { return 0; }
 };
 
 }  // namespace trainrun::plugins

@@ -11,10 +11,17 @@
 //   stall_rank, stall_s:  rank `stall_rank` sleeps `stall_s` seconds in its third training
 //                         forward, so its gradients are late (a strategy must end the others
 //                         within the collective timeout, naming what it waited for).
+//   inf_rank, inf_steps:  on rank `inf_rank` (-1: every rank), the training forwards numbered
+//                         in `inf_steps` (1-based; = optimizer steps without accumulation) get
+//                         +inf in the gradient flowing back into fc1's output, so fc0's and
+//                         fc1's gradients are non-finite on that rank while the loss stays
+//                         finite (the precision must skip the step on every rank).
 #include <torch/torch.h>
 #include <trainrun/trainrun.hpp>
 
+#include <algorithm>
 #include <chrono>
+#include <limits>
 #include <cstdio>
 #include <thread>
 #include <string>
@@ -46,11 +53,16 @@ class DdpTestModel final : public tr::ModuleModel {
            "> 0: layer 'gate' adds to the logits of samples whose mean input exceeds this");
     s.integer("stall_rank", -1, "rank that sleeps stall_s seconds in its third training forward");
     s.real("stall_s", 0.0, "how long stall_rank sleeps", 0.0, 3600.0);
+    s.integer("inf_rank", -1, "rank whose gradients get +inf in the inf_steps (-1 = every rank)");
+    s.int_list("inf_steps", {}, "1-based training forwards whose backward injects +inf");
   }
   DdpTestModel(const tr::Options& o, const tr::RunContext& ctx)
       : threshold_(o.get_double("gate_threshold")),
         rank_(ctx.rank),
-        stall_s_(o.get_int("stall_rank") == ctx.rank ? o.get_double("stall_s") : 0.0) {
+        stall_s_(o.get_int("stall_rank") == ctx.rank ? o.get_double("stall_s") : 0.0),
+        inf_steps_(o.get_int("inf_rank") < 0 || o.get_int("inf_rank") == ctx.rank
+                       ? o.get_int_list("inf_steps")
+                       : std::vector<int64_t>{}) {
     int64_t in = 1;
     for (int64_t d : ctx.data.sample_shape) in *= d;
     const auto& widths = o.get_int_list("hidden");
@@ -61,10 +73,17 @@ class DdpTestModel final : public tr::ModuleModel {
     set_module(net_);
   }
   tr::ModelOutput forward(const tr::Batch& b) override {
-    if (stall_s_ > 0 && torch::GradMode::is_enabled() && ++train_forwards_ == 3)
+    if (torch::GradMode::is_enabled()) ++train_forwards_;
+    if (stall_s_ > 0 && torch::GradMode::is_enabled() && train_forwards_ == 3)
       std::this_thread::sleep_for(std::chrono::duration<double>(stall_s_));
     const torch::Tensor x = b.input.flatten(1);
-    const torch::Tensor h = torch::relu(net_->fc1(torch::relu(net_->fc0(x))));
+    torch::Tensor h = torch::relu(net_->fc1(torch::relu(net_->fc0(x))));
+    if (torch::GradMode::is_enabled() &&
+        std::find(inf_steps_.begin(), inf_steps_.end(), train_forwards_) != inf_steps_.end()) {
+      h.register_hook([](torch::Tensor g) {
+        return g + std::numeric_limits<float>::infinity();
+      });
+    }
     torch::Tensor logits = net_->out(h);
     if (threshold_ > 0) {
       const torch::Tensor rows = (x.mean(1) > threshold_).nonzero().squeeze(1);
@@ -86,7 +105,8 @@ class DdpTestModel final : public tr::ModuleModel {
   double threshold_;
   int rank_;
   double stall_s_;
-  int train_forwards_ = 0;
+  std::vector<int64_t> inf_steps_;
+  int64_t train_forwards_ = 0;
   std::string gate_usage_;
   std::shared_ptr<DdpTestNet> net_;
 };

@@ -331,4 +331,37 @@ class MemoryInputsAware {
   virtual void set_memory_inputs(const MemoryInputs& inputs) = 0;
 };
 
+/// ABI 1.3. A component (a Precision's dynamic loss scaler, say) whose state lives outside the
+/// model and optimizer tensors but must travel in every checkpoint, so that a resumed run
+/// continues exactly. Found with dynamic_cast. The state is a flat map of named float64 values
+/// (integers up to 2^53 are exact), owned and named by the component; a checkpoint writer
+/// stores it beside the component's name and gives it back before the first resumed step.
+class CheckpointState {
+ public:
+  virtual ~CheckpointState() = default;
+  /// The state now (between optimizer steps).
+  virtual std::map<std::string, double> checkpoint_state() const = 0;
+  /// Restores a state from checkpoint_state(). Throws Error naming a missing or invalid key.
+  virtual void load_checkpoint_state(const std::map<std::string, double>& state) = 0;
+};
+
+/// ABI 1.3. One contiguous piece of a (possibly sharded) tensor held by this rank: elements
+/// [offset, offset + data.numel()) of the row-major flattening of a tensor of `shape`. Every
+/// element of every tensor is held by exactly one rank; the pieces of all ranks rebuild the full
+/// state dict under any other layout (PyTorch FSDP's SHARDED_STATE_DICT, flattened).
+struct ShardedTensor {
+  std::string name;            ///< as in the full state dict ("blocks.0.attn.c_attn.weight")
+  std::vector<int64_t> shape;  ///< the whole tensor's shape
+  int64_t offset = 0;          ///< first element of this piece in the flattened tensor
+  at::Tensor data;             ///< 1-D, this rank's elements, the tensor's dtype
+};
+
+/// ABI 1.3. A Strategy that can hand out its state without gathering it: each rank its own
+/// pieces (a replicated tensor, e.g. a buffer, is held by rank 0 only). Collective-free.
+class ShardedStateDictSource {
+ public:
+  virtual ~ShardedStateDictSource() = default;
+  virtual std::vector<ShardedTensor> sharded_state_dict() = 0;
+};
+
 }  // namespace trainrun::v1

@@ -21,7 +21,8 @@ namespace trainrun::v1 {
 /// minor is not newer than the core's.
 constexpr uint32_t kAbiMajor = 1;
 constexpr uint32_t kAbiMinor = 3;  ///< 1.1: capability StepMetricsSource; 1.2: OptionType::IntOrAuto;
-                                   ///< 1.3: UnitOutputHooks, Unit checkpointer, ParameterShapesAware
+                                   ///< 1.3: UnitOutputHooks, Unit checkpointer, ParameterShapesAware,
+                                   ///< CheckpointState
 
 /// Component kinds; values are part of the ABI and never renumbered.
 enum class ComponentKind : uint32_t {

@@ -60,14 +60,19 @@ inline Batch batch_to_device(const Batch& batch, c10::Device device) {
 }
 
 /// L2 norm of the gradients of `params` that have one (0 when none has), on this rank only.
-/// Per-tensor norms in the gradient's dtype (a float64 copy of every gradient costs ~5x more),
-/// combined in float64 on the device: one synchronisation per call.
+/// Per-tensor norms in the gradient's dtype, float32 for bfloat16/float16 gradients (a float64
+/// copy of every gradient costs ~5x more), combined in float64 on the device: one
+/// synchronisation per call.
 inline double local_grad_norm(const std::vector<NamedTensor>& params) {
   std::vector<at::Tensor> norms;
   norms.reserve(params.size());
   for (const auto& p : params) {
     const at::Tensor& g = p.tensor.grad();
-    if (g.defined()) norms.push_back(at::linalg_vector_norm(g, 2).to(at::kDouble));
+    if (!g.defined()) continue;
+    const bool reduced = g.scalar_type() == at::kBFloat16 || g.scalar_type() == at::kHalf;
+    norms.push_back((reduced ? at::linalg_vector_norm(g, 2, c10::nullopt, false, at::kFloat)
+                             : at::linalg_vector_norm(g, 2))
+                        .to(at::kDouble));
   }
   if (norms.empty()) return 0.0;
   return at::linalg_vector_norm(at::stack(norms), 2).item<double>();

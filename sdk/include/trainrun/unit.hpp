@@ -42,8 +42,11 @@ class UnitOutputHooks {
 
 /// Runs `forward(input)` so that its activations are recomputed during backward instead of
 /// stored (activation checkpointing); returns forward(input)'s value. Installed on a unit by
-/// the SDK's activation-checkpointing helper. Reference: Chen et al., "Training Deep Nets with
-/// Sublinear Memory Cost" (2016); torch.utils.checkpoint.
+/// the SDK's activation-checkpointing helper (trainrun/activation_checkpointing.hpp). The
+/// function is called again during backward, after the model's forward has returned: it must
+/// capture what it uses by value (the submodule's shared_ptr), never locals by reference.
+/// Reference: Chen et al., "Training Deep Nets with Sublinear Memory Cost" (2016);
+/// torch.utils.checkpoint.
 using Checkpointer = std::function<at::Tensor(
     const at::Tensor& input, const std::function<at::Tensor(const at::Tensor&)>& forward)>;
 
@@ -84,7 +87,8 @@ class Unit {
   }
 
   /// Runs fn(input) (the unit's forward on one tensor) between pre_forward and post_forward,
-  /// through the checkpointer when one is installed. Returns fn's output tensor.
+  /// through the checkpointer when one is installed. Returns fn's output tensor. With a
+  /// checkpointer, fn is kept and called again during backward: capture by value (Checkpointer).
   template <class F>
   at::Tensor run(const at::Tensor& input, F&& fn) {
     if (hooks_) hooks_->pre_forward(*this);
