@@ -39,6 +39,26 @@ equivalence_suite(zero LABEL zero1 --set strategy.stage=1 --set strategy.reduce_
 equivalence_suite(zero LABEL zero2 --set strategy.stage=2 --set strategy.reduce_bucket_size=5000)
 equivalence_suite(zero LABEL zero3 --set strategy.stage=3 --set strategy.param_persistence_threshold=100
                   --set strategy.prefetch_bucket_size=20000)
+# FSDP: every sharding strategy on the gpt (the model with units; the mlp and cnn are one unit
+# each, the path zero3 covers above). HYBRID_SHARD with shard groups of 2 is 2 "nodes" x 2 ranks
+# at world 4. Prefetch variants ride along so each setting runs somewhere.
+foreach(fsdp_case FULL_SHARD SHARD_GRAD_OP NO_SHARD HYBRID_SHARD)
+  foreach(optimizer sgd adamw)
+    set(_name equivalence.fsdp.${fsdp_case}.gpt.${optimizer})
+    set(_extra --set strategy.sharding_strategy=${fsdp_case})
+    if(fsdp_case STREQUAL "HYBRID_SHARD")
+      list(APPEND _extra --set strategy.shard_group_size=2)
+    elseif(fsdp_case STREQUAL "SHARD_GRAD_OP")
+      list(APPEND _extra --set strategy.backward_prefetch=BACKWARD_POST --set strategy.forward_prefetch=true)
+    elseif(fsdp_case STREQUAL "NO_SHARD")
+      list(APPEND _extra --set strategy.backward_prefetch=none --set strategy.limit_all_gathers=false)
+    endif()
+    add_test(NAME ${_name}
+      COMMAND bash ${_eq_script} $<TARGET_FILE:trainrun> ${_eq_jobs}/gpt.toml
+              ${_eq_work}/fsdp-${fsdp_case}-${optimizer} fsdp ${optimizer} ${_extra})
+    set_tests_properties(${_name} PROPERTIES TIMEOUT 300 LABELS equivalence)
+  endforeach()
+endforeach()
 # A parameter count not divisible by 4 (51759: hidden 63 and 31), so the last shard is padded.
 foreach(stage 1 2 3)
   set(_name equivalence.zero${stage}.mlp-odd.adamw)

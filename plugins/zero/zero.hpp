@@ -23,19 +23,13 @@
 // Collectives are issued in a fixed order on every rank: a bucket whose gradients are all in
 // waits for every bucket before it in the expected order (reverse registration order).
 #include <trainrun/interfaces.hpp>
-#include <trainrun/sharding.hpp>
+#include <trainrun/sharded_runtime.hpp>
 
-#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
-
-namespace torch::autograd {
-struct Node;
-}
 
 namespace trainrun::plugins {
 
@@ -46,17 +40,15 @@ using namespace trainrun::v1;
 class ZeroStrategy final : public Strategy,
                            public StepMetricsSource,
                            public MemoryInputsAware,
-                           public UnitHooks,
-                           public UnitOutputHooks {
+                           public ShardedStateDictSource {
  public:
   static void declare_options(OptionSchema& schema);
   ZeroStrategy(const Options& options, const RunContext& ctx);
-  /// Removes the gradient hooks and unit hooks: they point at this object.
-  ~ZeroStrategy() override;
 
   void set_memory_inputs(const MemoryInputs& inputs) override;
   /// Checks the model is the same on every rank, broadcasts rank 0's values, chooses the stage
-  /// ("auto"), builds the flat parameters and installs the hooks.
+  /// ("auto": ConfigError naming the smallest world size that fits when none does), builds the
+  /// flat parameters and installs the hooks.
   void setup(Model& model, Accelerator& accelerator, const TrainPlan& plan) override;
   /// This rank's pieces of every flat parameter (1-D, named like their parameters).
   std::vector<NamedTensor> optimizer_parameters() override;
@@ -68,38 +60,20 @@ class ZeroStrategy final : public Strategy,
   void after_optimizer_step() override;
   void zero_grad() override;
   std::vector<NamedTensor> full_state_dict() override;
-  /// comm_bytes, comm_exposed_s, stage, gathers (all-gathers this step), and per-rank bytes of
-  /// model state held by the flat parameters (zero_state_bytes).
+  /// This rank's pieces, no communication (buffers and frozen parameters on rank 0).
+  std::vector<ShardedTensor> sharded_state_dict() override;
+  /// comm_bytes, comm_exposed_s, zero_stage, zero_gathers, zero_flat_bytes (bytes the flat
+  /// parameters hold on this rank now), zero_estimate_state_bytes (the estimator's model state
+  /// per rank for this stage, to set beside mem_model_state_bytes); with the tracking
+  /// allocator also zero_activation_bytes (the first training forward's live bytes: the
+  /// one-step probe) and zero_estimate_peak_bytes (estimate total + probe).
   void add_step_metrics(std::map<std::string, double>& extra) override;
-
-  // Stage 3 unit hooks.
-  void pre_forward(Unit& unit) override;
-  void post_forward(Unit& unit) override;
-  void on_output(Unit& unit, at::Tensor& output) override;
 
   int stage() const { return stage_; }
 
  private:
-  using Clock = std::chrono::steady_clock;
-  struct Group {
-    std::unique_ptr<sharding::FlatParameter> flat;
-    std::vector<size_t> params;  // indices into grads_
-    size_t pending = 0;          // parameters whose gradient has not arrived in this pass
-    int unit = -1;               // stage 3: index into units_, -1 for root/persistent/buckets
-    bool root = false;
-  };
-
-  void build_groups(Model& model);
-  void install_hooks();
-  void on_grad_ready(size_t param);
-  void launch_ready_locked(bool flush);
-  void drain_locked();
-  void start_pass_locked();
-  void prefetch_forward(int unit);
-  void prefetch_backward(int unit);
   void check_setup(const char* what) const;
 
-  // Options.
   int64_t requested_stage_;
   int64_t reduce_bucket_elements_;
   int64_t prefetch_elements_;
@@ -110,32 +84,13 @@ class ZeroStrategy final : public Strategy,
   MemoryInputs memory_inputs_;
 
   int stage_ = 0;
-  std::string stage_reason_;
+  double estimate_state_bytes_ = 0;
+  double estimate_total_bytes_ = 0;
+  double activation_bytes_ = -1;  // the one-step probe; -1 until the first training forward
+  bool reported_ = false;
   Model* model_ = nullptr;
-  Communicator* comm_ = nullptr;
   c10::Device device_{c10::kCPU};
-  std::vector<NamedTensor> all_params_;   // as the model lists them
-  std::vector<NamedTensor> frozen_;       // requires_grad = false: left whole, replicated
-  std::vector<NamedTensor> grads_;        // trainable, de-duplicated (tied weights once)
-  std::vector<size_t> group_of_;          // grads_ index -> group index
-  std::vector<Group> groups_;             // in reduce order
-  std::vector<int> unit_group_;           // stage 3: unit index -> group index
-  std::vector<Unit*> units_;
-  std::map<const Unit*, int> unit_index_;
-  int root_group_ = -1;
-  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
-  std::vector<uintptr_t> hook_keys_;
-
-  std::mutex mu_;
-  bool sync_ = true;
-  bool pass_open_ = false;
-  size_t next_launch_ = 0;
-  std::vector<size_t> in_flight_;  // groups with a reduce-scatter started, in launch order
-
-  // Metrics of the current step.
-  double comm_bytes_ = 0;
-  double exposed_s_ = 0;
-  double gathers_ = 0;
+  std::unique_ptr<sharding::ShardedRuntime> runtime_;
 };
 
 }  // namespace trainrun::plugins

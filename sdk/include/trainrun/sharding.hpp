@@ -290,12 +290,19 @@ class FlatParameter {
   }
   bool reducing() const { return static_cast<bool>(reduce_work_); }
   /// Waits for the reduce-scatter and adds its result to the gradient shard (full_grads: writes
-  /// it there, the local accumulation having happened in the full buffer).
-  void finish_reduce() {
+  /// it there, the local accumulation having happened in the full buffer). With `replicas` (the
+  /// ranks holding the same shard in hybrid sharding), the result is first averaged across them
+  /// (all-reduce, ReduceOp::Avg; collective over `replicas`).
+  void finish_reduce(Communicator* replicas = nullptr) {
     if (!reduce_work_) return;
     reduce_work_->wait();
     reduce_work_.reset();
     c10::NoGradGuard no_grad;
+    if (replicas != nullptr && replicas->world_size() > 1) {
+      AllReduceOptions ao;
+      ao.op = ReduceOp::Avg;
+      replicas->all_reduce(reduce_output_, ao)->wait();
+    }
     if (opts_.full_grads)
       grad_shard_.copy_(reduce_output_);
     else

@@ -1,0 +1,113 @@
+#!/usr/bin/python3
+"""The sharded strategies — ZeRO stages 1-3 (`zero`) and every FSDP sharding strategy (`fsdp`) —
+against `ddp` on the gpt of bench/jobs/sharded-gpt.toml (that of bench/jobs/ddp-gpt.toml: (4 layers,
+n_embd 128, ~0.8 M parameters, AdamW, fp32, gloo-cpu, 1 intra-op thread per rank):
+
+  (a) step time at 2 ranks: median step_time_s of rank 0 after --warmup steps, for ddp (1 MiB
+      buckets, overlap on) and zero stages 1, 2, 3 (reduce buckets of 262144 elements = 1 MiB,
+      overlap on; stage 3 keeps parameters under 1000 elements whole and prefetches one unit),
+      fsdp FULL_SHARD, SHARD_GRAD_OP, NO_SHARD (PyTorch's defaults: BACKWARD_PRE,
+      limit_all_gathers), alternating the order of the runs each round, median round;
+      ratio = strategy / ddp;
+  (b) memory per rank vs world size (1, 2, 4): model state at rest (mem_model_state_bytes: params
+      + gradients + optimizer state, from the tracking allocator, right after the optimizer
+      step) beside zero's own estimate (zero_estimate_state_bytes, from the SDK estimator), and
+      the peak during a step above what lived before the model was built (mem_peak_bytes minus
+      mem_current_bytes plus the model state: model state + activations + gathered parameters
+      + communication buffers), the median over steps after the first two, beside zero's
+      estimated peak (zero_estimate_peak_bytes: estimate with buffers + the activations its
+      one-step probe measured in the first forward).
+
+Other processes skew the timings (2 ranks x 1 thread fill a 2-core machine): the load average is
+printed before and after. usage: bench/sharded.py <trainrun binary> [--only a|b] [--steps N]
+[--rounds R] [--warmup N]
+"""
+import argparse, json, os, statistics, subprocess, sys, tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+JOB = os.path.join(ROOT, "bench", "jobs", "sharded-gpt.toml")
+ONE_THREAD = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+STRATEGIES = {
+    "ddp": ["strategy.bucket_cap_mb=1", "strategy.first_bucket_mb=1"],
+    "zero-1": ["strategy.plugin=zero", "strategy.stage=1", "strategy.reduce_bucket_size=262144"],
+    "zero-2": ["strategy.plugin=zero", "strategy.stage=2", "strategy.reduce_bucket_size=262144"],
+    "zero-3": ["strategy.plugin=zero", "strategy.stage=3", "strategy.param_persistence_threshold=1000",
+               "strategy.prefetch_bucket_size=200000"],
+    "fsdp-FULL": ["strategy.plugin=fsdp", "strategy.sharding_strategy=FULL_SHARD"],
+    "fsdp-GRAD_OP": ["strategy.plugin=fsdp", "strategy.sharding_strategy=SHARD_GRAD_OP"],
+    "fsdp-NO": ["strategy.plugin=fsdp", "strategy.sharding_strategy=NO_SHARD"],
+}
+
+
+def run(binary, sets, steps, world, work):
+    run_dir = tempfile.mkdtemp(prefix="sharded-", dir=work)
+    cmd = [binary, "--config", JOB, "--set", f"trainer.max_steps={steps}",
+           "--set", f"trainer.run_dir={run_dir}", "--set", f"launch.nproc_per_node={world}"]
+    for s in sets:
+        cmd += ["--set", s]
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                       env=dict(os.environ, **ONE_THREAD))
+    if p.returncode != 0:
+        sys.stderr.write(p.stdout[-4000:])
+        sys.exit(f"trainrun failed ({p.returncode}): {' '.join(cmd)}")
+    rows = [json.loads(l) for l in open(os.path.join(run_dir, "metrics.jsonl"))]
+    return [r for r in rows if "step_time_s" in r and r.get("rank", 0) == 0], p.stdout
+
+
+def med(rows, key, warmup):
+    vals = [r[key] for r in rows[warmup:] if key in r]
+    return statistics.median(vals) if vals else float("nan")
+
+
+def mib(b):
+    return f"{b / 2**20:8.2f}" if b == b else "       -"
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("binary")
+    ap.add_argument("--only", choices=["a", "b"])
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=5)
+    a = ap.parse_args()
+    print("load average before:", " ".join(open("/proc/loadavg").read().split()[:3]))
+    work = tempfile.mkdtemp(prefix="bench-sharded-")
+    if a.only in (None, "a"):
+        print(f"\n(a) step time, gpt, 2 ranks x 1 thread, {a.steps} steps, median of {a.rounds} rounds")
+        times = {k: [] for k in STRATEGIES}
+        names = list(STRATEGIES)
+        for r in range(a.rounds):
+            for k in (names if r % 2 == 0 else names[::-1]):
+                rows, _ = run(a.binary, STRATEGIES[k], a.steps, 2, work)
+                times[k].append(med(rows, "step_time_s", a.warmup))
+        base = statistics.median(times["ddp"])
+        print(f"{'strategy':<12} {'step ms':>8} {'vs ddp':>7}")
+        for k in names:
+            t = statistics.median(times[k])
+            print(f"{k:<12} {t * 1e3:8.1f} {t / base:7.2f}x")
+    if a.only in (None, "b"):
+        print(f"\n(b) memory per rank (MiB), gpt, {a.steps} steps: model state measured | estimate | "
+              f"peak during a step above the pre-model baseline")
+        print(f"{'strategy':<12} {'world':>5} {'state':>8} {'estimate':>8} {'ratio':>6} {'peak':>8} "
+              f"{'est.peak':>8} {'ratio':>6}")
+        for k in STRATEGIES:
+            for world in (1, 2, 4):
+                rows, _ = run(a.binary, STRATEGIES[k], min(a.steps, 12), world, work)
+                state = med(rows, "mem_model_state_bytes", 2)
+                est = med(rows, "zero_estimate_state_bytes", 2)
+                # mem_peak_bytes counts from the tracker's start; mem_current - model state is
+                # what lived before the model (data, runtime): subtract it to get the step's own.
+                base = med(rows, "mem_current_bytes", 2) - state
+                peak = med(rows, "mem_peak_bytes", 2) - base
+                ratio = f"{state / est:6.3f}" if est == est else "     -"
+                est_peak = med(rows, "zero_estimate_peak_bytes", 2)
+                pratio = f"{peak / est_peak:6.3f}" if est_peak == est_peak else "     -"
+                print(f"{k:<12} {world:>5} {mib(state)} {mib(est)} {ratio} {mib(peak)} "
+                      f"{mib(est_peak)} {pratio}")
+    print("load average after:", " ".join(open("/proc/loadavg").read().split()[:3]))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,273 @@
+#include "fsdp.hpp"
+
+#include <trainrun/memory_estimate.hpp>
+#include <trainrun/plugin.hpp>
+#include <trainrun/replicas.hpp>
+#include <trainrun/strategy_helpers.hpp>
+
+#include <ATen/ATen.h>
+#include <torch/nn/module.h>
+
+#include <algorithm>
+#include <cmath>
+#include <iostream>
+#include <set>
+
+namespace trainrun::plugins {
+
+namespace {
+constexpr const char* kName = "strategy 'fsdp'";
+}
+
+void FsdpStrategy::declare_options(OptionSchema& s) {
+  s.choice("sharding_strategy", "FULL_SHARD",
+           {"FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "auto"},
+           "what is sharded (PyTorch FSDP's ShardingStrategy); auto: the least sharding whose "
+           "memory estimate fits memory_budget_gb");
+  s.integer("min_num_params", 0,
+            "merge consecutive units until each flat parameter holds at least this many "
+            "parameters (size-based auto-wrap); 0 = one flat parameter per unit",
+            0.0);
+  s.choice("backward_prefetch", "BACKWARD_PRE", {"BACKWARD_PRE", "BACKWARD_POST", "none"},
+           "when the previous unit's gather starts in backward: when this unit's backward starts "
+           "(PRE), when its gradients are in (POST), or on demand (none)");
+  s.boolean("forward_prefetch", false, "gather the next unit while this unit's forward runs");
+  s.boolean("limit_all_gathers", true,
+            "at most two units' parameters gathered at once (the one in use and one prefetched)");
+  s.integer("shard_group_size", 0,
+            "HYBRID_SHARD: ranks per shard group (consecutive ranks; capped at world_size); 0 = the "
+            "ranks of a node",
+            0.0);
+  s.real("memory_budget_gb", 0.0,
+         "per-rank budget for sharding_strategy = \"auto\" (GB, 1e9 bytes); 0 = the "
+         "accelerator's memory divided among the ranks of the node",
+         0.0);
+}
+
+FsdpStrategy::FsdpStrategy(const Options& o, const RunContext& ctx)
+    : requested_(o.get_string("sharding_strategy")),
+      min_num_params_(o.get_int("min_num_params")),
+      backward_prefetch_(o.get_string("backward_prefetch")),
+      forward_prefetch_(o.get_bool("forward_prefetch")),
+      limit_all_gathers_(o.get_bool("limit_all_gathers")),
+      shard_group_size_(o.get_int("shard_group_size")),
+      memory_budget_gb_(o.get_double("memory_budget_gb")),
+      rank_(ctx.rank),
+      world_size_(ctx.world_size),
+      local_world_size_(std::max(1, ctx.local_world_size)) {
+  memory_inputs_.local_world_size = local_world_size_;
+  memory_inputs_.nnodes = std::max(1, ctx.world_size / local_world_size_);
+  if (shard_group_size_ > 0 && shard_group_size_ < world_size_)
+    TR_CHECK_TYPED(ConfigError, world_size_ % shard_group_size_ == 0, o.context(),
+                   ": shard_group_size = ", shard_group_size_, " does not divide world_size ",
+                   world_size_);
+}
+
+void FsdpStrategy::set_memory_inputs(const MemoryInputs& inputs) { memory_inputs_ = inputs; }
+
+void FsdpStrategy::check_setup(const char* what) const {
+  TR_CHECK(runtime_ != nullptr, kName, ": ", what, "() called before setup()");
+}
+
+void FsdpStrategy::setup(Model& model, Accelerator& accelerator, const TrainPlan&) {
+  TR_CHECK(model_ == nullptr, kName, ": setup() called twice");
+  model_ = &model;
+  device_ = accelerator.device();
+  Communicator& world = accelerator.communicator();
+  TR_CHECK(world.world_size() == world_size_ && world.rank() == rank_, kName,
+           ": the accelerator's communicator is rank ", world.rank(), " of ", world.world_size(),
+           ", but this process is rank ", rank_, " of ", world_size_);
+  if (!device_.is_cpu()) {
+    torch::nn::Module* m = model.module();
+    TR_CHECK(m != nullptr, kName, ": the model is not a torch::nn::Module, so it cannot be "
+             "moved to ", device_);
+    m->to(device_);
+  }
+  std::vector<NamedTensor> params = model.named_parameters();
+  std::vector<NamedTensor> buffers = model.named_buffers();
+  replicate_from_rank0(world, device_, kName, params, buffers);
+
+  // A shard group larger than the world is the world (a 1-rank run of a hybrid job).
+  const int group = static_cast<int>(std::min<int64_t>(
+      shard_group_size_ > 0 ? shard_group_size_ : local_world_size_, world_size_));
+  TR_CHECK_TYPED(ConfigError, world_size_ % group == 0, kName, ": a shard group of ", group,
+                 " ranks does not divide world_size ", world_size_,
+                 " (set [strategy] shard_group_size)");
+
+  // Memory estimates per sharding strategy (the ZeRO formulas: NO_SHARD = stage 0,
+  // SHARD_GRAD_OP keeps whole parameters between forward and backward ~ stage 2, FULL_SHARD =
+  // stage 3 over the world, HYBRID_SHARD = stage 3 over the shard group).
+  std::set<const void*> seen;
+  int64_t psi = 0;
+  std::map<const void*, int64_t> numel_of;
+  for (const auto& p : params) {
+    if (!p.tensor.requires_grad() || !seen.insert(p.tensor.unsafeGetTensorImpl()).second) continue;
+    psi += p.tensor.numel();
+    numel_of[p.tensor.unsafeGetTensorImpl()] = p.tensor.numel();
+  }
+  int64_t largest_unit = model.units().empty() ? psi : 0;
+  for (Unit* u : model.units()) {
+    int64_t n = 0;
+    for (const auto& t : u->module().parameters(true)) {
+      auto it = numel_of.find(t.unsafeGetTensorImpl());
+      if (it != numel_of.end()) n += it->second;
+    }
+    largest_unit = std::max(largest_unit, n);
+  }
+  largest_unit_bytes_ = 4.0 * static_cast<double>(largest_unit);
+  auto estimate = [&](int n, int stage) {
+    memory::ZeroEstimateInputs in = memory::zero_inputs(memory_inputs_, psi, n);
+    in.largest_unit_params = largest_unit;
+    in.prefetch_elems = backward_prefetch_ != "none" ? largest_unit : 0;
+    return memory::estimate_zero_stage(in, stage).total_bytes;
+  };
+  const double est_no = estimate(world_size_, 0), est_grad_op = estimate(world_size_, 2),
+               est_hybrid = estimate(group, 3), est_full = estimate(world_size_, 3);
+  std::string reason;
+  if (requested_ == "auto") {
+    const double budget = memory_budget_gb_ > 0
+                              ? memory_budget_gb_ * 1e9
+                              : static_cast<double>(memory_inputs_.memory_budget_bytes);
+    TR_CHECK_TYPED(ConfigError, budget > 0, kName, ": sharding_strategy = \"auto\" needs a "
+                   "memory budget: set [strategy] memory_budget_gb");
+    const bool nodes = world_size_ / group > 1;
+    if (est_no <= budget)
+      strategy_ = "NO_SHARD";
+    else if (est_grad_op <= budget)
+      strategy_ = "SHARD_GRAD_OP";
+    else if (nodes && est_hybrid <= budget)
+      strategy_ = "HYBRID_SHARD";
+    else if (est_full <= budget)
+      strategy_ = "FULL_SHARD";
+    if (strategy_.empty()) {
+      int64_t need = 0;
+      for (int n = world_size_ + 1; n <= (1 << 20) && need == 0; ++n)
+        if (estimate(n, 3) <= budget) need = n;
+      TR_CHECK_TYPED(ConfigError, need > 0, kName, ": no sharding strategy fits the memory budget "
+                     "of ", memory::format_bytes(budget), " per rank at any world size: the "
+                     "gathered units alone exceed it");
+      TR_CHECK_TYPED(ConfigError, false, kName, ": no sharding strategy fits the memory budget "
+                     "of ", memory::format_bytes(budget), " per rank: FULL_SHARD needs ",
+                     memory::format_bytes(est_full), " per rank at world size ", world_size_,
+                     "; a world size of at least ", need, " would fit");
+    }
+    reason = detail::cat(strategy_, " chosen: estimate ",
+                         memory::format_bytes(strategy_ == "NO_SHARD"        ? est_no
+                                              : strategy_ == "SHARD_GRAD_OP" ? est_grad_op
+                                              : strategy_ == "HYBRID_SHARD"  ? est_hybrid
+                                                                             : est_full),
+                         " per rank fits the budget of ", memory::format_bytes(budget),
+                         " (NO_SHARD needs ", memory::format_bytes(est_no), ")");
+  } else {
+    strategy_ = requested_;
+    reason = strategy_ + " as configured";
+  }
+  if (rank_ == 0) std::cout << "  fsdp        " << reason << std::endl;
+
+  // Groups. c10d semantics: every rank creates every group, in the same order.
+  Communicator* shard = &world;
+  Communicator* replicate = nullptr;
+  if (strategy_ == "NO_SHARD" && world_size_ > 1) {
+    for (int r = 0; r < world_size_; ++r) {
+      auto g = world.new_group({r});
+      if (r == rank_) shard_group_ = g;
+    }
+    shard = shard_group_.get();
+    replicate = &world;
+  } else if (strategy_ == "HYBRID_SHARD" && group < world_size_) {
+    const int groups = world_size_ / group;
+    for (int k = 0; k < groups; ++k) {
+      std::vector<int> ranks(static_cast<size_t>(group));
+      for (int i = 0; i < group; ++i) ranks[static_cast<size_t>(i)] = k * group + i;
+      auto g = world.new_group(ranks);
+      if (k == rank_ / group) shard_group_ = g;
+    }
+    for (int i = 0; i < group; ++i) {
+      std::vector<int> ranks;
+      for (int k = 0; k < groups; ++k) ranks.push_back(k * group + i);
+      auto g = world.new_group(ranks);
+      if (i == rank_ % group) replicate_group_ = g;
+    }
+    TR_CHECK(shard_group_ && replicate_group_, kName, ": rank ", rank_,
+             ": new_group did not return this rank's shard or replicate group");
+    shard = shard_group_.get();
+    replicate = replicate_group_.get();
+  }
+
+  sharding::RuntimeOptions ro;
+  ro.name = kName;
+  ro.grouping = sharding::RuntimeOptions::Grouping::Units;
+  ro.min_unit_params = min_num_params_;
+  ro.keep_full = strategy_ == "NO_SHARD";
+  ro.reshard_after_forward = strategy_ != "SHARD_GRAD_OP";
+  ro.forward_prefetch_elements = forward_prefetch_ ? 1 : 0;   // one unit ahead
+  ro.backward_prefetch_elements = backward_prefetch_ != "none" ? 1 : 0;
+  ro.backward_prefetch_post = backward_prefetch_ == "BACKWARD_POST";
+  ro.limit_all_gathers = limit_all_gathers_;
+  runtime_ = std::make_unique<sharding::ShardedRuntime>(ro, model, *shard, replicate);
+}
+
+std::vector<NamedTensor> FsdpStrategy::optimizer_parameters() {
+  check_setup("optimizer_parameters");
+  return runtime_->optimizer_parameters();
+}
+
+ModelOutput FsdpStrategy::forward(const Batch& batch) {
+  check_setup("forward");
+  return runtime_->forward(batch_to_device(batch, device_));
+}
+
+void FsdpStrategy::before_backward(bool sync) {
+  check_setup("before_backward");
+  runtime_->before_backward(sync);
+}
+
+void FsdpStrategy::finish_gradient_sync() {
+  check_setup("finish_gradient_sync");
+  runtime_->finish_gradient_sync();
+}
+
+double FsdpStrategy::grad_norm() {
+  check_setup("grad_norm");
+  return runtime_->grad_norm();
+}
+
+void FsdpStrategy::after_optimizer_step() {
+  check_setup("after_optimizer_step");
+  runtime_->after_optimizer_step();
+}
+
+void FsdpStrategy::zero_grad() {
+  check_setup("zero_grad");
+  runtime_->zero_grad();
+}
+
+std::vector<NamedTensor> FsdpStrategy::full_state_dict() {
+  check_setup("full_state_dict");
+  return runtime_->full_state_dict();
+}
+
+std::vector<ShardedTensor> FsdpStrategy::sharded_state_dict() {
+  check_setup("sharded_state_dict");
+  return runtime_->sharded_state_dict(rank_ == 0);
+}
+
+void FsdpStrategy::add_step_metrics(std::map<std::string, double>& extra) {
+  if (!runtime_) return;
+  const sharding::RuntimeMetrics m = runtime_->take_metrics();
+  extra["comm_bytes"] = m.comm_bytes;
+  extra["comm_exposed_s"] = m.exposed_s;
+  extra["fsdp_gathers"] = m.gathers;
+  extra["fsdp_flat_bytes"] = m.flat_bytes;
+  extra["fsdp_max_unit_full_bytes"] = m.max_unit_full_bytes;
+  extra["fsdp_unit_bytes"] = largest_unit_bytes_;
+}
+
+}  // namespace trainrun::plugins
+
+#ifndef TRAINRUN_NO_PLUGIN_ENTRY
+TRAINRUN_PLUGIN("fsdp", "0.1.0",
+                trainrun::v1::component<trainrun::v1::Strategy, trainrun::plugins::FsdpStrategy>(
+                    "fsdp", "fully sharded data parallel (PyTorch FSDP): FULL_SHARD, "
+                            "SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD or auto"))
+#endif

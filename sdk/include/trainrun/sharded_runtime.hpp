@@ -1,0 +1,568 @@
+#pragma once
+// The run-time half of the sharding engine: groups a model's parameters into flat parameters
+// (trainrun/sharding.hpp), gathers and releases them around each unit's forward and backward,
+// reduces gradients during backward in a fixed order, and assembles full or sharded state. ZeRO
+// (stages 1-3) and FSDP (every sharding strategy) are policies over this one implementation;
+// a third-party sharded strategy can be one too. References: Rajbhandari et al., "ZeRO" (SC20);
+// Zhao et al., "PyTorch FSDP" (VLDB 2023).
+//
+// Policies (RuntimeOptions):
+//  - grouping: Buckets (ZeRO-1/2: parameters in reverse registration order, bucket_elements per
+//    flat parameter) or Units (one flat parameter per Unit of the model, units smaller than
+//    min_unit_params merged with the next one; parameters outside units or shared between
+//    units form the root group; parameters below persistence_threshold one persistent group).
+//  - keep_full: parameters stay gathered (ZeRO-1/2, FSDP NO_SHARD); otherwise a unit is gathered
+//    before its forward and released after it (reshard_after_forward, FSDP FULL_SHARD) or at the
+//    end of backward (SHARD_GRAD_OP), and gathered again just before its backward when released.
+//  - gradients are reduce-scattered (ReduceOp::Avg) over the shard group as soon as a group's
+//    gradients are all in (overlap) — every micro-batch, accumulating into the gradient shard,
+//    or only on the synchronised micro-batch with full_grads (ZeRO-1) — and, with a replicate
+//    group (FSDP HYBRID_SHARD, NO_SHARD), the shard is then all-reduced across replicas.
+//  - prefetch: the next units' gathers start ahead of use, up to a number of elements, in forward
+//    and backward order; limit_all_gathers caps the gathered (non-root) units at two.
+// Collectives are issued in the same order on every rank: a group whose gradients are complete
+// waits for every group before it in the expected order; prefetches follow the model's (fixed)
+// unit order.
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/utils/lambda_post_hook.h>
+#include <torch/csrc/autograd/variable.h>
+#include <torch/nn/module.h>
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <numeric>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "trainrun/interfaces.hpp"
+#include "trainrun/sharding.hpp"
+#include "trainrun/strategy_helpers.hpp"
+
+namespace trainrun::v1::sharding {
+
+/// How a ShardedRuntime groups, keeps and communicates parameters (see the file comment).
+/// Sizes in elements.
+struct RuntimeOptions {
+  std::string name = "sharded strategy";  ///< for messages, e.g. "strategy 'zero'"
+  enum class Grouping { Buckets, Units } grouping = Grouping::Units;
+  int64_t bucket_elements = 500000000;    ///< Buckets: elements per flat parameter
+  int64_t min_unit_params = 0;            ///< Units: merge a unit smaller than this into the next
+  int64_t persistence_threshold = 0;      ///< Units: parameters smaller than this stay whole
+  bool keep_full = false;                 ///< parameters always gathered
+  bool reshard_after_forward = true;      ///< release a unit after its forward (else at backward end)
+  bool full_grads = false;                ///< ZeRO-1: whole gradients kept, reduced on sync only
+  bool overlap = true;                    ///< reduce during backward as groups complete
+  int64_t forward_prefetch_elements = 0;  ///< gather the next units ahead in forward
+  int64_t backward_prefetch_elements = 0; ///< gather the previous units ahead in backward
+  bool backward_prefetch_post = false;    ///< prefetch when a unit's gradients are in (POST) rather
+                                          ///< than when its backward starts (PRE)
+  bool limit_all_gathers = false;         ///< at most two non-root units gathered at once
+};
+
+/// Figures of the steps since the last take_metrics(), this rank.
+struct RuntimeMetrics {
+  double comm_bytes = 0;       ///< bytes sent: reduce-scatters, all-gathers, replica all-reduces
+  double exposed_s = 0;        ///< seconds waited on communication outside backward
+  double gathers = 0;          ///< all-gathers of flat parameters started
+  double flat_bytes = 0;       ///< bytes held by the flat parameters now (shards, buffers)
+  double max_unit_full_bytes = 0;  ///< peak bytes of gathered non-root unit parameters
+};
+
+/// One sharded model at run time. Construct in Strategy::setup, after the model is on the device
+/// and identical on every rank (replicate_from_rank0). Installs autograd hooks on the parameters'
+/// gradient accumulators and, for Units grouping without keep_full, UnitHooks on the model's
+/// units; the destructor removes them. `shard` is the group a flat parameter is sharded over
+/// (world, or the node in HYBRID_SHARD, or a group of one in NO_SHARD); `replicate` (may be
+/// null) the group of ranks holding the same shard. Throws Error on a non-float32 trainable
+/// parameter or a model without trainable parameters.
+class ShardedRuntime : public UnitHooks, public UnitOutputHooks {
+ public:
+  ShardedRuntime(RuntimeOptions options, Model& model, Communicator& shard,
+                 Communicator* replicate)
+      : opts_(std::move(options)), model_(&model), shard_(&shard), replicate_(replicate) {
+    all_params_ = model.named_parameters();
+    std::set<const void*> seen;
+    for (const auto& p : all_params_) {
+      const void* impl = p.tensor.unsafeGetTensorImpl();
+      if (!seen.insert(impl).second) continue;  // tied weight: owned once, under its first name
+      if (p.tensor.requires_grad()) grads_.push_back(p);
+    }
+    TR_CHECK(!grads_.empty(), opts_.name, ": the model has no parameter with requires_grad (",
+             all_params_.size(), " parameters, all frozen)");
+    for (const auto& p : grads_)
+      TR_CHECK(p.tensor.scalar_type() == at::kFloat, opts_.name, ": parameter '", p.name,
+               "' is ", p.tensor.scalar_type(), "; the sharding engine flattens float32 "
+               "parameters (use a mixed precision that keeps float32 weights)");
+    build_groups();
+    install_hooks();
+    if (uses_unit_hooks())
+      for (Unit* u : units_) u->set_hooks(this);
+    std::lock_guard<std::mutex> g(mu_);
+    start_pass_locked();
+    pass_open_ = false;
+  }
+
+  ~ShardedRuntime() override {
+    for (size_t i = 0; i < accumulators_.size() && i < hook_keys_.size(); ++i)
+      accumulators_[i]->del_post_hook(hook_keys_[i]);
+    if (uses_unit_hooks())
+      for (Unit* u : units_) u->set_hooks(nullptr);
+  }
+  ShardedRuntime(const ShardedRuntime&) = delete;
+  ShardedRuntime& operator=(const ShardedRuntime&) = delete;
+
+  /// This rank's pieces of every flat parameter (1-D leaves named like their parameters).
+  std::vector<NamedTensor> optimizer_parameters() const {
+    std::vector<NamedTensor> out;
+    for (const auto& g : groups_)
+      for (const auto& p : g.flat->optimizer_pieces()) out.push_back(p);
+    return out;
+  }
+
+  /// Runs the model (the batch must already be on the device), gathering the root group first
+  /// and prefetching the first units. Without grad mode (evaluation) everything is released
+  /// afterwards.
+  ModelOutput forward(const Batch& batch) {
+    if (root_group_ >= 0) gather_group(root_group_);
+    prefetch_forward(-1);
+    ModelOutput out = model_->forward(batch);
+    if (!c10::GradMode::is_enabled())
+      for (size_t gi = 0; gi < groups_.size(); ++gi) release_group(static_cast<int>(gi));
+    return out;
+  }
+
+  /// Before each micro-batch's backward (Strategy::before_backward).
+  void before_backward(bool sync) {
+    std::lock_guard<std::mutex> g(mu_);
+    // The previous micro-batch's backward is over: send what it left and fold the results into
+    // the gradient shards before new gradients arrive.
+    if (pass_open_ && pass_reduces()) launch_ready_locked(/*flush=*/true);
+    drain_locked();
+    sync_ = sync;
+    start_pass_locked();
+  }
+
+  /// After the last micro-batch's backward: gradient shards complete and averaged.
+  void finish_gradient_sync() {
+    const auto t0 = Clock::now();
+    std::lock_guard<std::mutex> g(mu_);
+    if (pass_open_ && pass_reduces()) launch_ready_locked(/*flush=*/true);
+    drain_locked();
+    pass_open_ = false;
+    for (size_t gi = 0; gi < groups_.size(); ++gi) release_group(static_cast<int>(gi));
+    metrics_.exposed_s += seconds_since(t0);
+  }
+
+  /// Global L2 norm of the gradients (collective over the shard group; replicas agree).
+  double grad_norm() {
+    std::vector<FlatParameter*> flats;
+    for (auto& g : groups_) flats.push_back(g.flat.get());
+    return global_grad_norm(flats, *shard_);
+  }
+
+  /// After the optimizer stepped the shards: groups that stay whole gather the new values.
+  void after_optimizer_step() {
+    const auto t0 = Clock::now();
+    for (auto& g : groups_) g.flat->after_step_async();
+    for (auto& g : groups_)
+      if (g.flat->options().keep_full) {
+        g.flat->gather();
+        count_gather(g);
+      }
+    metrics_.exposed_s += seconds_since(t0);
+  }
+
+  /// Zeroes the gradient shards (pieces keep aliasing them) and drops whole gradients.
+  void zero_grad() {
+    for (auto& g : groups_) g.flat->zero_grad();
+    if (!opts_.full_grads)
+      for (auto& p : grads_) p.tensor.mutable_grad() = at::Tensor();
+  }
+
+  /// Every parameter (tied names included) with its full value, in the model's order, then the
+  /// model's buffers. Collective over the shard group.
+  std::vector<NamedTensor> full_state_dict() {
+    std::map<const void*, at::Tensor> value;
+    for (auto& g : groups_) {
+      auto full = g.flat->gather_full_values();
+      for (size_t k = 0; k < g.params.size(); ++k)
+        value[grads_[g.params[k]].tensor.unsafeGetTensorImpl()] = full[k].tensor;
+    }
+    std::vector<NamedTensor> out;
+    for (const auto& p : all_params_) {
+      auto it = value.find(p.tensor.unsafeGetTensorImpl());
+      out.push_back({p.name, it != value.end() ? it->second : p.tensor.detach()});
+    }
+    for (auto& b : model_->named_buffers()) out.push_back({b.name, b.tensor.detach()});
+    return out;
+  }
+
+  /// This rank's pieces of every parameter (tied names listed under each name), then, on
+  /// `owner_of_replicated` only, the frozen parameters and buffers whole. No communication:
+  /// a piece aliases the shard (clone it to keep it past the next step).
+  std::vector<ShardedTensor> sharded_state_dict(bool owner_of_replicated) const {
+    std::map<const void*, std::pair<const FlatParameter*, size_t>> where;
+    for (const auto& g : groups_)
+      for (size_t k = 0; k < g.params.size(); ++k)
+        where[grads_[g.params[k]].tensor.unsafeGetTensorImpl()] = {g.flat.get(), k};
+    const int rank = shard_->rank();
+    std::vector<ShardedTensor> out;
+    for (const auto& p : all_params_) {
+      auto it = where.find(p.tensor.unsafeGetTensorImpl());
+      if (it == where.end()) {
+        if (owner_of_replicated)
+          out.push_back({p.name, p.tensor.sizes().vec(), 0, p.tensor.detach().reshape({-1})});
+        continue;
+      }
+      const FlatParameter& f = *it->second.first;
+      const size_t k = it->second.second;
+      // Replicas (HYBRID_SHARD, NO_SHARD) hold the same shard: only the first replica lists it.
+      if (replicate_ != nullptr && replicate_->rank() != 0) continue;
+      for (const Piece& pc : f.layout().pieces(rank))
+        if (pc.param == k)
+          out.push_back({p.name, f.layout().params()[k].shape, pc.param_offset,
+                         f.shard().narrow(0, pc.shard_offset, pc.length)});
+    }
+    if (owner_of_replicated)
+      for (auto& b : model_->named_buffers())
+        out.push_back({b.name, b.tensor.sizes().vec(), 0, b.tensor.detach().reshape({-1})});
+    return out;
+  }
+
+  /// The flat parameters, in reduce order (for sharded state dicts and estimates).
+  std::vector<const FlatParameter*> flat_parameters() const {
+    std::vector<const FlatParameter*> out;
+    for (const auto& g : groups_) out.push_back(g.flat.get());
+    return out;
+  }
+  /// Which groups are units, root, persistent or buckets, one line each (for banners/tests).
+  std::vector<std::string> describe_groups() const {
+    std::vector<std::string> out;
+    for (const auto& g : groups_)
+      out.push_back(detail::cat(g.flat->options().name, ": ", g.params.size(), " parameters, ",
+                                g.flat->layout().numel(), " elements, shard ",
+                                g.flat->layout().shard_numel()));
+    return out;
+  }
+
+  /// Figures since the previous call (then reset).
+  RuntimeMetrics take_metrics() {
+    RuntimeMetrics m = metrics_;
+    m.flat_bytes = 0;
+    for (const auto& g : groups_) m.flat_bytes += static_cast<double>(g.flat->resident_bytes());
+    metrics_ = RuntimeMetrics{};
+    return m;
+  }
+
+  // -- UnitHooks / UnitOutputHooks ---------------------------------------------------------
+
+  void pre_forward(Unit& unit) override {
+    const int u = unit_index_.at(&unit);
+    const int gi = unit_group_[static_cast<size_t>(u)];
+    if (gi >= 0) gather_group(gi);
+    prefetch_forward(u);
+  }
+  void post_forward(Unit& unit) override {
+    const int gi = unit_group_[static_cast<size_t>(unit_index_.at(&unit))];
+    if (gi < 0) return;
+    // A merged group is released after the forward of its last unit.
+    if (groups_[static_cast<size_t>(gi)].last_unit != unit_index_.at(&unit)) return;
+    if (opts_.reshard_after_forward || !c10::GradMode::is_enabled()) release_group(gi);
+  }
+  void on_output(Unit& unit, at::Tensor& output) override {
+    if (!c10::GradMode::is_enabled() || !output.requires_grad()) return;
+    const int u = unit_index_.at(&unit);
+    // Runs once the gradient of the unit's output is complete, just before autograd runs the
+    // unit's own backward nodes, which read its parameters.
+    output.register_hook([this, u](const at::Tensor&) {
+      const int gi = unit_group_[static_cast<size_t>(u)];
+      if (gi >= 0) gather_group(gi);
+      if (!opts_.backward_prefetch_post) prefetch_backward(u);
+    });
+  }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  static double seconds_since(Clock::time_point t0) {
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+  }
+  struct Group {
+    std::unique_ptr<FlatParameter> flat;
+    std::vector<size_t> params;  // indices into grads_
+    size_t pending = 0;          // parameters whose gradient has not arrived in this pass
+    int first_unit = -1, last_unit = -1;  // Units grouping: the units it holds (merged: a range)
+    bool root = false;
+  };
+
+  bool uses_unit_hooks() const {
+    return opts_.grouping == RuntimeOptions::Grouping::Units && !opts_.keep_full;
+  }
+  bool pass_reduces() const { return !opts_.full_grads || sync_; }
+
+  void build_groups() {
+    const size_t n = grads_.size();
+    std::map<const void*, size_t> index;
+    for (size_t i = 0; i < n; ++i) index[grads_[i].tensor.unsafeGetTensorImpl()] = i;
+    std::vector<int64_t> numels(n);
+    for (size_t i = 0; i < n; ++i) numels[i] = grads_[i].tensor.numel();
+
+    struct Spec {
+      std::vector<size_t> params;
+      int first_unit = -1, last_unit = -1;
+      bool root = false, keep = true;
+      std::string label;
+    };
+    std::vector<Spec> specs;  // in the order gradients complete in backward = reduce order
+    if (opts_.grouping == RuntimeOptions::Grouping::Buckets) {
+      std::vector<size_t> order(n);
+      std::iota(order.rbegin(), order.rend(), size_t{0});
+      size_t k = 0;
+      for (auto& b : bucket_by_elements(numels, order, opts_.bucket_elements))
+        specs.push_back({std::move(b), -1, -1, false, true, "bucket " + std::to_string(k++)});
+    } else {
+      units_ = model_->units();
+      for (size_t u = 0; u < units_.size(); ++u) unit_index_[units_[u]] = static_cast<int>(u);
+      // Which units use each parameter: one -> that unit's group; none, or several (a tied
+      // weight) -> root, gathered for the whole forward and backward.
+      std::vector<int> owner(n, -1);
+      for (size_t u = 0; u < units_.size(); ++u)
+        for (const auto& t : units_[u]->module().parameters(/*recurse=*/true)) {
+          auto it = index.find(t.unsafeGetTensorImpl());
+          if (it == index.end()) continue;
+          int& o = owner[it->second];
+          o = o == -1 ? static_cast<int>(u) : -2;
+        }
+      std::vector<std::vector<size_t>> per_unit(units_.size());
+      std::vector<size_t> root, persistent;
+      for (size_t i = 0; i < n; ++i) {
+        if (numels[i] < opts_.persistence_threshold)
+          persistent.push_back(i);
+        else if (owner[i] >= 0)
+          per_unit[static_cast<size_t>(owner[i])].push_back(i);
+        else
+          root.push_back(i);
+      }
+      // Merge consecutive units (forward order) until a group reaches min_unit_params (FSDP's
+      // size-based auto-wrap): a small unit is not worth a collective of its own.
+      std::vector<Spec> forward_order;
+      Spec cur;
+      int64_t cur_numel = 0;
+      for (size_t u = 0; u < units_.size(); ++u) {
+        if (per_unit[u].empty()) continue;
+        if (cur.params.empty()) cur.first_unit = static_cast<int>(u);
+        cur.last_unit = static_cast<int>(u);
+        for (size_t i : per_unit[u]) {
+          cur.params.push_back(i);
+          cur_numel += numels[i];
+        }
+        if (cur_numel >= opts_.min_unit_params) {
+          cur.keep = opts_.keep_full;
+          forward_order.push_back(std::move(cur));
+          cur = Spec{};
+          cur_numel = 0;
+        }
+      }
+      if (!cur.params.empty()) {
+        cur.keep = opts_.keep_full;
+        forward_order.push_back(std::move(cur));
+      }
+      for (auto it = forward_order.rbegin(); it != forward_order.rend(); ++it) {
+        it->label = it->first_unit == it->last_unit
+                        ? "unit " + units_[static_cast<size_t>(it->first_unit)]->name()
+                        : "units " + units_[static_cast<size_t>(it->first_unit)]->name() + ".." +
+                              units_[static_cast<size_t>(it->last_unit)]->name();
+        specs.push_back(std::move(*it));
+      }
+      if (!root.empty()) specs.push_back({root, -1, -1, true, opts_.keep_full, "root group"});
+      if (!persistent.empty()) specs.push_back({persistent, -1, -1, false, true, "persistent group"});
+    }
+
+    unit_group_.assign(units_.size(), -1);
+    for (size_t gi = 0; gi < specs.size(); ++gi) {
+      Spec& s = specs[gi];
+      Group g;
+      g.params = s.params;
+      g.first_unit = s.first_unit;
+      g.last_unit = s.last_unit;
+      g.root = s.root;
+      std::vector<NamedTensor> ps;
+      for (size_t i : g.params) ps.push_back(grads_[i]);
+      FlatParameter::Options fo;
+      fo.name = opts_.name + " " + s.label;
+      fo.keep_full = s.keep;
+      fo.full_grads = opts_.full_grads;
+      g.flat = std::make_unique<FlatParameter>(std::move(ps), *shard_, fo);
+      for (int u = g.first_unit; u >= 0 && u <= g.last_unit; ++u)
+        unit_group_[static_cast<size_t>(u)] = static_cast<int>(gi);
+      if (g.root) root_group_ = static_cast<int>(gi);
+      groups_.push_back(std::move(g));
+    }
+    group_of_.assign(n, 0);
+    for (size_t gi = 0; gi < groups_.size(); ++gi)
+      for (size_t i : groups_[gi].params) group_of_[i] = gi;
+  }
+
+  void install_hooks() {
+    for (size_t i = 0; i < grads_.size(); ++i) {
+      auto acc = torch::autograd::impl::grad_accumulator(grads_[i].tensor);
+      TR_CHECK(acc != nullptr, opts_.name, ": parameter '", grads_[i].name,
+               "' has no gradient accumulator");
+      // A post-hook runs once autograd has added this backward's gradient to .grad.
+      hook_keys_.push_back(acc->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
+          [this, i](const torch::autograd::variable_list& outputs,
+                    const torch::autograd::variable_list&) {
+            on_grad_ready(i);
+            return outputs;
+          })));
+      accumulators_.push_back(std::move(acc));
+    }
+  }
+
+  // -- gathering -----------------------------------------------------------------------------
+
+  void count_gather(const Group& g) {
+    metrics_.gathers += 1;
+    const int W = shard_->world_size();
+    metrics_.comm_bytes += static_cast<double>(g.flat->layout().padded_numel()) * 4.0 * (W - 1) / W;
+  }
+  double unit_full_bytes() const {
+    double b = 0;
+    for (const auto& g : groups_)
+      if (!g.root && !g.flat->options().keep_full && g.flat->materialized())
+        b += static_cast<double>(g.flat->layout().padded_numel()) * 4.0;
+    return b;
+  }
+  int gathered_units() const {
+    int k = 0;
+    for (const auto& g : groups_)
+      if (!g.root && !g.flat->options().keep_full && g.flat->materialized()) ++k;
+    return k;
+  }
+  void gather_group(int gi) {
+    Group& g = groups_[static_cast<size_t>(gi)];
+    if (g.flat->gathered()) return;
+    if (!g.flat->materialized()) count_gather(g);
+    g.flat->gather();
+    metrics_.max_unit_full_bytes = std::max(metrics_.max_unit_full_bytes, unit_full_bytes());
+  }
+  void release_group(int gi) {
+    Group& g = groups_[static_cast<size_t>(gi)];
+    if (!g.flat->options().keep_full) g.flat->release();
+  }
+  // Starts the gather of group gi ahead of use, unless limit_all_gathers is reached.
+  bool prefetch_group(int gi, int64_t& budget) {
+    Group& g = groups_[static_cast<size_t>(gi)];
+    if (g.flat->materialized()) return true;
+    if (opts_.limit_all_gathers && gathered_units() >= 2) return false;
+    budget -= g.flat->layout().padded_numel();
+    count_gather(g);
+    g.flat->gather_async();
+    metrics_.max_unit_full_bytes = std::max(metrics_.max_unit_full_bytes, unit_full_bytes());
+    return true;
+  }
+  void prefetch_forward(int unit) {
+    int64_t budget = opts_.forward_prefetch_elements;
+    int last = unit < 0 ? -1 : unit_group_[static_cast<size_t>(unit)];
+    for (size_t k = static_cast<size_t>(unit + 1); k < units_.size() && budget > 0; ++k) {
+      const int gi = unit_group_[k];
+      if (gi < 0 || gi == last) continue;
+      last = gi;
+      if (!prefetch_group(gi, budget)) break;
+    }
+  }
+  void prefetch_backward(int unit) {
+    int64_t budget = opts_.backward_prefetch_elements;
+    int last = unit_group_[static_cast<size_t>(unit)];
+    for (int k = unit - 1; k >= 0 && budget > 0; --k) {
+      const int gi = unit_group_[static_cast<size_t>(k)];
+      if (gi < 0 || gi == last) continue;
+      last = gi;
+      if (!prefetch_group(gi, budget)) break;
+    }
+  }
+
+  // -- gradients -----------------------------------------------------------------------------
+
+  void start_pass_locked() {
+    for (auto& g : groups_) g.pending = g.params.size();
+    next_launch_ = 0;
+    pass_open_ = true;
+  }
+
+  void on_grad_ready(size_t i) {
+    std::lock_guard<std::mutex> g(mu_);
+    if (!pass_reduces()) return;  // ZeRO-1 accumulation: autograd sums into the full buffer
+    Group& grp = groups_[group_of_[i]];
+    if (grp.pending > 0) --grp.pending;
+    if (opts_.overlap) launch_ready_locked(/*flush=*/false);
+  }
+
+  void launch_ready_locked(bool flush) {
+    // Strictly in group order: every rank issues the same collectives in the same order,
+    // whatever order its hooks fire in.
+    while (next_launch_ < groups_.size() && (flush || groups_[next_launch_].pending == 0)) {
+      Group& g = groups_[next_launch_];
+      g.flat->reduce_async();
+      const int W = shard_->world_size();
+      metrics_.comm_bytes += static_cast<double>(g.flat->layout().padded_numel()) * 4.0 * (W - 1) / W;
+      in_flight_.push_back(next_launch_);
+      // The unit's backward is over (all its gradients are in), so its whole parameters can
+      // go; the root group stays until the step's gradients are complete.
+      if (!g.root) release_group(static_cast<int>(next_launch_));
+      if (opts_.backward_prefetch_post && g.first_unit >= 0) prefetch_backward(g.first_unit);
+      ++next_launch_;
+      // Bound the reduce buffers in flight: fold the oldest in.
+      while (in_flight_.size() > 2) {
+        finish_one(in_flight_.front());
+        in_flight_.erase(in_flight_.begin());
+      }
+    }
+  }
+
+  void finish_one(size_t gi) {
+    FlatParameter& f = *groups_[gi].flat;
+    const bool replicated = replicate_ != nullptr && replicate_->world_size() > 1;
+    // HYBRID_SHARD / NO_SHARD: averaged within the shard group, then across the groups that
+    // hold the same shard (an all-reduce of 1/shard_size of the data).
+    f.finish_reduce(replicated ? replicate_ : nullptr);
+    if (replicated) {
+      const int R = replicate_->world_size();
+      metrics_.comm_bytes += static_cast<double>(f.layout().shard_numel()) * 4.0 * 2 * (R - 1) / R;
+    }
+  }
+
+  void drain_locked() {
+    for (size_t gi : in_flight_) finish_one(gi);
+    in_flight_.clear();
+  }
+
+  RuntimeOptions opts_;
+  Model* model_;
+  Communicator* shard_;
+  Communicator* replicate_;
+  std::vector<NamedTensor> all_params_;  // as the model lists them
+  std::vector<NamedTensor> grads_;       // trainable, de-duplicated (tied weights once)
+  std::vector<size_t> group_of_;         // grads_ index -> group index
+  std::vector<Group> groups_;            // in reduce order
+  std::vector<int> unit_group_;          // unit index -> group index (-1: no parameters)
+  std::vector<Unit*> units_;
+  std::map<const Unit*, int> unit_index_;
+  int root_group_ = -1;
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
+  std::vector<uintptr_t> hook_keys_;
+
+  std::mutex mu_;
+  bool sync_ = true;
+  bool pass_open_ = false;
+  size_t next_launch_ = 0;
+  std::vector<size_t> in_flight_;  // groups with a reduce started, in launch order
+  RuntimeMetrics metrics_;
+};
+
+}  // namespace trainrun::v1::sharding
