@@ -45,51 +45,28 @@ void FsdpStrategy::declare_options(OptionSchema& s) {
 }
 
 FsdpStrategy::FsdpStrategy(const Options& o, const RunContext& ctx)
-    : requested_(o.get_string("sharding_strategy")),
+    : ShardedStrategy(kName, ctx),
+      requested_(o.get_string("sharding_strategy")),
       min_num_params_(o.get_int("min_num_params")),
       backward_prefetch_(o.get_string("backward_prefetch")),
       forward_prefetch_(o.get_bool("forward_prefetch")),
       limit_all_gathers_(o.get_bool("limit_all_gathers")),
       shard_group_size_(o.get_int("shard_group_size")),
-      memory_budget_gb_(o.get_double("memory_budget_gb")),
-      rank_(ctx.rank),
-      world_size_(ctx.world_size),
-      local_world_size_(std::max(1, ctx.local_world_size)) {
-  memory_inputs_.local_world_size = local_world_size_;
-  memory_inputs_.nnodes = std::max(1, ctx.world_size / local_world_size_);
+      memory_budget_gb_(o.get_double("memory_budget_gb")) {
+  metrics_prefix_ = "fsdp";
   if (shard_group_size_ > 0 && shard_group_size_ < world_size_)
     TR_CHECK_TYPED(ConfigError, world_size_ % shard_group_size_ == 0, o.context(),
                    ": shard_group_size = ", shard_group_size_, " does not divide world_size ",
                    world_size_);
 }
 
-void FsdpStrategy::set_memory_inputs(const MemoryInputs& inputs) { memory_inputs_ = inputs; }
-
-void FsdpStrategy::check_setup(const char* what) const {
-  TR_CHECK(runtime_ != nullptr, kName, ": ", what, "() called before setup()");
-}
-
 void FsdpStrategy::setup(Model& model, Accelerator& accelerator, const TrainPlan&) {
-  TR_CHECK(model_ == nullptr, kName, ": setup() called twice");
-  model_ = &model;
-  device_ = accelerator.device();
-  Communicator& world = accelerator.communicator();
-  TR_CHECK(world.world_size() == world_size_ && world.rank() == rank_, kName,
-           ": the accelerator's communicator is rank ", world.rank(), " of ", world.world_size(),
-           ", but this process is rank ", rank_, " of ", world_size_);
-  if (!device_.is_cpu()) {
-    torch::nn::Module* m = model.module();
-    TR_CHECK(m != nullptr, kName, ": the model is not a torch::nn::Module, so it cannot be "
-             "moved to ", device_);
-    m->to(device_);
-  }
-  std::vector<NamedTensor> params = model.named_parameters();
-  std::vector<NamedTensor> buffers = model.named_buffers();
-  replicate_from_rank0(world, device_, kName, params, buffers);
+  Communicator& world = prepare(model, accelerator);
+  const std::vector<NamedTensor> params = model.named_parameters();
 
   // A shard group larger than the world is the world (a 1-rank run of a hybrid job).
   const int group = static_cast<int>(std::min<int64_t>(
-      shard_group_size_ > 0 ? shard_group_size_ : local_world_size_, world_size_));
+      shard_group_size_ > 0 ? shard_group_size_ : memory_inputs_.local_world_size, world_size_));
   TR_CHECK_TYPED(ConfigError, world_size_ % group == 0, kName, ": a shard group of ", group,
                  " ranks does not divide world_size ", world_size_,
                  " (set [strategy] shard_group_size)");
@@ -207,59 +184,9 @@ void FsdpStrategy::setup(Model& model, Accelerator& accelerator, const TrainPlan
   runtime_ = std::make_unique<sharding::ShardedRuntime>(ro, model, *shard, replicate);
 }
 
-std::vector<NamedTensor> FsdpStrategy::optimizer_parameters() {
-  check_setup("optimizer_parameters");
-  return runtime_->optimizer_parameters();
-}
-
-ModelOutput FsdpStrategy::forward(const Batch& batch) {
-  check_setup("forward");
-  return runtime_->forward(batch_to_device(batch, device_));
-}
-
-void FsdpStrategy::before_backward(bool sync) {
-  check_setup("before_backward");
-  runtime_->before_backward(sync);
-}
-
-void FsdpStrategy::finish_gradient_sync() {
-  check_setup("finish_gradient_sync");
-  runtime_->finish_gradient_sync();
-}
-
-double FsdpStrategy::grad_norm() {
-  check_setup("grad_norm");
-  return runtime_->grad_norm();
-}
-
-void FsdpStrategy::after_optimizer_step() {
-  check_setup("after_optimizer_step");
-  runtime_->after_optimizer_step();
-}
-
-void FsdpStrategy::zero_grad() {
-  check_setup("zero_grad");
-  runtime_->zero_grad();
-}
-
-std::vector<NamedTensor> FsdpStrategy::full_state_dict() {
-  check_setup("full_state_dict");
-  return runtime_->full_state_dict();
-}
-
-std::vector<ShardedTensor> FsdpStrategy::sharded_state_dict() {
-  check_setup("sharded_state_dict");
-  return runtime_->sharded_state_dict(rank_ == 0);
-}
-
 void FsdpStrategy::add_step_metrics(std::map<std::string, double>& extra) {
   if (!runtime_) return;
-  const sharding::RuntimeMetrics m = runtime_->take_metrics();
-  extra["comm_bytes"] = m.comm_bytes;
-  extra["comm_exposed_s"] = m.exposed_s;
-  extra["fsdp_gathers"] = m.gathers;
-  extra["fsdp_flat_bytes"] = m.flat_bytes;
-  extra["fsdp_max_unit_full_bytes"] = m.max_unit_full_bytes;
+  ShardedStrategy::add_step_metrics(extra);
   extra["fsdp_unit_bytes"] = largest_unit_bytes_;
 }
 

@@ -32,40 +32,23 @@ using namespace trainrun::v1;
 
 /// The `fsdp` strategy. Options: sharding_strategy, min_num_params, backward_prefetch,
 /// forward_prefetch, limit_all_gathers, shard_group_size, memory_budget_gb.
-class FsdpStrategy final : public Strategy,
-                           public StepMetricsSource,
-                           public MemoryInputsAware,
-                           public ShardedStateDictSource {
+class FsdpStrategy final : public sharding::ShardedStrategy {
  public:
   static void declare_options(OptionSchema& schema);
   FsdpStrategy(const Options& options, const RunContext& ctx);
 
-  void set_memory_inputs(const MemoryInputs& inputs) override;
   /// Same model on every rank, rank 0's values broadcast, the strategy chosen ("auto"), shard
   /// and replicate groups created (HYBRID_SHARD, NO_SHARD), flat parameters built, hooks set.
   /// Throws ConfigError for a shard_group_size that does not divide the world size, or when
   /// "auto" finds nothing that fits (naming the smallest world size that would).
   void setup(Model& model, Accelerator& accelerator, const TrainPlan& plan) override;
-  std::vector<NamedTensor> optimizer_parameters() override;
-  ModelOutput forward(const Batch& batch) override;
-  void before_backward(bool sync) override;
-  void finish_gradient_sync() override;
-  double grad_norm() override;
-  void after_optimizer_step() override;
-  void zero_grad() override;
-  /// The full state dict: gathered on every rank, named like the unwrapped model.
-  std::vector<NamedTensor> full_state_dict() override;
-  /// This rank's pieces, no communication (buffers and frozen parameters on rank 0).
-  std::vector<ShardedTensor> sharded_state_dict() override;
-  /// comm_bytes, comm_exposed_s, fsdp_gathers, fsdp_flat_bytes, fsdp_max_unit_full_bytes (peak
-  /// bytes of gathered unit parameters this step), fsdp_unit_bytes (the largest unit, padded).
+  /// ShardedStrategy's (fsdp_gathers, fsdp_flat_bytes, fsdp_max_unit_full_bytes: peak bytes of
+  /// gathered unit parameters this step) plus fsdp_unit_bytes (the largest unit).
   void add_step_metrics(std::map<std::string, double>& extra) override;
 
   const std::string& sharding_strategy() const { return strategy_; }
 
  private:
-  void check_setup(const char* what) const;
-
   std::string requested_;
   int64_t min_num_params_;
   std::string backward_prefetch_;
@@ -73,15 +56,10 @@ class FsdpStrategy final : public Strategy,
   bool limit_all_gathers_;
   int64_t shard_group_size_;
   double memory_budget_gb_;
-  int rank_, world_size_, local_world_size_;
-  MemoryInputs memory_inputs_;
 
   std::string strategy_;
   double largest_unit_bytes_ = 0;
-  Model* model_ = nullptr;
-  c10::Device device_{c10::kCPU};
   std::shared_ptr<Communicator> shard_group_, replicate_group_;
-  std::unique_ptr<sharding::ShardedRuntime> runtime_;
 };
 
 }  // namespace trainrun::plugins

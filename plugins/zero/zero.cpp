@@ -49,42 +49,19 @@ void ZeroStrategy::declare_options(OptionSchema& s) {
 }
 
 ZeroStrategy::ZeroStrategy(const Options& o, const RunContext& ctx)
-    : requested_stage_(o.get_int("stage")),
+    : ShardedStrategy(kName, ctx),
+      requested_stage_(o.get_int("stage")),
       reduce_bucket_elements_(o.get_int("reduce_bucket_size")),
       prefetch_elements_(o.get_int("prefetch_bucket_size")),
       persistence_threshold_(o.get_int("param_persistence_threshold")),
       overlap_(o.get_bool("overlap_comm")),
-      memory_budget_gb_(o.get_double("memory_budget_gb")),
-      rank_(ctx.rank),
-      world_size_(ctx.world_size) {
-  memory_inputs_.local_world_size = ctx.local_world_size;
-  memory_inputs_.nnodes = std::max(1, ctx.world_size / std::max(1, ctx.local_world_size));
-}
-
-void ZeroStrategy::set_memory_inputs(const MemoryInputs& inputs) { memory_inputs_ = inputs; }
-
-void ZeroStrategy::check_setup(const char* what) const {
-  TR_CHECK(runtime_ != nullptr, kName, ": ", what, "() called before setup()");
+      memory_budget_gb_(o.get_double("memory_budget_gb")) {
+  metrics_prefix_ = "zero";
 }
 
 void ZeroStrategy::setup(Model& model, Accelerator& accelerator, const TrainPlan&) {
-  TR_CHECK(model_ == nullptr, kName, ": setup() called twice");
-  model_ = &model;
-  device_ = accelerator.device();
-  Communicator& comm = accelerator.communicator();
-  TR_CHECK(comm.world_size() == world_size_ && comm.rank() == rank_, kName,
-           ": the accelerator's communicator is rank ", comm.rank(), " of ", comm.world_size(),
-           ", but this process is rank ", rank_, " of ", world_size_);
-  if (!device_.is_cpu()) {
-    torch::nn::Module* m = model.module();
-    TR_CHECK(m != nullptr, kName, ": the model is not a torch::nn::Module, so it cannot be "
-             "moved to ", device_);
-    m->to(device_);
-  }
-  std::vector<NamedTensor> params = model.named_parameters();
-  std::vector<NamedTensor> buffers = model.named_buffers();
-  // As ddp: the same model on every rank, then rank 0's values everywhere, before sharding.
-  replicate_from_rank0(comm, device_, kName, params, buffers);
+  Communicator& comm = prepare(model, accelerator);
+  const std::vector<NamedTensor> params = model.named_parameters();
 
   // What the estimator needs: trainable parameters (tied ones once), the largest unit, and the
   // parameters stage 3 keeps whole.
@@ -177,67 +154,22 @@ void ZeroStrategy::setup(Model& model, Accelerator& accelerator, const TrainPlan
   runtime_ = std::make_unique<sharding::ShardedRuntime>(ro, model, comm, nullptr);
 }
 
-std::vector<NamedTensor> ZeroStrategy::optimizer_parameters() {
-  check_setup("optimizer_parameters");
-  return runtime_->optimizer_parameters();
-}
-
 ModelOutput ZeroStrategy::forward(const Batch& batch) {
-  check_setup("forward");
   if (activation_bytes_ >= 0 || !c10::GradMode::is_enabled() || !memory::tracking())
-    return runtime_->forward(batch_to_device(batch, device_));
+    return ShardedStrategy::forward(batch);
   // The one-step probe: what the first training forward leaves alive for backward (saved
   // activations, plus at stage 3 the root group kept gathered) is the part of the peak the
   // model-state formulas cannot know.
   const int64_t before = memory::cpu_stats().current_bytes;
-  ModelOutput out = runtime_->forward(batch_to_device(batch, device_));
+  ModelOutput out = ShardedStrategy::forward(batch);
   activation_bytes_ = static_cast<double>(memory::cpu_stats().current_bytes - before);
   return out;
 }
 
-void ZeroStrategy::before_backward(bool sync) {
-  check_setup("before_backward");
-  runtime_->before_backward(sync);
-}
-
-void ZeroStrategy::finish_gradient_sync() {
-  check_setup("finish_gradient_sync");
-  runtime_->finish_gradient_sync();
-}
-
-double ZeroStrategy::grad_norm() {
-  check_setup("grad_norm");
-  return runtime_->grad_norm();
-}
-
-void ZeroStrategy::after_optimizer_step() {
-  check_setup("after_optimizer_step");
-  runtime_->after_optimizer_step();
-}
-
-void ZeroStrategy::zero_grad() {
-  check_setup("zero_grad");
-  runtime_->zero_grad();
-}
-
-std::vector<NamedTensor> ZeroStrategy::full_state_dict() {
-  check_setup("full_state_dict");
-  return runtime_->full_state_dict();
-}
-
-std::vector<ShardedTensor> ZeroStrategy::sharded_state_dict() {
-  check_setup("sharded_state_dict");
-  return runtime_->sharded_state_dict(rank_ == 0);
-}
-
 void ZeroStrategy::add_step_metrics(std::map<std::string, double>& extra) {
   if (!runtime_) return;
-  const sharding::RuntimeMetrics m = runtime_->take_metrics();
-  extra["comm_bytes"] = m.comm_bytes;
-  extra["comm_exposed_s"] = m.exposed_s;
+  ShardedStrategy::add_step_metrics(extra);
   extra["zero_stage"] = stage_;
-  extra["zero_gathers"] = m.gathers;
-  extra["zero_flat_bytes"] = m.flat_bytes;
   extra["zero_estimate_state_bytes"] = estimate_state_bytes_;
   if (activation_bytes_ >= 0) {
     extra["zero_activation_bytes"] = activation_bytes_;

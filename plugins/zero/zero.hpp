@@ -37,60 +37,39 @@ using namespace trainrun::v1;
 
 /// The `zero` strategy. Options: stage (1 | 2 | 3 | "auto"), reduce_bucket_size,
 /// prefetch_bucket_size, param_persistence_threshold (elements), overlap_comm, memory_budget_gb.
-class ZeroStrategy final : public Strategy,
-                           public StepMetricsSource,
-                           public MemoryInputsAware,
-                           public ShardedStateDictSource {
+class ZeroStrategy final : public sharding::ShardedStrategy {
  public:
   static void declare_options(OptionSchema& schema);
   ZeroStrategy(const Options& options, const RunContext& ctx);
 
-  void set_memory_inputs(const MemoryInputs& inputs) override;
   /// Checks the model is the same on every rank, broadcasts rank 0's values, chooses the stage
   /// ("auto": ConfigError naming the smallest world size that fits when none does), builds the
   /// flat parameters and installs the hooks.
   void setup(Model& model, Accelerator& accelerator, const TrainPlan& plan) override;
-  /// This rank's pieces of every flat parameter (1-D, named like their parameters).
-  std::vector<NamedTensor> optimizer_parameters() override;
-  /// Stage 3 gathers the root group first (and keeps it until backward ends).
+  /// As ShardedStrategy's, measuring the first training forward's live bytes (the one-step
+  /// activation probe) when the tracking allocator is there.
   ModelOutput forward(const Batch& batch) override;
-  void before_backward(bool sync) override;
-  void finish_gradient_sync() override;
-  double grad_norm() override;
-  void after_optimizer_step() override;
-  void zero_grad() override;
-  std::vector<NamedTensor> full_state_dict() override;
-  /// This rank's pieces, no communication (buffers and frozen parameters on rank 0).
-  std::vector<ShardedTensor> sharded_state_dict() override;
-  /// comm_bytes, comm_exposed_s, zero_stage, zero_gathers, zero_flat_bytes (bytes the flat
-  /// parameters hold on this rank now), zero_estimate_state_bytes (the estimator's model state
-  /// per rank for this stage, to set beside mem_model_state_bytes); with the tracking
-  /// allocator also zero_activation_bytes (the first training forward's live bytes: the
-  /// one-step probe) and zero_estimate_peak_bytes (estimate total + probe).
+  /// ShardedStrategy's (zero_gathers, ...), plus zero_stage, zero_estimate_state_bytes (the
+  /// estimator's model state per rank, to set beside mem_model_state_bytes), and with the
+  /// tracking allocator zero_activation_bytes (the probe) and zero_estimate_peak_bytes
+  /// (estimate total + probe).
   void add_step_metrics(std::map<std::string, double>& extra) override;
 
   int stage() const { return stage_; }
 
  private:
-  void check_setup(const char* what) const;
-
   int64_t requested_stage_;
   int64_t reduce_bucket_elements_;
   int64_t prefetch_elements_;
   int64_t persistence_threshold_;
   bool overlap_;
   double memory_budget_gb_;
-  int rank_, world_size_;
-  MemoryInputs memory_inputs_;
 
   int stage_ = 0;
   double estimate_state_bytes_ = 0;
   double estimate_total_bytes_ = 0;
   double activation_bytes_ = -1;  // the one-step probe; -1 until the first training forward
   bool reported_ = false;
-  Model* model_ = nullptr;
-  c10::Device device_{c10::kCPU};
-  std::unique_ptr<sharding::ShardedRuntime> runtime_;
 };
 
 }  // namespace trainrun::plugins

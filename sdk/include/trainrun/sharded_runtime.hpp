@@ -41,6 +41,7 @@
 #include <vector>
 
 #include "trainrun/interfaces.hpp"
+#include "trainrun/replicas.hpp"
 #include "trainrun/sharding.hpp"
 #include "trainrun/strategy_helpers.hpp"
 
@@ -563,6 +564,89 @@ class ShardedRuntime : public UnitHooks, public UnitOutputHooks {
   size_t next_launch_ = 0;
   std::vector<size_t> in_flight_;  // groups with a reduce started, in launch order
   RuntimeMetrics metrics_;
+};
+
+/// What every strategy built on ShardedRuntime does the same way: the Strategy calls delegated
+/// to the runtime, metrics, memory inputs and the sharded state dict. A derived strategy
+/// implements setup() — prepare(), then its policy, then `runtime_ = make_unique<...>` — and
+/// adds its own figures in add_step_metrics(). zero and fsdp are the two shipped ones.
+class ShardedStrategy : public Strategy,
+                        public StepMetricsSource,
+                        public MemoryInputsAware,
+                        public ShardedStateDictSource {
+ public:
+  /// `name` for messages, e.g. "strategy 'zero'".
+  ShardedStrategy(std::string name, const RunContext& ctx)
+      : name_(std::move(name)), rank_(ctx.rank), world_size_(ctx.world_size) {
+    memory_inputs_.local_world_size = std::max(1, ctx.local_world_size);
+    memory_inputs_.nnodes = std::max(1, ctx.world_size / memory_inputs_.local_world_size);
+  }
+
+  void set_memory_inputs(const MemoryInputs& inputs) override { memory_inputs_ = inputs; }
+  std::vector<NamedTensor> optimizer_parameters() override {
+    return rt("optimizer_parameters").optimizer_parameters();
+  }
+  ModelOutput forward(const Batch& batch) override {
+    return rt("forward").forward(batch_to_device(batch, device_));
+  }
+  void before_backward(bool sync) override { rt("before_backward").before_backward(sync); }
+  void finish_gradient_sync() override { rt("finish_gradient_sync").finish_gradient_sync(); }
+  double grad_norm() override { return rt("grad_norm").grad_norm(); }
+  void after_optimizer_step() override { rt("after_optimizer_step").after_optimizer_step(); }
+  void zero_grad() override { rt("zero_grad").zero_grad(); }
+  /// Gathered on every rank (collective), named like the unwrapped model.
+  std::vector<NamedTensor> full_state_dict() override { return rt("full_state_dict").full_state_dict(); }
+  /// This rank's pieces, no communication (buffers and frozen parameters on rank 0).
+  std::vector<ShardedTensor> sharded_state_dict() override {
+    return rt("sharded_state_dict").sharded_state_dict(rank_ == 0);
+  }
+  /// comm_bytes, comm_exposed_s, then <prefix>_gathers, <prefix>_flat_bytes,
+  /// <prefix>_max_unit_full_bytes (see RuntimeMetrics).
+  void add_step_metrics(std::map<std::string, double>& extra) override {
+    if (!runtime_) return;
+    const RuntimeMetrics m = runtime_->take_metrics();
+    extra["comm_bytes"] = m.comm_bytes;
+    extra["comm_exposed_s"] = m.exposed_s;
+    extra[metrics_prefix_ + "_gathers"] = m.gathers;
+    extra[metrics_prefix_ + "_flat_bytes"] = m.flat_bytes;
+    extra[metrics_prefix_ + "_max_unit_full_bytes"] = m.max_unit_full_bytes;
+  }
+
+ protected:
+  /// The first part of every setup(): checks the communicator matches the run context, moves
+  /// an nn::Module model to the accelerator's device, checks the model is the same on every
+  /// rank and broadcasts rank 0's values (replicate_from_rank0). Returns the world communicator.
+  Communicator& prepare(Model& model, Accelerator& accelerator) {
+    TR_CHECK(model_ == nullptr, name_, ": setup() called twice");
+    model_ = &model;
+    device_ = accelerator.device();
+    Communicator& comm = accelerator.communicator();
+    TR_CHECK(comm.world_size() == world_size_ && comm.rank() == rank_, name_,
+             ": the accelerator's communicator is rank ", comm.rank(), " of ", comm.world_size(),
+             ", but this process is rank ", rank_, " of ", world_size_);
+    if (!device_.is_cpu()) {
+      torch::nn::Module* m = model.module();
+      TR_CHECK(m != nullptr, name_, ": the model is not a torch::nn::Module, so it cannot be "
+               "moved to ", device_);
+      m->to(device_);
+    }
+    std::vector<NamedTensor> params = model.named_parameters();
+    std::vector<NamedTensor> buffers = model.named_buffers();
+    replicate_from_rank0(comm, device_, name_, params, buffers);
+    return comm;
+  }
+  ShardedRuntime& rt(const char* what) {
+    TR_CHECK(runtime_ != nullptr, name_, ": ", what, "() called before setup()");
+    return *runtime_;
+  }
+
+  std::string name_;
+  std::string metrics_prefix_ = "sharded";
+  int rank_, world_size_;
+  MemoryInputs memory_inputs_;
+  Model* model_ = nullptr;
+  c10::Device device_{c10::kCPU};
+  std::unique_ptr<ShardedRuntime> runtime_;
 };
 
 }  // namespace trainrun::v1::sharding
