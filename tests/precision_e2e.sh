@@ -45,6 +45,12 @@ case $case in
     expect_in "$work/h2.log" "step 3: non-finite gradients, step skipped \(loss scale 65536\)"
     run "$work/h1.log" "$tr" --config "$job" --plugin-path "$plugins" --set trainer.run_dir="$work/h1" \
       "${ddp2[@]}" --set model.inf_rank=0 --set 'model.inf_steps=[3]' --set precision.hysteresis=1
+    # The same under zero stage 2, where each rank checks only its own gradient shard after the
+    # reduce-scatter. (Here the inf reaches both shards, as it does every gradient of the
+    # layers below it; the agreement itself is unit-tested with a fake second rank.)
+    run "$work/h3.log" "$tr" --config "$job" --plugin-path "$plugins" --set trainer.run_dir="$work/h3" \
+      "${ddp2[@]}" --set strategy.plugin=zero --set strategy.stage=2 --set model.inf_rank=1 \
+      --set 'model.inf_steps=[3]' --set precision.hysteresis=1
     py - "$work" <<'PY'
 import json, sys
 work = sys.argv[1]
@@ -55,6 +61,7 @@ cases = {
     # run: (skipped steps, loss scale after each step 1..8)
     "h2": ({3, 4, 6}, [65536, 65536, 65536, 32768, 32768, 16384, 16384, 16384]),
     "h1": ({3}, [65536, 65536, 32768, 32768, 32768, 32768, 32768, 32768]),
+    "h3": ({3}, [65536, 65536, 32768, 32768, 32768, 32768, 32768, 32768]),
 }
 for run, (skipped, scales) in cases.items():
     for rank in (0, 1):
