@@ -5,7 +5,8 @@
 #               unwrapped model); `single` started from it ([trainer] init_weights, lr 0) gets the
 #               same evaluation loss (within 1e-6).
 #   bad_input   a shard group that does not divide the world, a zero stage out of range, and an
-#               init_weights file that lacks a tensor: each a clear error, exit code 2, no hang.
+#               init_weights file that lacks a tensor, is missing or is a directory: each a clear
+#               error naming the key, exit code 2, no hang.
 #   auto        stage / sharding_strategy "auto" pick by the memory budget and say why; a budget
 #               nothing fits names the smallest world size that would.
 #   sharded_state  state_dict_type = "sharded" (each rank its pieces, no gather) under fsdp
@@ -63,6 +64,12 @@ PY
     fails "$work/init.log" "init_weights = .*partial.safetensors.*no tensor 'ln_f.weight'" -- "${common[@]}" \
       --set strategy.plugin=single --set accelerator.plugin=cpu \
       --set trainer.init_weights="$work/partial.safetensors" --set trainer.run_dir="$work/i"
+    fails "$work/missing.log" "init_weights = \"$work/nope.safetensors\": no such file" -- "${common[@]}" \
+      --set strategy.plugin=single --set accelerator.plugin=cpu \
+      --set trainer.init_weights="$work/nope.safetensors" --set trainer.run_dir="$work/m"
+    fails "$work/dir.log" "init_weights = \"$work\": is a directory" -- "${common[@]}" \
+      --set strategy.plugin=single --set accelerator.plugin=cpu \
+      --set trainer.init_weights="$work" --set trainer.run_dir="$work/d"
     ;;
   auto)
     # The equivalence gpt: 33952 parameters, AdamW fp32: model state 531 KiB at stage 0; with

@@ -79,7 +79,16 @@ struct Slot {
 // before anything trains.
 void load_initial_weights(v1::Model& model, const std::string& path, const std::string& label) {
   std::map<std::string, at::Tensor> file;
-  for (auto& t : read_safetensors(path, nullptr)) file[t.name] = t.tensor;
+  if (!fs::is_regular_file(path))
+    throw ConfigError("[trainer] init_weights = \"" + path + "\": " +
+                      (fs::is_directory(path) ? "is a directory (a sharded state dict? give one "
+                                                "full model.safetensors)"
+                                              : "no such file"));
+  try {
+    for (auto& t : read_safetensors(path, nullptr)) file[t.name] = t.tensor;
+  } catch (const v1::Error& e) {
+    throw ConfigError("[trainer] init_weights: " + std::string(e.what()));
+  }
   std::vector<v1::NamedTensor> targets = model.named_parameters();
   for (auto& b : model.named_buffers()) targets.push_back(b);
   std::set<std::string> used;
@@ -100,6 +109,7 @@ void load_initial_weights(v1::Model& model, const std::string& path, const std::
     if (!used.count(name))
       throw ConfigError("[trainer] init_weights = \"" + path + "\": tensor '" + name +
                         "' is not a parameter or buffer of " + label);
+  log_info("init_weights: " + std::to_string(targets.size()) + " tensors loaded from " + path);
 }
 
 template <class T>

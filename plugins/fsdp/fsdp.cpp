@@ -40,7 +40,7 @@ void FsdpStrategy::declare_options(OptionSchema& s) {
             0.0);
   s.real("memory_budget_gb", 0.0,
          "per-rank budget for sharding_strategy = \"auto\" (GB, 1e9 bytes); 0 = the "
-         "accelerator's memory divided among the ranks of the node",
+         "accelerator's memory (physical RAM on CPU) divided among the ranks of the node",
          0.0);
 }
 
@@ -133,11 +133,15 @@ void FsdpStrategy::setup(Model& model, Accelerator& accelerator, const TrainPlan
                                               : strategy_ == "SHARD_GRAD_OP" ? est_grad_op
                                               : strategy_ == "HYBRID_SHARD"  ? est_hybrid
                                                                              : est_full),
-                         " per rank fits the budget of ", memory::format_bytes(budget),
-                         " (NO_SHARD needs ", memory::format_bytes(est_no), ")");
+                         " per rank fits the budget of ", memory::format_bytes(budget));
+    if (strategy_ != "NO_SHARD") reason += " (NO_SHARD needs " + memory::format_bytes(est_no) + ")";
   } else {
     strategy_ = requested_;
     reason = strategy_ + " as configured";
+  }
+  if (strategy_ == "HYBRID_SHARD") {
+    reason += detail::cat("; shard groups of ", group, " ranks, ", world_size_ / group,
+                          " replica(s)");
   }
   if (rank_ == 0) std::cout << "  fsdp        " << reason << std::endl;
 

@@ -44,7 +44,7 @@ void ZeroStrategy::declare_options(OptionSchema& s) {
             "start each bucket's reduce-scatter during backward as soon as its gradients are in");
   s.real("memory_budget_gb", 0.0,
          "per-rank memory budget for stage = \"auto\" (GB, 1e9 bytes); 0 = the accelerator's "
-         "memory divided among the ranks of the node",
+         "memory (physical RAM on CPU) divided among the ranks of the node",
          0.0);
 }
 
@@ -131,6 +131,9 @@ void ZeroStrategy::setup(Model& model, Accelerator& accelerator, const TrainPlan
                          " per rank (model state ",
                          memory::format_bytes(est[static_cast<size_t>(stage_)].model_state_bytes), ")");
   }
+  if (stage_ == 3 && persistent == psi)
+    reason += detail::cat("; note: all ", psi, " parameters are below param_persistence_threshold = ",
+                          persistence_threshold_, ", so none is sharded (set it lower)");
   estimate_state_bytes_ = est[static_cast<size_t>(stage_)].model_state_bytes;
   estimate_total_bytes_ = est[static_cast<size_t>(stage_)].total_bytes;
   if (rank_ == 0) std::cout << "  zero        " << reason << std::endl;
