@@ -2,11 +2,7 @@
 
 #include <trainrun/memory_estimate.hpp>
 #include <trainrun/plugin.hpp>
-#include <trainrun/replicas.hpp>
-#include <trainrun/strategy_helpers.hpp>
 
-#include <ATen/ATen.h>
-#include <torch/nn/module.h>
 
 #include <algorithm>
 #include <cmath>

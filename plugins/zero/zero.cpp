@@ -1,11 +1,8 @@
 #include "zero.hpp"
 
-#include <trainrun/plugin.hpp>
-#include <trainrun/replicas.hpp>
-#include <trainrun/strategy_helpers.hpp>
-
 #include <trainrun/memory.hpp>
 #include <trainrun/memory_estimate.hpp>
+#include <trainrun/plugin.hpp>
 
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
@@ -13,11 +10,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <iomanip>
-#include <numeric>
-#include <set>
 #include <iostream>
-#include <sstream>
+#include <set>
 
 namespace trainrun::plugins {
 
