@@ -7,7 +7,7 @@ n_embd 128, ~0.8 M parameters, AdamW, fp32, gloo-cpu, 1 intra-op thread per rank
       buckets, overlap on) and zero stages 1, 2, 3 (reduce buckets of 262144 elements = 1 MiB,
       overlap on; stage 3 keeps parameters under 1000 elements whole and prefetches one unit),
       fsdp FULL_SHARD, SHARD_GRAD_OP, NO_SHARD (PyTorch's defaults: BACKWARD_PRE,
-      limit_all_gathers), alternating the order of the runs each round, median round;
+      limit_all_gathers) and FULL_SHARD with param_dtype bf16, alternating the order of the runs each round, median round;
       ratio = strategy / ddp;
   (b) memory per rank vs world size (1, 2, 4): model state at rest (mem_model_state_bytes: params
       + gradients + optimizer state, from the tracking allocator, right after the optimizer
@@ -37,6 +37,8 @@ STRATEGIES = {
     "fsdp-FULL": ["strategy.plugin=fsdp", "strategy.sharding_strategy=FULL_SHARD"],
     "fsdp-GRAD_OP": ["strategy.plugin=fsdp", "strategy.sharding_strategy=SHARD_GRAD_OP"],
     "fsdp-NO": ["strategy.plugin=fsdp", "strategy.sharding_strategy=NO_SHARD"],
+    "fsdp-FULL-bf16": ["strategy.plugin=fsdp", "strategy.sharding_strategy=FULL_SHARD",
+                       "strategy.param_dtype=bf16"],
 }
 
 

@@ -15,6 +15,9 @@
 #   checkpointing  activation checkpointing under zero stage 3 and fsdp FULL_SHARD at world 2
 #               (the recomputation runs on parameters gathered by the pre-backward hook)
 #               reproduces the single-process run within 1e-5.
+#   mixed_precision  fsdp param_dtype = bf16 (FULL_SHARD, SHARD_GRAD_OP with reduce_dtype fp32,
+#               NO_SHARD, HYBRID_SHARD 2x2) follows the float32 run within 1%, gathers and
+#               reduces half the bytes, saves float32 weights; fp16 on CPU is a clear error.
 #   hybrid      fsdp HYBRID_SHARD over two launcher agents acting as two nodes x 2 ranks (the
 #               node is the shard group) reproduces the single-process losses.
 #   usage: sharded_e2e.sh TRAINRUN JOB WORK CASE
@@ -131,6 +134,29 @@ PY
     wait $pid1 || rc1=$?
     [ "$rc0" -eq 0 ] && [ "$rc1" -eq 0 ] || { cat "$work/node0.log" "$work/node1.log"; fail "exit codes $rc0 / $rc1"; }
     py "$here/compare_runs.py" "$work/ref" "$work/hybrid" --rtol 1e-5 --label "HYBRID_SHARD 2 nodes x 2"
+    ;;
+  mixed_precision)
+    # float32 FULL_SHARD is the reference (every fp32 sharding strategy reproduces it within 1e-5).
+    fsdp=(--set strategy.plugin=fsdp --set launch.nproc_per_node=2)
+    run "$work/fp32.log" "$tr" "${common[@]}" "${fsdp[@]}" --set trainer.run_dir="$work/fp32"
+    run "$work/bf16.log" "$tr" "${common[@]}" "${fsdp[@]}" --set strategy.param_dtype=bf16 \
+      --set trainer.run_dir="$work/bf16"
+    expect_in "$work/bf16.log" "parameters in bf16, gradients reduced in bf16"
+    # bf16 gathers and reduce-scatters: half the bytes of gathered parameters and on the wire.
+    py "$here/fsdp_mixed_check.py" "$work/fp32" "$work/bf16" "FULL_SHARD bf16" --gather-ratio 0.5 --comm-ratio 0.5
+    run "$work/grad_op.log" "$tr" "${common[@]}" "${fsdp[@]}" --set strategy.param_dtype=bf16 \
+      --set strategy.reduce_dtype=fp32 --set strategy.sharding_strategy=SHARD_GRAD_OP \
+      --set trainer.run_dir="$work/grad_op"
+    py "$here/fsdp_mixed_check.py" "$work/fp32" "$work/grad_op" "SHARD_GRAD_OP bf16, fp32 reduce" --gather-ratio 0.5
+    run "$work/no_shard.log" "$tr" "${common[@]}" "${fsdp[@]}" --set strategy.param_dtype=bf16 \
+      --set strategy.sharding_strategy=NO_SHARD --set trainer.run_dir="$work/no_shard"
+    py "$here/fsdp_mixed_check.py" "$work/fp32" "$work/no_shard" "NO_SHARD bf16"
+    run "$work/hybrid.log" "$tr" "${common[@]}" --set strategy.plugin=fsdp --set launch.nproc_per_node=4 \
+      --set strategy.sharding_strategy=HYBRID_SHARD --set strategy.shard_group_size=2 \
+      --set strategy.param_dtype=bf16 --set trainer.run_dir="$work/hybrid"
+    py "$here/fsdp_mixed_check.py" "$work/fp32" "$work/hybrid" "HYBRID_SHARD 2x2 bf16"
+    fails "$work/fp16.log" "param_dtype = \"fp16\": float16 compute is not implemented on CPU" -- \
+      "${common[@]}" "${fsdp[@]}" --set strategy.param_dtype=fp16 --set trainer.run_dir="$work/f"
     ;;
   *) fail "unknown case $case" ;;
 esac

@@ -248,6 +248,56 @@ TEST_SUITE("sharding_engine") {
     f.zero_grad();
     CHECK(f.grad_shard().abs().sum().item<float>() == 0.0f);
   }
+  TEST_CASE("mixed precision: bf16 parameters and gathers, float32 shard and gradient shard") {
+    for (bool keep_full : {false, true}) {
+      for (bool full_grads : {false, true}) {
+        CAPTURE(keep_full);
+        CAPTURE(full_grads);
+        LocalComm comm;
+        at::Tensor a = (torch::randn({3, 4}) * 3).requires_grad_(true);
+        const at::Tensor a0 = a.detach().clone();
+        sharding::FlatParameter::Options o;
+        o.name = "mp";
+        o.keep_full = keep_full;
+        o.full_grads = full_grads;
+        o.param_dtype = at::kBFloat16;
+        o.reduce_dtype = at::kFloat;
+        sharding::FlatParameter f({{"a", a}}, comm, o);
+        f.gather();
+        // The model computes with bf16 values rounded from the float32 master shard, which keeps
+        // the exact values.
+        CHECK((a.scalar_type() == at::kBFloat16));
+        CHECK((f.shard().scalar_type() == at::kFloat));
+        CHECK(torch::equal(f.shard().narrow(0, 0, 12), a0.reshape({-1})));
+        CHECK(torch::equal(a.detach(), a0.to(at::kBFloat16)));
+        CHECK(f.param_element_bytes() == 2);
+        // A bf16 gradient lands, summed over two micro-batches, in the float32 gradient shard.
+        for (int mb = 0; mb < 2; ++mb) {
+          at::Tensor g = torch::full({3, 4}, 0.5, at::kBFloat16);
+          if (full_grads)
+            a.mutable_grad().add_(g);
+          else
+            a.mutable_grad() = g;
+          if (!full_grads || mb == 1) {
+            f.reduce_async();
+            f.finish_reduce();
+          }
+        }
+        CHECK((f.grad_shard().scalar_type() == at::kFloat));
+        CHECK(f.grad_shard().sum().item<float>() == doctest::Approx(12.0));
+        // An update too small for bf16 still accumulates in the master shard.
+        {
+          torch::NoGradGuard ng;
+          for (int k = 0; k < 64; ++k) f.optimizer_pieces()[0].tensor.add_(1e-4);
+        }
+        CHECK(torch::allclose(f.shard().narrow(0, 0, 12), a0.reshape({-1}) + 64e-4, 0, 1e-5));
+        f.after_step_async();
+        f.release();
+        f.gather();
+        CHECK(torch::equal(a.detach().reshape({-1}), f.shard().narrow(0, 0, 12).to(at::kBFloat16)));
+      }
+    }
+  }
 }
 
 TEST_SUITE("zero_strategy") {

@@ -23,8 +23,8 @@ endforeach()
 # zero and fsdp end to end (tests/sharded_e2e.sh): fsdp's full state dict loads into `single` with
 # the same evaluation loss; a sharded state dict rebuilds the full one bitwise; bad input (shard group, stage, init_weights) is a clear error;
 # stage / sharding_strategy "auto" by the memory budget; HYBRID_SHARD over two launcher agents
-# acting as two nodes.
-foreach(case state_dict sharded_state bad_input auto checkpointing hybrid)
+# acting as two nodes; fsdp mixed precision (param_dtype/reduce_dtype) follows the float32 run.
+foreach(case state_dict sharded_state bad_input auto checkpointing hybrid mixed_precision)
   add_test(NAME sharded_e2e.${case}
     COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/sharded_e2e.sh $<TARGET_FILE:trainrun>
             ${CMAKE_CURRENT_SOURCE_DIR}/equivalence/gpt.toml

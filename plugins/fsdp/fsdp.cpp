@@ -13,7 +13,13 @@ namespace trainrun::plugins {
 
 namespace {
 constexpr const char* kName = "strategy 'fsdp'";
+
+at::ScalarType dtype_of(const std::string& name) {
+  if (name == "bf16") return at::kBFloat16;
+  if (name == "fp16") return at::kHalf;
+  return at::kFloat;
 }
+}  // namespace
 
 void FsdpStrategy::declare_options(OptionSchema& s) {
   s.choice("sharding_strategy", "FULL_SHARD",
@@ -34,6 +40,16 @@ void FsdpStrategy::declare_options(OptionSchema& s) {
             "HYBRID_SHARD: ranks per shard group (consecutive ranks; capped at world_size); 0 = the "
             "ranks of a node",
             0.0);
+  // PyTorch FSDP's MixedPrecision(param_dtype, reduce_dtype, buffer_dtype).
+  s.choice("param_dtype", "fp32", {"fp32", "bf16", "fp16"},
+           "dtype the gathered parameters, forward and backward compute in and all-gathers send; "
+           "the sharded float32 values stay the optimizer's master weights");
+  s.choice("reduce_dtype", "param_dtype", {"param_dtype", "fp32", "bf16", "fp16"},
+           "dtype gradients are reduce-scattered in (param_dtype = the same as param_dtype, "
+           "FSDP's default)");
+  s.choice("buffer_dtype", "unchanged", {"unchanged", "fp32", "bf16", "fp16"},
+           "dtype floating-point buffers are cast to at setup (unchanged = kept as the model "
+           "made them)");
   s.real("memory_budget_gb", 0.0,
          "per-rank budget for sharding_strategy = \"auto\" (GB, 1e9 bytes); 0 = the "
          "accelerator's memory (physical RAM on CPU) divided among the ranks of the node",
@@ -48,8 +64,13 @@ FsdpStrategy::FsdpStrategy(const Options& o, const RunContext& ctx)
       forward_prefetch_(o.get_bool("forward_prefetch")),
       limit_all_gathers_(o.get_bool("limit_all_gathers")),
       shard_group_size_(o.get_int("shard_group_size")),
-      memory_budget_gb_(o.get_double("memory_budget_gb")) {
+      memory_budget_gb_(o.get_double("memory_budget_gb")),
+      param_dtype_(o.get_string("param_dtype")),
+      reduce_dtype_(o.get_string("reduce_dtype") == "param_dtype" ? param_dtype_
+                                                                    : o.get_string("reduce_dtype")),
+      buffer_dtype_(o.get_string("buffer_dtype")) {
   metrics_prefix_ = "fsdp";
+  context_ = o.context();
   if (shard_group_size_ > 0 && shard_group_size_ < world_size_)
     TR_CHECK_TYPED(ConfigError, world_size_ % shard_group_size_ == 0, o.context(),
                    ": shard_group_size = ", shard_group_size_, " does not divide world_size ",
@@ -59,6 +80,27 @@ FsdpStrategy::FsdpStrategy(const Options& o, const RunContext& ctx)
 void FsdpStrategy::setup(Model& model, Accelerator& accelerator, const TrainPlan&) {
   Communicator& world = prepare(model, accelerator);
   const std::vector<NamedTensor> params = model.named_parameters();
+  // LibTorch 1.13 has no float16 matmul on CPU: fail here, naming the key, not in the first
+  // forward.
+  for (const auto& [key, value] : {std::pair<const char*, std::string>{"param_dtype", param_dtype_},
+                                   {"buffer_dtype", buffer_dtype_}})
+    TR_CHECK_TYPED(ConfigError, !(value == "fp16" && device_.is_cpu()), context_, ": ", key,
+                   " = \"fp16\": float16 compute is not implemented on CPU in LibTorch 1.13; "
+                   "use \"bf16\"");
+  if (buffer_dtype_ != "unchanged") {
+    c10::NoGradGuard no_grad;
+    for (auto& b : model.named_buffers())
+      if (at::isFloatingType(b.tensor.scalar_type()))
+        b.tensor.set_data(b.tensor.to(dtype_of(buffer_dtype_)));
+  }
+  MemoryInputs mem = memory_inputs_;
+  if (param_dtype_ != "fp32") {
+    // Gathered parameters and whole gradients in the low-precision dtype; the float32 shard is
+    // the master copy (the paper's K counts it).
+    mem.param_bytes = 2;
+    mem.grad_bytes = 2;
+    mem.master_bytes = 4;
+  }
 
   // A shard group larger than the world is the world (a 1-rank run of a hybrid job).
   const int group = static_cast<int>(std::min<int64_t>(
@@ -87,9 +129,10 @@ void FsdpStrategy::setup(Model& model, Accelerator& accelerator, const TrainPlan
     }
     largest_unit = std::max(largest_unit, n);
   }
-  largest_unit_bytes_ = 4.0 * static_cast<double>(largest_unit);
+  largest_unit_bytes_ = static_cast<double>(c10::elementSize(dtype_of(param_dtype_))) *
+                        static_cast<double>(largest_unit);
   auto estimate = [&](int n, int stage) {
-    memory::ZeroEstimateInputs in = memory::zero_inputs(memory_inputs_, psi, n);
+    memory::ZeroEstimateInputs in = memory::zero_inputs(mem, psi, n);
     in.largest_unit_params = largest_unit;
     in.prefetch_elems = backward_prefetch_ != "none" ? largest_unit : 0;
     return memory::estimate_zero_stage(in, stage).total_bytes;
@@ -135,6 +178,8 @@ void FsdpStrategy::setup(Model& model, Accelerator& accelerator, const TrainPlan
     strategy_ = requested_;
     reason = strategy_ + " as configured";
   }
+  if (param_dtype_ != "fp32" || reduce_dtype_ != "fp32")
+    reason += "; parameters in " + param_dtype_ + ", gradients reduced in " + reduce_dtype_;
   if (strategy_ == "HYBRID_SHARD") {
     reason += detail::cat("; shard groups of ", group, " ranks, ", world_size_ / group,
                           " replica(s)");
@@ -181,6 +226,8 @@ void FsdpStrategy::setup(Model& model, Accelerator& accelerator, const TrainPlan
   ro.backward_prefetch_elements = backward_prefetch_ != "none" ? 1 : 0;
   ro.backward_prefetch_post = backward_prefetch_ == "BACKWARD_POST";
   ro.limit_all_gathers = limit_all_gathers_;
+  ro.param_dtype = dtype_of(param_dtype_);
+  ro.reduce_dtype = dtype_of(reduce_dtype_);
   runtime_ = std::make_unique<sharding::ShardedRuntime>(ro, model, *shard, replicate);
 }
 

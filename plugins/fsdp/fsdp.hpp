@@ -31,7 +31,8 @@ namespace trainrun::plugins {
 using namespace trainrun::v1;
 
 /// The `fsdp` strategy. Options: sharding_strategy, min_num_params, backward_prefetch,
-/// forward_prefetch, limit_all_gathers, shard_group_size, memory_budget_gb.
+/// forward_prefetch, limit_all_gathers, shard_group_size, memory_budget_gb, and mixed precision
+/// as FSDP's MixedPrecision: param_dtype, reduce_dtype, buffer_dtype.
 class FsdpStrategy final : public sharding::ShardedStrategy {
  public:
   static void declare_options(OptionSchema& schema);
@@ -39,8 +40,9 @@ class FsdpStrategy final : public sharding::ShardedStrategy {
 
   /// Same model on every rank, rank 0's values broadcast, the strategy chosen ("auto"), shard
   /// and replicate groups created (HYBRID_SHARD, NO_SHARD), flat parameters built, hooks set.
-  /// Throws ConfigError for a shard_group_size that does not divide the world size, or when
-  /// "auto" finds nothing that fits (naming the smallest world size that would).
+  /// Throws ConfigError for a shard_group_size that does not divide the world size, when
+  /// "auto" finds nothing that fits (naming the smallest world size that would), or for
+  /// param_dtype/buffer_dtype fp16 on CPU.
   void setup(Model& model, Accelerator& accelerator, const TrainPlan& plan) override;
   /// ShardedStrategy's (fsdp_gathers, fsdp_flat_bytes, fsdp_max_unit_full_bytes: peak bytes of
   /// gathered unit parameters this step) plus fsdp_unit_bytes (the largest unit).
@@ -56,6 +58,8 @@ class FsdpStrategy final : public sharding::ShardedStrategy {
   bool limit_all_gathers_;
   int64_t shard_group_size_;
   double memory_budget_gb_;
+  std::string param_dtype_, reduce_dtype_, buffer_dtype_;  ///< fp32 | bf16 | fp16 (| unchanged)
+  std::string context_;
 
   std::string strategy_;
   double largest_unit_bytes_ = 0;

@@ -64,6 +64,11 @@ struct RuntimeOptions {
   bool backward_prefetch_post = false;    ///< prefetch when a unit's gradients are in (POST) rather
                                           ///< than when its backward starts (PRE)
   bool limit_all_gathers = false;         ///< at most two non-root units gathered at once
+  /// Mixed precision (FSDP's MixedPrecision): the dtype parameters compute and travel in
+  /// (float32 shards stay the optimizer's master weights), and the dtype gradients are reduced
+  /// in. With a param_dtype other than float32, floating-point model inputs are cast to it.
+  at::ScalarType param_dtype = at::kFloat;
+  at::ScalarType reduce_dtype = at::kFloat;
 };
 
 /// Figures of the steps since the last take_metrics(), this rank.
@@ -132,7 +137,15 @@ class ShardedRuntime : public UnitHooks, public UnitOutputHooks {
   ModelOutput forward(const Batch& batch) {
     if (root_group_ >= 0) gather_group(root_group_);
     prefetch_forward(-1);
-    ModelOutput out = model_->forward(batch);
+    ModelOutput out;
+    if (opts_.param_dtype != at::kFloat && batch.input.defined() &&
+        at::isFloatingType(batch.input.scalar_type())) {
+      Batch cast = batch;
+      cast.input = batch.input.to(opts_.param_dtype);
+      out = model_->forward(cast);
+    } else {
+      out = model_->forward(batch);
+    }
     if (!c10::GradMode::is_enabled())
       for (size_t gi = 0; gi < groups_.size(); ++gi) release_group(static_cast<int>(gi));
     return out;
@@ -398,6 +411,8 @@ class ShardedRuntime : public UnitHooks, public UnitOutputHooks {
       fo.name = opts_.name + " " + s.label;
       fo.keep_full = s.keep;
       fo.full_grads = opts_.full_grads;
+      fo.param_dtype = opts_.param_dtype;
+      fo.reduce_dtype = opts_.reduce_dtype;
       g.flat = std::make_unique<FlatParameter>(std::move(ps), *shard_, fo);
       for (int u = g.first_unit; u >= 0 && u <= g.last_unit; ++u)
         unit_group_[static_cast<size_t>(u)] = static_cast<int>(gi);
@@ -430,13 +445,15 @@ class ShardedRuntime : public UnitHooks, public UnitOutputHooks {
   void count_gather(const Group& g) {
     metrics_.gathers += 1;
     const int W = shard_->world_size();
-    metrics_.comm_bytes += static_cast<double>(g.flat->layout().padded_numel()) * 4.0 * (W - 1) / W;
+    metrics_.comm_bytes += static_cast<double>(g.flat->layout().padded_numel()) *
+                           static_cast<double>(g.flat->param_element_bytes()) * (W - 1) / W;
   }
   double unit_full_bytes() const {
     double b = 0;
     for (const auto& g : groups_)
       if (!g.root && !g.flat->options().keep_full && g.flat->materialized())
-        b += static_cast<double>(g.flat->layout().padded_numel()) * 4.0;
+        b += static_cast<double>(g.flat->layout().padded_numel()) *
+             static_cast<double>(g.flat->param_element_bytes());
     return b;
   }
   int gathered_units() const {
@@ -511,7 +528,8 @@ class ShardedRuntime : public UnitHooks, public UnitOutputHooks {
       Group& g = groups_[next_launch_];
       g.flat->reduce_async();
       const int W = shard_->world_size();
-      metrics_.comm_bytes += static_cast<double>(g.flat->layout().padded_numel()) * 4.0 * (W - 1) / W;
+      metrics_.comm_bytes += static_cast<double>(g.flat->layout().padded_numel()) *
+                             static_cast<double>(g.flat->reduce_element_bytes()) * (W - 1) / W;
       in_flight_.push_back(next_launch_);
       // The unit's backward is over (all its gradients are in), so its whole parameters can
       // go; the root group stays until the step's gradients are complete.
@@ -534,7 +552,8 @@ class ShardedRuntime : public UnitHooks, public UnitOutputHooks {
     f.finish_reduce(replicated ? replicate_ : nullptr);
     if (replicated) {
       const int R = replicate_->world_size();
-      metrics_.comm_bytes += static_cast<double>(f.layout().shard_numel()) * 4.0 * 2 * (R - 1) / R;
+      metrics_.comm_bytes += static_cast<double>(f.layout().shard_numel()) *
+                             static_cast<double>(f.reduce_element_bytes()) * 2 * (R - 1) / R;
     }
   }
 

@@ -18,6 +18,12 @@
 // contiguous, so at most one piece per parameter), named like the parameter; pieces alias the
 // shard and their .grad aliases the gradient shard, so elementwise optimizers (SGD, Adam) give
 // exactly the unsharded result and checkpoint state keeps the parameter's name.
+//
+// Mixed precision (PyTorch FSDP's MixedPrecision): with param_dtype bfloat16/float16 the shard
+// stays float32 (the master weights the optimizer steps) while the full buffer, and so the
+// parameters the model computes with, are param_dtype: a gather casts the shard and all-gathers
+// the low-precision copy (half the bytes on the wire). Gradients arrive in param_dtype, are
+// reduce-scattered in reduce_dtype and accumulated into the float32 gradient shard.
 #include <ATen/ATen.h>
 #include <c10/core/Allocator.h>
 #include <c10/core/GradMode.h>
@@ -154,13 +160,19 @@ class FlatParameter {
     bool keep_full = true;     ///< parameters stay gathered (ZeRO-1/2, persistent parameters)
     bool full_grads = false;   ///< ZeRO-1: parameters' .grad are views of a persistent full
                                ///< gradient buffer, reduce-scattered only when a step ends
+    /// dtype of the full buffer: what the model's parameters (and so its forward and backward)
+    /// compute in, and what all-gathers send. float32, bfloat16 or float16.
+    at::ScalarType param_dtype = at::kFloat;
+    /// dtype gradients are reduce-scattered (and all-reduced across replicas) in.
+    at::ScalarType reduce_dtype = at::kFloat;
   };
 
   /// `params`: float32 leaves on `comm`'s device, each in one flat parameter only. Their current
   /// values become the flat parameter's (rank 0's values should already be on every rank, e.g.
   /// by replicate_from_rank0). Afterwards every parameter is a view of the full buffer; with
   /// keep_full = false the full buffer is released (call gather() before use).
-  /// Throws Error on a non-float32 or non-leaf parameter.
+  /// Throws Error on a non-float32 or non-leaf parameter, or a param_dtype/reduce_dtype that is
+  /// not a floating type.
   FlatParameter(std::vector<NamedTensor> params, Communicator& comm, Options options)
       : params_(std::move(params)),
         comm_(&comm),
@@ -172,20 +184,31 @@ class FlatParameter {
                "' is ", p.tensor.scalar_type(), "; the sharding engine flattens float32 only");
       TR_CHECK(p.tensor.is_leaf(), opts_.name, ": parameter '", p.name, "' is not a leaf");
     }
+    TR_CHECK(at::isFloatingType(opts_.param_dtype) && at::isFloatingType(opts_.reduce_dtype),
+             opts_.name, ": param_dtype ", opts_.param_dtype, " and reduce_dtype ",
+             opts_.reduce_dtype, " must be floating types");
     const auto fopts = params_.front().tensor.options().requires_grad(false);
-    full_ = at::zeros({layout_.padded_numel()}, fopts);
+    at::Tensor values = at::zeros({layout_.padded_numel()}, fopts);
     for (size_t i = 0; i < params_.size(); ++i) {
       const ParamSpan& s = layout_.params()[i];
-      full_.narrow(0, s.offset, s.numel).copy_(params_[i].tensor.reshape({-1}));
+      values.narrow(0, s.offset, s.numel).copy_(params_[i].tensor.reshape({-1}));
     }
     const int64_t S = layout_.shard_numel();
     const int64_t lo = static_cast<int64_t>(comm.rank()) * S;
-    // ZeRO-1/2 keep every parameter whole: the shard is a view of it (no second copy). ZeRO-3
-    // keeps only the shard between uses, in storage of its own.
-    shard_ = opts_.keep_full ? full_.narrow(0, lo, S) : full_.narrow(0, lo, S).clone();
+    // ZeRO-1/2 keep every parameter whole: the shard is a view of it (no second copy) unless the
+    // parameters compute in another dtype. ZeRO-3 keeps only the shard between uses, in storage
+    // of its own.
+    if (low_precision()) {
+      full_ = values.to(opts_.param_dtype);
+      shard_ = values.narrow(0, lo, S).clone();
+    } else {
+      full_ = values;
+      shard_ = opts_.keep_full ? full_.narrow(0, lo, S) : full_.narrow(0, lo, S).clone();
+    }
+    values = at::Tensor();
     if (opts_.full_grads) {
-      full_grad_ = at::zeros({layout_.padded_numel()}, fopts);
-      grad_shard_ = full_grad_.narrow(0, lo, S);
+      full_grad_ = at::zeros({layout_.padded_numel()}, fopts.dtype(opts_.param_dtype));
+      grad_shard_ = low_precision() ? at::zeros({S}, fopts) : full_grad_.narrow(0, lo, S);
     } else {
       grad_shard_ = at::zeros({S}, fopts);
     }
@@ -209,6 +232,12 @@ class FlatParameter {
   const std::vector<NamedTensor>& params() const { return params_; }
   /// This rank's values [S], float32.
   const at::Tensor& shard() const { return shard_; }
+  /// Whether the parameters compute in a dtype other than the shard's float32.
+  bool low_precision() const { return opts_.param_dtype != at::kFloat; }
+  /// Bytes one gather of the full buffer moves per rank and element (param_dtype's size).
+  int64_t param_element_bytes() const { return c10::elementSize(opts_.param_dtype); }
+  /// reduce_dtype's size in bytes.
+  int64_t reduce_element_bytes() const { return c10::elementSize(opts_.reduce_dtype); }
   /// This rank's averaged gradient [S], float32.
   const at::Tensor& grad_shard() const { return grad_shard_; }
   /// One 1-D leaf per parameter intersecting this rank's shard, named like the parameter,
@@ -226,7 +255,10 @@ class FlatParameter {
     c10::NoGradGuard no_grad;
     refill_storage(full_);
     // The input must not alias the output (MPI forbids it without MPI_IN_PLACE).
-    gather_input_ = opts_.keep_full ? shard_.clone() : shard_;
+    if (low_precision())
+      gather_input_ = shard_.to(opts_.param_dtype);
+    else
+      gather_input_ = opts_.keep_full ? shard_.clone() : shard_;
     gather_work_ = comm_->all_gather(gather_input_, full_);
   }
   /// Waits for (or runs) the gather: the parameters hold every rank's values afterwards.
@@ -271,10 +303,12 @@ class FlatParameter {
   void reduce_async() {
     TR_CHECK(!reduce_work_, opts_.name, ": reduce_async() twice without finish_reduce()");
     c10::NoGradGuard no_grad;
+    const auto ropts = grad_shard_.options().dtype(opts_.reduce_dtype);
     if (opts_.full_grads) {
-      reduce_input_ = full_grad_;
+      reduce_input_ = full_grad_.scalar_type() == opts_.reduce_dtype ? full_grad_
+                                                                     : full_grad_.to(opts_.reduce_dtype);
     } else {
-      reduce_input_ = at::zeros({layout_.padded_numel()}, grad_shard_.options());
+      reduce_input_ = at::zeros({layout_.padded_numel()}, ropts);
       for (size_t i = 0; i < params_.size(); ++i) {
         at::Tensor& g = params_[i].tensor.mutable_grad();
         if (!g.defined()) continue;
@@ -283,7 +317,7 @@ class FlatParameter {
         g = at::Tensor();
       }
     }
-    reduce_output_ = at::empty({layout_.shard_numel()}, grad_shard_.options());
+    reduce_output_ = at::empty({layout_.shard_numel()}, ropts);
     ReduceScatterOptions ro;
     ro.op = ReduceOp::Avg;
     reduce_work_ = comm_->reduce_scatter(reduce_input_, reduce_output_, ro);
@@ -340,8 +374,9 @@ class FlatParameter {
   /// when materialized), counting shared storage once.
   int64_t resident_bytes() const {
     int64_t b = full_.storage().nbytes();
-    if (!opts_.keep_full) b += shard_.nbytes();
-    b += opts_.full_grads ? static_cast<int64_t>(full_grad_.nbytes()) : static_cast<int64_t>(grad_shard_.nbytes());
+    if (!opts_.keep_full || low_precision()) b += shard_.nbytes();
+    if (opts_.full_grads) b += full_grad_.nbytes();
+    if (!opts_.full_grads || low_precision()) b += grad_shard_.nbytes();
     return b;
   }
 
