@@ -75,3 +75,18 @@ add_test(NAME data_parallel
   COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/data_parallel.sh $<TARGET_FILE:trainrun>
           ${CMAKE_CURRENT_SOURCE_DIR}/equivalence/mlp.toml ${_eq_work}/data_parallel)
 set_tests_properties(data_parallel PROPERTIES TIMEOUT 180)
+
+# Frozen parameters ([trainer] freeze), which the sharded strategies shard as raw bytes with
+# their unit (sharding::FrozenFlat): a unit half frozen (blocks.0: attention frozen) and a unit
+# with nothing trainable (blocks.1), against the single-process run with the same parameters
+# frozen.
+set(_freeze "trainer.freeze=[\"blocks.1.*\",\"blocks.0.attn.*\"]")
+add_test(NAME equivalence.fsdp.frozen.gpt.adamw
+  COMMAND bash ${_eq_script} $<TARGET_FILE:trainrun> ${_eq_jobs}/gpt.toml ${_eq_work}/fsdp-frozen
+          fsdp adamw --set strategy.sharding_strategy=FULL_SHARD --common --set ${_freeze})
+add_test(NAME equivalence.zero3.frozen.gpt.sgd
+  COMMAND bash ${_eq_script} $<TARGET_FILE:trainrun> ${_eq_jobs}/gpt.toml ${_eq_work}/zero3-frozen
+          zero sgd --set strategy.stage=3 --set strategy.param_persistence_threshold=100
+          --common --set ${_freeze})
+set_tests_properties(equivalence.fsdp.frozen.gpt.adamw equivalence.zero3.frozen.gpt.sgd
+  PROPERTIES TIMEOUT 300 LABELS equivalence)

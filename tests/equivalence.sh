@@ -3,11 +3,16 @@
 # accumulated micro-batches, on the same global batch, must reproduce the single-process run:
 # every step's loss and the final weights within 1e-5 relative (tests/compare_runs.py).
 #   equivalence.sh TRAINRUN JOB WORK STRATEGY OPTIMIZER [--set strategy.key=value ...]
+#                  [--common --set key=value ...]   (after --common: for the reference too)
 # OPTIMIZER: sgd (momentum 0.9) or adamw. Global batch 32, 20 steps.
 source "$(dirname "$0")/e2e_lib.sh"
 tr=$1 job=$2 work=$3 strategy=$4 optimizer=$5
 shift 5
-extra=("$@")
+extra=() common=()
+while [ $# -gt 0 ]; do
+  if [ "$1" = --common ]; then shift; common=("$@"); break; fi
+  extra+=("$1"); shift
+done
 here=$(cd "$(dirname "$0")" && pwd)
 rm -rf "$work" && mkdir -p "$work"
 case $optimizer in
@@ -22,7 +27,7 @@ quiet_run() {
   "$@" >"$log" 2>&1 || { cat "$log"; fail "exit code $? from: $*"; }
 }
 t0=$(now)
-quiet_run "$work/ref.log" "$tr" --config "$job" "${opt[@]}" --set strategy.plugin=single \
+quiet_run "$work/ref.log" "$tr" --config "$job" "${opt[@]}" "${common[@]}" --set strategy.plugin=single \
   --set accelerator.plugin=cpu --set trainer.micro_batch_size=$G --set trainer.run_dir="$work/ref"
 echo "reference: single, world 1, micro $G ($(elapsed "$t0") s)"
 status=0
@@ -32,7 +37,7 @@ for world in 1 2 4; do
     name="$strategy world $world acc $acc"
     dir="$work/w${world}-a${acc}"
     t0=$(now)
-    quiet_run "$dir.log" "$tr" --config "$job" "${opt[@]}" --set strategy.plugin="$strategy" "${extra[@]}" \
+    quiet_run "$dir.log" "$tr" --config "$job" "${opt[@]}" "${common[@]}" --set strategy.plugin="$strategy" "${extra[@]}" \
       --set launch.nproc_per_node=$world --set trainer.micro_batch_size=$micro --set trainer.run_dir="$dir"
     grep -q "micro $micro x accumulation $acc x world $world" "$dir.log" || { cat "$dir.log"; fail "$name: wrong batch layout"; }
     py "$here/compare_runs.py" "$work/ref" "$dir" --rtol 1e-5 --label "$name ($(elapsed "$t0") s)" || status=1

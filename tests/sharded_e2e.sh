@@ -10,7 +10,8 @@
 #   auto        stage / sharding_strategy "auto" pick by the memory budget and say why; a budget
 #               nothing fits names the smallest world size that would.
 #   sharded_state  state_dict_type = "sharded" (each rank its pieces, no gather) under fsdp
-#               FULL_SHARD and HYBRID_SHARD at world 4 and zero stage 2 at world 2: the pieces of
+#               FULL_SHARD and HYBRID_SHARD at world 4, zero stage 2 at world 2, and fsdp with
+#               frozen parameters (sharded as raw bytes) at world 2: the pieces of
 #               all ranks rebuild the full state dict of the same run bitwise, each element once.
 #   checkpointing  activation checkpointing under zero stage 3 and fsdp FULL_SHARD at world 2
 #               (the recomputation runs on parameters gathered by the pre-backward hook)
@@ -94,7 +95,8 @@ PY
   sharded_state)
     for cell in "fsdp 4 --set strategy.sharding_strategy=FULL_SHARD" \
                 "fsdp 4 --set strategy.sharding_strategy=HYBRID_SHARD --set strategy.shard_group_size=2" \
-                "zero 2 --set strategy.stage=2 --set strategy.reduce_bucket_size=5000"; do
+                "zero 2 --set strategy.stage=2 --set strategy.reduce_bucket_size=5000" \
+                'fsdp 2 --set trainer.freeze=["blocks.1.*","blocks.0.attn.*"]'; do
       read -r -a c <<<"$cell"
       name="${c[0]}-${c[1]}-$(echo "${c[*]}" | md5sum | cut -c1-6)"
       for type in full sharded; do

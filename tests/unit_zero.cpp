@@ -95,7 +95,7 @@ struct TwoUnitNet : torch::nn::Module {
   torch::nn::Linear l0{nullptr}, l1{nullptr};
 };
 
-class TwoUnitModel final : public Model {
+class TwoUnitModel : public Model {
  public:
   TwoUnitModel() : net(std::make_shared<TwoUnitNet>()) {
     units_.push_back(std::make_unique<Unit>("l0", net->l0.ptr()));
@@ -340,6 +340,107 @@ TEST_SUITE("zero_strategy") {
       double ref_norm = 0;
       for (auto& [n, g] : ref) ref_norm += g.pow(2).sum().item<double>();
       CHECK(zero.grad_norm() == doctest::Approx(std::sqrt(ref_norm)).epsilon(1e-6));
+    }
+  }
+  TEST_CASE("stage 3 shards frozen parameters (any dtype) as raw bytes with their unit") {
+    // l0: frozen float weight beside a trainable bias (frozen bytes ride with the unit's flat
+    // parameter); l1: nothing trainable, plus a uint8 tensor (packed-weight stand-in) that the
+    // forward reads, so a unit with only frozen parameters is gathered on its own.
+    auto make = [](TwoUnitModel& m) {
+      torch::NoGradGuard ng;
+      m.net->l0->weight.requires_grad_(false);
+      m.net->l1->weight.requires_grad_(false);
+      m.net->l1->bias.requires_grad_(false);
+      m.net->l1->register_parameter("codes", torch::arange(0, 203, torch::kLong).to(torch::kByte),
+                                    /*requires_grad=*/false);
+    };
+    struct CodesModel : TwoUnitModel {
+      ModelOutput forward(const Batch& b) override {
+        at::Tensor x = torch::matmul(b.input, net->emb);
+        x = units_[0]->run(x, [&](const at::Tensor& in) { return torch::tanh(net->l0(in)); });
+        x = units_[1]->run(x, [&](const at::Tensor& in) {
+          const at::Tensor codes = net->l1->named_parameters()["codes"];
+          return torch::tanh(net->l1(in)) + codes.to(torch::kFloat).mean() / 255.0;
+        });
+        ModelOutput o;
+        o.loss_sum = torch::nn::functional::cross_entropy(
+            torch::matmul(x, net->emb.t()), b.target,
+            torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
+        return o;
+      }
+    };
+    torch::manual_seed(7);
+    CodesModel ref;
+    make(ref);
+    const at::Tensor ref_loss = ref.forward(make_batch()).loss_sum;
+    ref_loss.backward();
+    torch::manual_seed(7);
+    CodesModel model;
+    make(model);
+    const at::Tensor w0 = model.net->l0->weight.detach().clone();
+    LocalAccelerator acc;
+    RunContext ctx;
+    trainrun::plugins::ZeroStrategy zero(zero_options(3, 0), ctx);
+    TrainPlan plan;
+    zero.setup(model, acc, plan);
+    const at::Tensor codes = model.net->l1->named_parameters()["codes"];
+    CHECK(codes.storage().nbytes() == 0);
+    CHECK(model.net->l0->weight.storage().nbytes() == 0);
+    std::set<std::string> names;
+    for (const auto& p : zero.optimizer_parameters()) names.insert(p.name);
+    CHECK(names == std::set<std::string>{"emb", "l0.bias"});
+    zero.before_backward(true);
+    ModelOutput out = zero.forward(make_batch());
+    CHECK(codes.storage().nbytes() == 0);  // released after its unit's forward
+    CHECK(out.loss_sum.item<float>() == doctest::Approx(ref_loss.item<float>()).epsilon(1e-6));
+    out.loss_sum.backward();
+    zero.finish_gradient_sync();
+    CHECK(codes.storage().nbytes() == 0);
+    CHECK(model.net->l0->weight.storage().nbytes() == 0);
+    for (const auto& p : zero.optimizer_parameters()) {
+      CAPTURE(p.name);
+      const at::Tensor g = p.name == "emb" ? ref.net->emb.grad() : ref.net->l0->bias.grad();
+      CHECK(torch::allclose(p.tensor.grad(), g.reshape({-1}), 1e-6, 1e-7));
+    }
+    std::map<std::string, at::Tensor> full;
+    for (auto& p : zero.full_state_dict()) full[p.name] = p.tensor;
+    CHECK((full.at("l1.codes").scalar_type() == at::kByte));
+    CHECK(torch::equal(full.at("l1.codes"), torch::arange(0, 203, torch::kLong).to(torch::kByte)));
+    CHECK(torch::equal(full.at("l0.weight"), w0));
+    bool seen = false;
+    for (auto& p : zero.sharded_state_dict())
+      if (p.name == "l1.codes") {
+        seen = true;
+        CHECK(p.offset == 0);
+        CHECK(torch::equal(p.data, torch::arange(0, 203, torch::kLong).to(torch::kByte)));
+      }
+    CHECK(seen);
+    {
+      torch::NoGradGuard ng;  // evaluation gathers and releases too
+      zero.forward(make_batch());
+    }
+    CHECK(codes.storage().nbytes() == 0);
+  }
+  TEST_CASE("frozen flat: byte shards over several ranks hold whole elements") {
+    // Layout arithmetic only (world 3 over a LocalComm would not gather): offsets aligned to 16,
+    // shard a multiple of 16, each tensor's bytes once.
+    for (int64_t n : {int64_t{1}, int64_t{5}, int64_t{37}, int64_t{203}}) {
+      CAPTURE(n);
+      LocalComm comm;
+      at::Tensor a = torch::arange(n, torch::kFloat);
+      at::Tensor b = torch::arange(n + 3, torch::kLong).to(torch::kByte);
+      sharding::FrozenFlat f({{"a", a}, {"b", b}}, comm, "frozen");
+      CHECK(f.spans()[1].byte_offset % sharding::FrozenFlat::kAlign == 0);
+      CHECK(f.shard_bytes() % sharding::FrozenFlat::kAlign == 0);
+      CHECK(f.padded_bytes() >= f.spans()[1].byte_offset + n + 3);
+      f.gather();
+      CHECK(torch::equal(a, torch::arange(n, torch::kFloat)));
+      CHECK(torch::equal(b, torch::arange(n + 3, torch::kLong).to(torch::kByte)));
+      auto [first, piece] = f.local_piece(0);
+      CHECK(first == 0);
+      CHECK(torch::equal(piece, torch::arange(n, torch::kFloat)));
+      f.release();
+      CHECK_FALSE(f.materialized());
     }
   }
   TEST_CASE("stage 1 accumulates in the full gradient buffer; stages 1 and 2 agree") {

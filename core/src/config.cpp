@@ -175,6 +175,10 @@ v1::OptionSchema trainer_schema() {
            "A safetensors file (e.g. a run's model.safetensors) whose tensors replace the "
            "model's parameters and buffers of the same names before training; every name and "
            "shape must match; \"\" = the model's own initialisation");
+  s.string_list("freeze", {},
+                "Parameters to freeze (requires_grad off) before the strategy wraps the model: "
+                "state-dict names or shell-style globs (\"blocks.0.*\", \"*.bias\"); each "
+                "pattern must match at least one parameter");
   s.integer("log_every", 10, "Log metrics every N steps", 1, 1e15);
   s.real("gradient_clip_val", 0.0,
          "Clip gradients (after unscaling): to this global L2 norm, or each element to "

@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fnmatch.h>
 #include <fstream>
 #include <iomanip>
 #include <iostream>
@@ -110,6 +111,38 @@ void load_initial_weights(v1::Model& model, const std::string& path, const std::
       throw ConfigError("[trainer] init_weights = \"" + path + "\": tensor '" + name +
                         "' is not a parameter or buffer of " + label);
   log_info("init_weights: " + std::to_string(targets.size()) + " tensors loaded from " + path);
+}
+
+// [trainer] freeze: requires_grad off for every parameter whose name matches one of the
+// patterns (fnmatch globs). A pattern that matches nothing is a ConfigError naming it, since a
+// typo would otherwise silently train everything. Returns "k of n parameters" ("" = none).
+std::string freeze_parameters(const v1::Options& trainer, v1::Model& model) {
+  const auto& patterns = trainer.get_string_list("freeze");
+  if (patterns.empty()) return "";
+  const auto params = model.named_parameters();
+  std::set<std::string> frozen;
+  for (const auto& pat : patterns) {
+    bool hit = false;
+    for (const auto& p : params)
+      if (fnmatch(pat.c_str(), p.name.c_str(), 0) == 0) {
+        hit = true;
+        frozen.insert(p.name);
+      }
+    if (!hit)
+      throw ConfigError("[trainer] freeze: \"" + pat + "\" matches no parameter (names look like \"" +
+                        (params.empty() ? std::string("?") : params.front().name) + "\")");
+  }
+  torch::NoGradGuard no_grad;
+  int64_t n = 0, total = 0;
+  for (auto& p : params) {
+    total += p.tensor.numel();
+    if (frozen.count(p.name)) {
+      p.tensor.requires_grad_(false);
+      n += p.tensor.numel();
+    }
+  }
+  return std::to_string(frozen.size()) + " parameters frozen (" + std::to_string(n) + " of " +
+         std::to_string(total) + " elements)";
 }
 
 template <class T>
@@ -384,6 +417,8 @@ int train(const JobConfig& job, const Registry& registry) {
 
   precision.call("convert", [&](v1::Precision& p) { p.convert(*model.obj); return 0; });
   for (auto& cb : callbacks) cb.call("on_setup", [&](v1::Callback& c) { c.on_setup(*model.obj, ctx); return 0; });
+  if (const std::string f = freeze_parameters(job.trainer, *model.obj); !f.empty() && lead)
+    log_info("freeze: " + f);
   // On the units as the callbacks left them, before a strategy hooks or shards them.
   const std::string checkpointed = install_activation_checkpointing(job.trainer, model);
   if (auto* shapes = dynamic_cast<v1::ParameterShapesAware*>(optimizer.obj.get())) {

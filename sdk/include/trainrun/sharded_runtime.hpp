@@ -20,6 +20,12 @@
 //    group (FSDP HYBRID_SHARD, NO_SHARD), the shard is then all-reduced across replicas.
 //  - prefetch: the next units' gathers start ahead of use, up to a number of elements, in forward
 //    and backward order; limit_all_gathers caps the gathered (non-root) units at two.
+//  - frozen parameters (requires_grad false, any dtype: QLoRA's packed 4-bit weights and their
+//    quantization constants, a LoRA base) used by one unit are sharded as raw bytes
+//    (FrozenFlat) when units are sharded (Units grouping without keep_full), and gathered and
+//    released with the unit; a unit with only frozen parameters is gathered for its forward and
+//    again for its backward, and released when its forward ends and when the step's gradients
+//    are complete. Frozen parameters outside units, and buffers, stay whole on every rank.
 // Collectives are issued in the same order on every rank: a group whose gradients are complete
 // waits for every group before it in the expected order; prefetches follow the model's (fixed)
 // unit order.
@@ -78,6 +84,7 @@ struct RuntimeMetrics {
   double gathers = 0;          ///< all-gathers of flat parameters started
   double flat_bytes = 0;       ///< bytes held by the flat parameters now (shards, buffers)
   double max_unit_full_bytes = 0;  ///< peak bytes of gathered non-root unit parameters
+  double frozen_bytes = 0;     ///< bytes held by frozen byte-sharded parameters now
 };
 
 /// One sharded model at run time. Construct in Strategy::setup, after the model is on the device
@@ -106,6 +113,7 @@ class ShardedRuntime : public UnitHooks, public UnitOutputHooks {
                "' is ", p.tensor.scalar_type(), "; the sharding engine flattens float32 "
                "parameters (use a mixed precision that keeps float32 weights)");
     build_groups();
+    if (uses_unit_hooks()) build_frozen();
     install_hooks();
     if (uses_unit_hooks())
       for (Unit* u : units_) u->set_hooks(this);
@@ -146,8 +154,10 @@ class ShardedRuntime : public UnitHooks, public UnitOutputHooks {
     } else {
       out = model_->forward(batch);
     }
-    if (!c10::GradMode::is_enabled())
+    if (!c10::GradMode::is_enabled()) {
       for (size_t gi = 0; gi < groups_.size(); ++gi) release_group(static_cast<int>(gi));
+      release_frozen_only();
+    }
     return out;
   }
 
@@ -170,6 +180,7 @@ class ShardedRuntime : public UnitHooks, public UnitOutputHooks {
     drain_locked();
     pass_open_ = false;
     for (size_t gi = 0; gi < groups_.size(); ++gi) release_group(static_cast<int>(gi));
+    release_frozen_only();
     metrics_.exposed_s += seconds_since(t0);
   }
 
@@ -208,6 +219,11 @@ class ShardedRuntime : public UnitHooks, public UnitOutputHooks {
       for (size_t k = 0; k < g.params.size(); ++k)
         value[grads_[g.params[k]].tensor.unsafeGetTensorImpl()] = full[k].tensor;
     }
+    for (auto& [f, tensors] : frozen_flats()) {
+      auto full = f->gather_full_values();
+      for (size_t k = 0; k < tensors->size(); ++k)
+        value[(*tensors)[k].tensor.unsafeGetTensorImpl()] = full[k].tensor;
+    }
     std::vector<NamedTensor> out;
     for (const auto& p : all_params_) {
       auto it = value.find(p.tensor.unsafeGetTensorImpl());
@@ -225,10 +241,20 @@ class ShardedRuntime : public UnitHooks, public UnitOutputHooks {
     for (const auto& g : groups_)
       for (size_t k = 0; k < g.params.size(); ++k)
         where[grads_[g.params[k]].tensor.unsafeGetTensorImpl()] = {g.flat.get(), k};
+    std::map<const void*, std::pair<const FrozenFlat*, size_t>> frozen_where;
+    for (const auto& [f, tensors] : frozen_flats())
+      for (size_t k = 0; k < tensors->size(); ++k)
+        frozen_where[(*tensors)[k].tensor.unsafeGetTensorImpl()] = {f, k};
     const int rank = shard_->rank();
     std::vector<ShardedTensor> out;
     for (const auto& p : all_params_) {
       auto it = where.find(p.tensor.unsafeGetTensorImpl());
+      if (auto fz = frozen_where.find(p.tensor.unsafeGetTensorImpl()); fz != frozen_where.end()) {
+        if (replicate_ != nullptr && replicate_->rank() != 0) continue;
+        auto [first, data] = fz->second.first->local_piece(fz->second.second);
+        if (data.numel() > 0) out.push_back({p.name, p.tensor.sizes().vec(), first, data});
+        continue;
+      }
       if (it == where.end()) {
         if (owner_of_replicated)
           out.push_back({p.name, p.tensor.sizes().vec(), 0, p.tensor.detach().reshape({-1})});
@@ -261,7 +287,15 @@ class ShardedRuntime : public UnitHooks, public UnitOutputHooks {
     for (const auto& g : groups_)
       out.push_back(detail::cat(g.flat->options().name, ": ", g.params.size(), " parameters, ",
                                 g.flat->layout().numel(), " elements, shard ",
-                                g.flat->layout().shard_numel()));
+                                g.flat->layout().shard_numel(),
+                                g.frozen ? detail::cat("; ", g.frozen->spans().size(),
+                                                       " frozen, ", g.frozen->padded_bytes(),
+                                                       " bytes, shard ", g.frozen->shard_bytes())
+                                         : std::string()));
+    for (const auto& f : unit_frozen_)
+      if (f)
+        out.push_back(detail::cat(f->name(), ": ", f->spans().size(), " frozen, ",
+                                  f->padded_bytes(), " bytes, shard ", f->shard_bytes()));
     return out;
   }
 
@@ -270,6 +304,7 @@ class ShardedRuntime : public UnitHooks, public UnitOutputHooks {
     RuntimeMetrics m = metrics_;
     m.flat_bytes = 0;
     for (const auto& g : groups_) m.flat_bytes += static_cast<double>(g.flat->resident_bytes());
+    for (const auto& [f, _] : frozen_flats()) m.frozen_bytes += static_cast<double>(f->resident_bytes());
     metrics_ = RuntimeMetrics{};
     return m;
   }
@@ -280,10 +315,15 @@ class ShardedRuntime : public UnitHooks, public UnitOutputHooks {
     const int u = unit_index_.at(&unit);
     const int gi = unit_group_[static_cast<size_t>(u)];
     if (gi >= 0) gather_group(gi);
+    gather_frozen_only(u);
     prefetch_forward(u);
   }
   void post_forward(Unit& unit) override {
-    const int gi = unit_group_[static_cast<size_t>(unit_index_.at(&unit))];
+    const int u = unit_index_.at(&unit);
+    if (!unit_frozen_.empty() && unit_frozen_[static_cast<size_t>(u)] &&
+        (opts_.reshard_after_forward || !c10::GradMode::is_enabled()))
+      unit_frozen_[static_cast<size_t>(u)]->release();
+    const int gi = unit_group_[static_cast<size_t>(u)];
     if (gi < 0) return;
     // A merged group is released after the forward of its last unit.
     if (groups_[static_cast<size_t>(gi)].last_unit != unit_index_.at(&unit)) return;
@@ -296,7 +336,9 @@ class ShardedRuntime : public UnitHooks, public UnitOutputHooks {
     // unit's own backward nodes, which read its parameters.
     output.register_hook([this, u](const at::Tensor&) {
       const int gi = unit_group_[static_cast<size_t>(u)];
+      release_frozen_behind(u);
       if (gi >= 0) gather_group(gi);
+      gather_frozen_only(u);
       if (!opts_.backward_prefetch_post) prefetch_backward(u);
     });
   }
@@ -308,6 +350,8 @@ class ShardedRuntime : public UnitHooks, public UnitOutputHooks {
   }
   struct Group {
     std::unique_ptr<FlatParameter> flat;
+    std::unique_ptr<FrozenFlat> frozen;  // the group's units' frozen parameters (may be null)
+    std::vector<NamedTensor> frozen_tensors;
     std::vector<size_t> params;  // indices into grads_
     size_t pending = 0;          // parameters whose gradient has not arrived in this pass
     int first_unit = -1, last_unit = -1;  // Units grouping: the units it holds (merged: a range)
@@ -464,14 +508,105 @@ class ShardedRuntime : public UnitHooks, public UnitOutputHooks {
   }
   void gather_group(int gi) {
     Group& g = groups_[static_cast<size_t>(gi)];
+    if (g.frozen && !g.frozen->gathered()) {
+      if (!g.frozen->materialized()) count_frozen_gather(*g.frozen);
+      g.frozen->gather();
+    }
     if (g.flat->gathered()) return;
     if (!g.flat->materialized()) count_gather(g);
     g.flat->gather();
     metrics_.max_unit_full_bytes = std::max(metrics_.max_unit_full_bytes, unit_full_bytes());
   }
-  void release_group(int gi) {
+  void release_group(int gi, bool with_frozen = true) {
     Group& g = groups_[static_cast<size_t>(gi)];
     if (!g.flat->options().keep_full) g.flat->release();
+    if (g.frozen && with_frozen) g.frozen->release();
+  }
+  // Units run in sequence, so when unit u's backward starts (its output's gradient is complete)
+  // the backward of the unit that started before it is over: that unit's frozen parameters can
+  // go. Called from u's output hook, before u gathers its own.
+  void release_frozen_behind(int u) {
+    const int gi = unit_group_[static_cast<size_t>(u)];
+    if (backward_unit_ >= 0 && backward_unit_ != u) {
+      const int prev_gi = unit_group_[static_cast<size_t>(backward_unit_)];
+      if (prev_gi >= 0 && prev_gi != gi && groups_[static_cast<size_t>(prev_gi)].frozen)
+        groups_[static_cast<size_t>(prev_gi)].frozen->release();
+      if (!unit_frozen_.empty() && unit_frozen_[static_cast<size_t>(backward_unit_)])
+        unit_frozen_[static_cast<size_t>(backward_unit_)]->release();
+    }
+    backward_unit_ = u;
+  }
+  void count_frozen_gather(const FrozenFlat& f) {
+    const int W = shard_->world_size();
+    metrics_.comm_bytes += static_cast<double>(f.padded_bytes()) * (W - 1) / W;
+  }
+  void gather_frozen_only(int u) {
+    if (unit_frozen_.empty() || !unit_frozen_[static_cast<size_t>(u)]) return;
+    FrozenFlat& f = *unit_frozen_[static_cast<size_t>(u)];
+    if (f.gathered()) return;
+    if (!f.materialized()) count_frozen_gather(f);
+    f.gather();
+  }
+  void release_frozen_only() {
+    for (auto& f : unit_frozen_)
+      if (f) f->release();
+    backward_unit_ = -1;
+  }
+  // Every frozen flat with the tensors it holds (group ones, then frozen-only units).
+  std::vector<std::pair<FrozenFlat*, const std::vector<NamedTensor>*>> frozen_flats() const {
+    std::vector<std::pair<FrozenFlat*, const std::vector<NamedTensor>*>> out;
+    for (const auto& g : groups_)
+      if (g.frozen) out.push_back({g.frozen.get(), &g.frozen_tensors});
+    for (size_t u = 0; u < unit_frozen_.size(); ++u)
+      if (unit_frozen_[u]) out.push_back({unit_frozen_[u].get(), &unit_frozen_tensors_[u]});
+    return out;
+  }
+
+  // Frozen parameters used by exactly one unit go with that unit's group, or, when the unit has
+  // no trainable parameter, into a frozen flat of its own; tied or unit-less ones stay whole.
+  void build_frozen() {
+    std::set<const void*> trainable, seen;
+    for (const auto& p : grads_) trainable.insert(p.tensor.unsafeGetTensorImpl());
+    std::map<const void*, NamedTensor> frozen;
+    for (const auto& p : all_params_) {
+      const void* impl = p.tensor.unsafeGetTensorImpl();
+      if (p.tensor.requires_grad() || trainable.count(impl) || !seen.insert(impl).second) continue;
+      if (p.tensor.numel() > 0) frozen.emplace(impl, p);
+    }
+    if (frozen.empty()) return;
+    std::map<const void*, int> owner;
+    for (size_t u = 0; u < units_.size(); ++u)
+      for (const auto& t : units_[u]->module().parameters(/*recurse=*/true)) {
+        const void* impl = t.unsafeGetTensorImpl();
+        if (!frozen.count(impl)) continue;
+        auto [it, fresh] = owner.emplace(impl, static_cast<int>(u));
+        if (!fresh && it->second != static_cast<int>(u)) it->second = -1;
+      }
+    std::map<int, std::vector<NamedTensor>> per_group, per_unit;
+    for (const auto& p : all_params_) {  // model order, each tensor once
+      auto it = owner.find(p.tensor.unsafeGetTensorImpl());
+      if (it == owner.end() || it->second < 0) continue;
+      const int u = it->second;
+      const int gi = unit_group_[static_cast<size_t>(u)];
+      auto& list = gi >= 0 ? per_group[gi] : per_unit[u];
+      bool dup = false;
+      for (const auto& q : list) dup = dup || q.tensor.unsafeGetTensorImpl() == p.tensor.unsafeGetTensorImpl();
+      if (!dup) list.push_back(p);
+    }
+    for (auto& [gi, tensors] : per_group) {
+      Group& g = groups_[static_cast<size_t>(gi)];
+      g.frozen_tensors = tensors;
+      g.frozen = std::make_unique<FrozenFlat>(tensors, *shard_, g.flat->options().name + " (frozen)");
+    }
+    if (!per_unit.empty()) {
+      unit_frozen_.resize(units_.size());
+      unit_frozen_tensors_.resize(units_.size());
+      for (auto& [u, tensors] : per_unit) {
+        unit_frozen_tensors_[static_cast<size_t>(u)] = tensors;
+        unit_frozen_[static_cast<size_t>(u)] = std::make_unique<FrozenFlat>(
+            tensors, *shard_, opts_.name + " unit " + units_[static_cast<size_t>(u)]->name() + " (frozen)");
+      }
+    }
   }
   // Starts the gather of group gi ahead of use, unless limit_all_gathers is reached.
   bool prefetch_group(int gi, int64_t& budget) {
@@ -481,6 +616,10 @@ class ShardedRuntime : public UnitHooks, public UnitOutputHooks {
     budget -= g.flat->layout().padded_numel();
     count_gather(g);
     g.flat->gather_async();
+    if (g.frozen && !g.frozen->materialized()) {
+      count_frozen_gather(*g.frozen);
+      g.frozen->gather_async();
+    }
     metrics_.max_unit_full_bytes = std::max(metrics_.max_unit_full_bytes, unit_full_bytes());
     return true;
   }
@@ -532,8 +671,11 @@ class ShardedRuntime : public UnitHooks, public UnitOutputHooks {
                              static_cast<double>(g.flat->reduce_element_bytes()) * (W - 1) / W;
       in_flight_.push_back(next_launch_);
       // The unit's backward is over (all its gradients are in), so its whole parameters can
-      // go; the root group stays until the step's gradients are complete.
-      if (!g.root) release_group(static_cast<int>(next_launch_));
+      // go; the root group stays until the step's gradients are complete. Its frozen
+      // parameters may still be needed (the input gradient of a frozen layer is computed after
+      // every trainable gradient of the unit is in): they go when the next unit's backward
+      // starts (release_frozen_behind).
+      if (!g.root) release_group(static_cast<int>(next_launch_), /*with_frozen=*/false);
       if (opts_.backward_prefetch_post && g.first_unit >= 0) prefetch_backward(g.first_unit);
       ++next_launch_;
       // Bound the reduce buffers in flight: fold the oldest in.
@@ -573,6 +715,9 @@ class ShardedRuntime : public UnitHooks, public UnitOutputHooks {
   std::vector<int> unit_group_;          // unit index -> group index (-1: no parameters)
   std::vector<Unit*> units_;
   std::map<const Unit*, int> unit_index_;
+  std::vector<std::unique_ptr<FrozenFlat>> unit_frozen_;  // unit -> frozen-only flat (or null)
+  std::vector<std::vector<NamedTensor>> unit_frozen_tensors_;
+  int backward_unit_ = -1;  // the unit whose backward started last in this pass (-1: none)
   int root_group_ = -1;
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
   std::vector<uintptr_t> hook_keys_;
@@ -620,7 +765,7 @@ class ShardedStrategy : public Strategy,
     return rt("sharded_state_dict").sharded_state_dict(rank_ == 0);
   }
   /// comm_bytes, comm_exposed_s, then <prefix>_gathers, <prefix>_flat_bytes,
-  /// <prefix>_max_unit_full_bytes (see RuntimeMetrics).
+  /// <prefix>_max_unit_full_bytes, <prefix>_frozen_bytes (see RuntimeMetrics).
   void add_step_metrics(std::map<std::string, double>& extra) override {
     if (!runtime_) return;
     const RuntimeMetrics m = runtime_->take_metrics();
@@ -629,6 +774,7 @@ class ShardedStrategy : public Strategy,
     extra[metrics_prefix_ + "_gathers"] = m.gathers;
     extra[metrics_prefix_ + "_flat_bytes"] = m.flat_bytes;
     extra[metrics_prefix_ + "_max_unit_full_bytes"] = m.max_unit_full_bytes;
+    extra[metrics_prefix_ + "_frozen_bytes"] = m.frozen_bytes;
   }
 
  protected:

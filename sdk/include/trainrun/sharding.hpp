@@ -400,6 +400,131 @@ class FlatParameter {
   at::Tensor reduce_input_, reduce_output_;
 };
 
+/// Frozen tensors (requires_grad false, any dtype) sharded as raw bytes: QLoRA's packed 4-bit
+/// weights (uint8) with their quantization constants, or a LoRA base's frozen float weights. They
+/// are laid end to end, each at a byte offset aligned to kAlign, the whole padded to a multiple
+/// of kAlign * world_size, and rank r keeps bytes [r*S, (r+1)*S). The tensors become views of
+/// the full byte buffer reinterpreted with their own dtype, so nothing is ever cast, summed or
+/// checked as a float: a gather moves bytes, there are no gradients, and the optimizer never
+/// sees them. Shard boundaries fall on multiples of kAlign, so every shard holds whole elements
+/// of every dtype (sharded state dicts give pieces in elements).
+class FrozenFlat {
+ public:
+  static constexpr int64_t kAlign = 16;
+  /// Where one tensor's bytes are: [byte_offset, byte_offset + nbytes) of the full buffer.
+  struct Span {
+    std::string name;
+    std::vector<int64_t> shape;
+    at::ScalarType dtype = at::kByte;
+    int64_t byte_offset = 0;
+    int64_t nbytes = 0;
+  };
+
+  /// `tensors`: frozen leaves on `comm`'s device, the same on every rank (replicate_from_rank0).
+  /// Afterwards each is a view of the full buffer, released until gather(). Throws Error on a
+  /// tensor that requires grad or has no element.
+  FrozenFlat(std::vector<NamedTensor> tensors, Communicator& comm, std::string name)
+      : tensors_(std::move(tensors)), comm_(&comm), name_(std::move(name)) {
+    c10::NoGradGuard no_grad;
+    TR_CHECK(!tensors_.empty(), name_, ": no frozen tensors");
+    int64_t off = 0;
+    for (const auto& t : tensors_) {
+      TR_CHECK(!t.tensor.requires_grad(), name_, ": '", t.name, "' requires grad; only frozen "
+               "tensors are sharded as bytes");
+      TR_CHECK(t.tensor.numel() > 0, name_, ": '", t.name, "' has no element");
+      const int64_t n = static_cast<int64_t>(t.tensor.nbytes());
+      spans_.push_back({t.name, t.tensor.sizes().vec(), t.tensor.scalar_type(), off, n});
+      off += (n + kAlign - 1) / kAlign * kAlign;
+    }
+    const int64_t W = comm.world_size();
+    shard_bytes_ = (off + kAlign * W - 1) / (kAlign * W) * kAlign;
+    const auto bopts = tensors_.front().tensor.options().dtype(at::kByte).requires_grad(false);
+    full_ = at::zeros({shard_bytes_ * W}, bopts);
+    for (size_t i = 0; i < tensors_.size(); ++i) {
+      const Span& s = spans_[i];
+      at::Tensor& t = tensors_[i].tensor;
+      at::Tensor bytes = full_.narrow(0, s.byte_offset, s.nbytes);
+      bytes.view(s.dtype).copy_(t.contiguous().reshape({-1}));
+      t.set_data(bytes.view(s.dtype).view(s.shape));
+    }
+    shard_ = full_.narrow(0, comm.rank() * shard_bytes_, shard_bytes_).clone();
+    release();
+  }
+
+  const std::vector<Span>& spans() const { return spans_; }
+  const std::string& name() const { return name_; }
+  /// This rank's bytes [shard_bytes()], uint8.
+  const at::Tensor& shard() const { return shard_; }
+  int64_t shard_bytes() const { return shard_bytes_; }
+  /// Bytes of the full buffer (all ranks' shards).
+  int64_t padded_bytes() const { return full_.numel(); }
+  bool materialized() const { return full_.storage().nbytes() > 0; }
+  bool gathered() const { return gathered_; }
+
+  /// Starts the all-gather of every rank's bytes (no-op when gathered or in flight). Collective.
+  void gather_async() {
+    if (gathered_ || work_) return;
+    refill_storage(full_);
+    work_ = comm_->all_gather(shard_, full_);
+  }
+  void gather() {
+    gather_async();
+    if (work_) {
+      work_->wait();
+      work_.reset();
+    }
+    gathered_ = true;
+  }
+  /// Frees the full buffer (waiting for a gather in flight); the tensors must not be read until
+  /// the next gather().
+  void release() {
+    if (work_) {
+      work_->wait();
+      work_.reset();
+    }
+    free_storage(full_);
+    gathered_ = false;
+  }
+
+  /// Every tensor's value, gathered into new tensors (the full buffer is left as it was).
+  /// Collective.
+  std::vector<NamedTensor> gather_full_values() {
+    c10::NoGradGuard no_grad;
+    at::Tensor all = at::empty({padded_bytes()}, shard_.options());
+    comm_->all_gather(shard_, all)->wait();
+    std::vector<NamedTensor> out;
+    for (const Span& s : spans_)
+      out.push_back({s.name, all.narrow(0, s.byte_offset, s.nbytes).view(s.dtype).view(s.shape).clone()});
+    return out;
+  }
+
+  /// The elements of tensor `i` in this rank's shard: (first element, elements viewed with the
+  /// tensor's dtype); numel 0 when the shard holds none of it.
+  std::pair<int64_t, at::Tensor> local_piece(size_t i) const {
+    const Span& s = spans_.at(i);
+    const int64_t lo = comm_->rank() * shard_bytes_, hi = lo + shard_bytes_;
+    const int64_t a = std::max(lo, s.byte_offset), b = std::min(hi, s.byte_offset + s.nbytes);
+    const int64_t esize = static_cast<int64_t>(c10::elementSize(s.dtype));
+    if (a >= b) return {0, at::empty({0}, shard_.options().dtype(s.dtype))};
+    return {(a - s.byte_offset) / esize, shard_.narrow(0, a - lo, b - a).view(s.dtype)};
+  }
+
+  /// Bytes held now on this rank (shard, plus the full buffer when materialized).
+  int64_t resident_bytes() const {
+    return static_cast<int64_t>(shard_.nbytes()) + static_cast<int64_t>(full_.storage().nbytes());
+  }
+
+ private:
+  std::vector<NamedTensor> tensors_;
+  Communicator* comm_;
+  std::string name_;
+  std::vector<Span> spans_;
+  int64_t shard_bytes_ = 0;
+  at::Tensor full_, shard_;
+  bool gathered_ = true;
+  std::shared_ptr<Work> work_;
+};
+
 /// Global L2 norm of the gradient shards of `flats` over all ranks of `comm` (collective): the
 /// norm the unsharded model's gradients have. Each parameter is in one flat parameter and each
 /// element in one shard, so tied weights count once.
