@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "collectives.hpp"
+#include "merge_lora.hpp"
 #include "trainrun/core/config.hpp"
 #include "trainrun/core/launcher.hpp"
 #include "trainrun/core/log.hpp"
@@ -165,6 +166,7 @@ int main(int argc, char** argv) {
   core::install_memory_tracker();
   // `bench` has its own flags (Boost.PO rejects unknown ones), so it is dispatched first.
   if (argc > 1 && std::string(argv[1]) == "bench") return trainrun::app::run_bench_command(argc, argv);
+  if (argc > 1 && std::string(argv[1]) == "merge-lora") return trainrun::app::run_merge_lora_command(argc, argv);
   // The child process of the BLAS kernel probe (core/runtime.hpp), not a user command.
   if (argc > 1 && std::string(argv[1]) == "blas-probe") return core::blas_probe_main();
   po::options_description opts("trainrun options");

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "trainrun/interfaces.hpp"
+#include "trainrun/linear.hpp"
 #include "trainrun/module_model.hpp"
 #include "trainrun/plugin.hpp"
 
@@ -83,11 +84,11 @@ class MlpNet : public torch::nn::Module {
     layers_ = register_module("layers", torch::nn::ModuleList());
     int64_t in = in_features;
     for (int64_t h : hidden) {
-      layers_->push_back(torch::nn::Linear(in, h));
+      layers_->push_back(v1::Linear(in, h));
       in = h;
     }
-    layers_->push_back(torch::nn::Linear(in, classes));
-    for (const auto& m : *layers_) linears_.push_back(std::dynamic_pointer_cast<torch::nn::LinearImpl>(m));
+    layers_->push_back(v1::Linear(in, classes));
+    for (const auto& m : *layers_) linears_.push_back(std::dynamic_pointer_cast<v1::LinearImpl>(m));
   }
 
   torch::Tensor forward(torch::Tensor x) {
@@ -100,7 +101,7 @@ class MlpNet : public torch::nn::Module {
  private:
   double dropout_;
   torch::nn::ModuleList layers_{nullptr};
-  std::vector<std::shared_ptr<torch::nn::LinearImpl>> linears_;
+  std::vector<std::shared_ptr<v1::LinearImpl>> linears_;
 };
 
 class Mlp final : public LogitsModel {
@@ -162,8 +163,8 @@ class CnnNet : public torch::nn::Module {
     }
     TR_CHECK(h > 0 && w > 0, "cnn: a ", shape[1], "x", shape[2], " image is too small for ",
              channels.size(), " pooling stages");
-    fc1_ = register_module("fc1", torch::nn::Linear(c * h * w, hidden));
-    fc2_ = register_module("fc2", torch::nn::Linear(hidden, classes));
+    fc1_ = register_module("fc1", v1::Linear(c * h * w, hidden));
+    fc2_ = register_module("fc2", v1::Linear(hidden, classes));
   }
 
   torch::Tensor forward(torch::Tensor x) {
@@ -177,7 +178,7 @@ class CnnNet : public torch::nn::Module {
   double dropout_;
   torch::nn::ModuleList convs_{nullptr};
   std::vector<std::shared_ptr<torch::nn::Conv2dImpl>> conv_ptrs_;
-  torch::nn::Linear fc1_{nullptr}, fc2_{nullptr};
+  v1::Linear fc1_{nullptr}, fc2_{nullptr};
 };
 
 class Cnn final : public LogitsModel {
@@ -259,9 +260,9 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
   explicit CausalSelfAttentionImpl(const GptConfig& c)
       : n_head_(c.n_head), n_embd_(c.n_embd), dropout_(c.dropout) {
     c_attn_ = register_module(
-        "c_attn", torch::nn::Linear(torch::nn::LinearOptions(c.n_embd, 3 * c.n_embd).bias(c.bias)));
+        "c_attn", v1::Linear(torch::nn::LinearOptions(c.n_embd, 3 * c.n_embd).bias(c.bias)));
     c_proj_ = register_module(
-        "c_proj", torch::nn::Linear(torch::nn::LinearOptions(c.n_embd, c.n_embd).bias(c.bias)));
+        "c_proj", v1::Linear(torch::nn::LinearOptions(c.n_embd, c.n_embd).bias(c.bias)));
   }
 
   // x: [B, T, C] -> [B, T, C]
@@ -283,7 +284,7 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
  private:
   int64_t n_head_, n_embd_;
   double dropout_;
-  torch::nn::Linear c_attn_{nullptr}, c_proj_{nullptr};
+  v1::Linear c_attn_{nullptr}, c_proj_{nullptr};
 };
 TORCH_MODULE(CausalSelfAttention);
 
@@ -291,9 +292,9 @@ class GptMlpImpl : public torch::nn::Module {
  public:
   explicit GptMlpImpl(const GptConfig& c) : dropout_(c.dropout) {
     c_fc_ = register_module(
-        "c_fc", torch::nn::Linear(torch::nn::LinearOptions(c.n_embd, 4 * c.n_embd).bias(c.bias)));
+        "c_fc", v1::Linear(torch::nn::LinearOptions(c.n_embd, 4 * c.n_embd).bias(c.bias)));
     c_proj_ = register_module(
-        "c_proj", torch::nn::Linear(torch::nn::LinearOptions(4 * c.n_embd, c.n_embd).bias(c.bias)));
+        "c_proj", v1::Linear(torch::nn::LinearOptions(4 * c.n_embd, c.n_embd).bias(c.bias)));
   }
   torch::Tensor forward(const torch::Tensor& x) {
     return maybe_dropout(c_proj_->forward(torch::gelu(c_fc_->forward(x))), dropout_, is_training());
@@ -301,7 +302,7 @@ class GptMlpImpl : public torch::nn::Module {
 
  private:
   double dropout_;
-  torch::nn::Linear c_fc_{nullptr}, c_proj_{nullptr};
+  v1::Linear c_fc_{nullptr}, c_proj_{nullptr};
 };
 TORCH_MODULE(GptMlp);
 
@@ -340,7 +341,7 @@ class GptNet : public torch::nn::Module {
     // Tied weights are not registered twice (see ModuleModel): logits reuse wte's matrix.
     if (!c.tie_weights)
       lm_head_ = register_module(
-          "lm_head", torch::nn::Linear(torch::nn::LinearOptions(c.n_embd, c.vocab_size).bias(false)));
+          "lm_head", v1::Linear(torch::nn::LinearOptions(c.n_embd, c.vocab_size).bias(false)));
     init_weights();
   }
 
@@ -383,7 +384,7 @@ class GptNet : public torch::nn::Module {
   torch::nn::ModuleList blocks_{nullptr};
   std::vector<std::shared_ptr<BlockImpl>> block_ptrs_;
   LayerNorm ln_f_{nullptr};
-  torch::nn::Linear lm_head_{nullptr};
+  v1::Linear lm_head_{nullptr};
 };
 
 class Gpt final : public LogitsModel {

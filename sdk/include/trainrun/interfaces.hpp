@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "trainrun/error.hpp"
@@ -362,6 +363,48 @@ class ShardedStateDictSource {
  public:
   virtual ~ShardedStateDictSource() = default;
   virtual std::vector<ShardedTensor> sharded_state_dict() = 0;
+};
+
+// ---------------------------------------------------------------------------------------------
+// ABI 1.4 (adapters). The replaceable pieces of the SDK's Linear layer (trainrun/linear.hpp):
+// a model built on trainrun::v1::Linear lets a Precision swap the dense weight for a frozen
+// quantized one (quant-nf4, quant-int8) and a Callback add low-rank adapters (lora), without the
+// model's help: C++ modules have no forward hooks (DESIGN), so the layer itself has the seams.
+
+/// A frozen replacement of a Linear layer's dense weight W [out, in]: packed storage plus its
+/// quantization state, registered as buffers of the layer (LinearImpl::set_base), never
+/// updated and never given a gradient. Gradients still flow to the layer's input.
+class LinearBase {
+ public:
+  virtual ~LinearBase() = default;
+  /// x: floating [..., in] -> x W^T + bias: [..., out] in x's dtype. bias: undefined or [out]
+  /// (a parameter of the layer, which may be trainable). Differentiable with respect to x and
+  /// bias only.
+  virtual at::Tensor forward(const at::Tensor& x, const at::Tensor& bias) = 0;
+  /// W as this base computes with it: float32 [out, in], no gradient (for merging and tests).
+  virtual at::Tensor dequantized_weight() = 0;
+  /// Short name of the storage format: "nf4", "nf4+dq", "int8".
+  virtual std::string format() const = 0;
+  /// Bytes of the packed weight and its per-layer quantization state (what a rank holds at
+  /// rest for this layer's weight; constant code tables excluded).
+  virtual int64_t storage_bytes() const = 0;
+};
+
+/// A trainable addition to a Linear layer's output (LoRA: x -> dropout -> A -> B x scaling,
+/// Hu et al. 2021). Its submodules are registered on the layer itself (LinearImpl::add_adapter),
+/// so their parameters are named "<layer>.<submodule>.<param>" ("blocks.0.attn.c_attn.lora_A.
+/// weight", PEFT's names without the adapter name).
+class LinearAdapter {
+ public:
+  virtual ~LinearAdapter() = default;
+  /// x: [..., in] -> [..., out], added to the base output. `training`: the layer's mode
+  /// (dropout active).
+  virtual at::Tensor forward(const at::Tensor& x, bool training) = 0;
+  /// The change this adapter makes to W, as a dense float32 [out, in] matrix: merging it
+  /// (W + delta) gives the same outputs with dropout off.
+  virtual at::Tensor delta_weight() = 0;
+  /// Submodules to register on the layer, in order, by name ("lora_A", "lora_B").
+  virtual std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> modules() = 0;
 };
 
 }  // namespace trainrun::v1

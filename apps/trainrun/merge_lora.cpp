@@ -1,0 +1,169 @@
+// `trainrun merge-lora`: W' = W + scaling x B A for every adapted layer (Hu et al. 2021, section
+// 4.1: "we can explicitly compute and store W = W0 + BA ... no additional inference latency").
+// The base is a trainrun model.safetensors in full precision (what a run saves, e.g.
+// configs/gpt-pretrain.toml), the adapter a directory with PEFT's adapter_config.json and
+// adapter_model.safetensors (what the `lora` callback writes, or Python PEFT's save_pretrained).
+#include "merge_lora.hpp"
+
+#include <boost/program_options.hpp>
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "trainrun/core/safetensors.hpp"
+#include "trainrun/error.hpp"
+
+namespace po = boost::program_options;
+namespace fs = std::filesystem;
+
+namespace trainrun::app {
+
+namespace {
+
+using v1::ConfigError;
+
+constexpr const char* kPrefix = "base_model.model.";
+
+// Scaling from PEFT's LoraConfig keys: lora_alpha / r, or / sqrt(r) with use_rslora.
+double scaling_of(const nlohmann::json& c, const std::string& file) {
+  auto need = [&](const char* key) -> const nlohmann::json& {
+    if (!c.contains(key) || c[key].is_null())
+      throw ConfigError(file + ": no \"" + key + "\" (is this a LoRA adapter_config.json?)");
+    return c[key];
+  };
+  if (c.contains("peft_type") && c["peft_type"] != "LORA")
+    throw ConfigError(file + ": peft_type is " + c["peft_type"].dump() + ", merge-lora merges LORA adapters");
+  for (const char* key : {"rank_pattern", "alpha_pattern"})
+    if (c.contains(key) && c[key].is_object() && !c[key].empty())
+      throw ConfigError(file + ": \"" + key + "\" is not empty; per-layer ranks or alphas are not supported");
+  if (c.value("use_dora", false)) throw ConfigError(file + ": DoRA adapters are not supported");
+  if (c.value("fan_in_fan_out", false))
+    throw ConfigError(file + ": fan_in_fan_out = true (Conv1D-style [in, out] weights) is not supported");
+  const double r = need("r").get<double>();
+  const double alpha = need("lora_alpha").get<double>();
+  if (!(r > 0)) throw ConfigError(file + ": r must be positive");
+  return c.value("use_rslora", false) ? alpha / std::sqrt(r) : alpha / r;
+}
+
+int merge(const std::string& base_path, const std::string& adapter_dir, const std::string& output) {
+  const fs::path cfg_path = fs::path(adapter_dir) / "adapter_config.json";
+  const fs::path ad_path = fs::path(adapter_dir) / "adapter_model.safetensors";
+  if (!fs::is_regular_file(base_path)) throw ConfigError("--base " + base_path + ": no such file");
+  for (const auto& p : {cfg_path, ad_path})
+    if (!fs::is_regular_file(p)) throw ConfigError("--adapter " + adapter_dir + ": no " + p.filename().string());
+  nlohmann::json cfg;
+  try {
+    std::ifstream f(cfg_path);
+    cfg = nlohmann::json::parse(f);
+  } catch (const nlohmann::json::exception& e) {
+    throw ConfigError(cfg_path.string() + ": not valid JSON: " + e.what());
+  }
+  const double scaling = scaling_of(cfg, cfg_path.string());
+
+  std::vector<v1::NamedTensor> base = core::read_safetensors(base_path);
+  std::map<std::string, size_t> index;
+  for (size_t i = 0; i < base.size(); ++i) index[base[i].name] = i;
+  std::map<std::string, at::Tensor> adapter;
+  for (auto& t : core::read_safetensors(ad_path.string())) adapter[t.name] = t.tensor;
+
+  int merged = 0, replaced = 0;
+  std::set<std::string> used;
+  for (const auto& [name, a] : adapter) {
+    if (name.rfind(kPrefix, 0) != 0)
+      throw ConfigError(ad_path.string() + ": tensor '" + name + "' does not start with '" + kPrefix + "'");
+    const std::string path = name.substr(std::string(kPrefix).size());
+    const std::string suffix = ".lora_A.weight";
+    if (path.size() > suffix.size() && path.compare(path.size() - suffix.size(), suffix.size(), suffix) == 0) {
+      const std::string layer = path.substr(0, path.size() - suffix.size());
+      const std::string b_name = std::string(kPrefix) + layer + ".lora_B.weight";
+      auto b = adapter.find(b_name);
+      if (b == adapter.end()) throw ConfigError(ad_path.string() + ": '" + name + "' has no '" + b_name + "'");
+      auto w = index.find(layer + ".weight");
+      if (w == index.end()) {
+        const bool quantized = index.count(layer + ".weight_nf4") || index.count(layer + ".weight_int8");
+        throw ConfigError(base_path + ": no tensor '" + layer + ".weight' for the adapter of '" + layer + "'" +
+                          (quantized ? " (the base holds it quantized: give the full-precision base model)" : ""));
+      }
+      at::Tensor& W = base[w->second].tensor;
+      const at::Tensor A = a.to(at::kDouble), B = b->second.to(at::kDouble);
+      if (A.dim() != 2 || B.dim() != 2 || W.dim() != 2 || B.size(1) != A.size(0) ||
+          B.size(0) != W.size(0) || A.size(1) != W.size(1))
+        throw ConfigError("adapter of '" + layer + "': lora_A " + c10::str(a.sizes()) + ", lora_B " +
+                          c10::str(b->second.sizes()) + " do not fit the base weight " + c10::str(W.sizes()));
+      // In float64, then back to the base's dtype: the sum is rounded once.
+      W = (W.to(at::kDouble) + at::matmul(B, A) * scaling).to(W.scalar_type());
+      used.insert(name);
+      used.insert(b_name);
+      ++merged;
+    }
+  }
+  for (const auto& [name, t] : adapter) {
+    if (used.count(name)) continue;
+    const std::string path = name.substr(std::string(kPrefix).size());
+    if (path.find(".lora_B.weight") != std::string::npos)
+      throw ConfigError(ad_path.string() + ": '" + name + "' has no matching lora_A");
+    // Anything else the adapter trained (biases with bias = "all" / "lora_only") replaces the
+    // base's tensor, as PEFT's set_peft_model_state_dict does.
+    auto it = index.find(path);
+    if (it == index.end()) throw ConfigError(base_path + ": no tensor '" + path + "' for adapter tensor '" + name + "'");
+    if (base[it->second].tensor.sizes() != t.sizes())
+      throw ConfigError("adapter tensor '" + name + "' has shape " + c10::str(t.sizes()) + ", the base's " +
+                        c10::str(base[it->second].tensor.sizes()));
+    base[it->second].tensor = t.to(base[it->second].tensor.scalar_type());
+    ++replaced;
+  }
+  if (merged == 0) throw ConfigError(ad_path.string() + ": no lora_A/lora_B pairs to merge");
+  core::write_safetensors(output, base, {{"format", "pt"}, {"trainrun_merged_adapter", adapter_dir}});
+  std::cout << "merge-lora: " << merged << " adapter(s) merged (scaling " << scaling << ")"
+            << (replaced ? ", " + std::to_string(replaced) + " tensor(s) replaced" : std::string())
+            << ", " << base.size() << " tensors written to " << output << std::endl;
+  return 0;
+}
+
+}  // namespace
+
+int run_merge_lora_command(int argc, char** argv) {
+  std::string base, adapter, output;
+  po::options_description opts("trainrun merge-lora options");
+  opts.add_options()("help,h", "show this help")(
+      "base", po::value(&base), "full-precision base model (safetensors, trainrun names)")(
+      "adapter", po::value(&adapter), "adapter directory (adapter_config.json + adapter_model.safetensors)")(
+      "output,o", po::value(&output), "merged model to write (safetensors)");
+  po::variables_map vm;
+  try {
+    // argv[1] is "merge-lora".
+    po::store(po::command_line_parser(argc - 1, argv + 1).options(opts).run(), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    std::cerr << "trainrun merge-lora: error: " << e.what() << "\n" << opts << std::endl;
+    return 2;
+  }
+  if (vm.count("help")) {
+    std::cout << "usage: trainrun merge-lora --base model.safetensors --adapter DIR --output merged.safetensors\n\n"
+              << opts << std::endl;
+    return 0;
+  }
+  if (base.empty() || adapter.empty() || output.empty()) {
+    std::cerr << "trainrun merge-lora: error: --base, --adapter and --output are required\n" << opts << std::endl;
+    return 2;
+  }
+  try {
+    return merge(base, adapter, output);
+  } catch (const ConfigError& e) {
+    std::cerr << "trainrun merge-lora: error: " << e.what() << std::endl;
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "trainrun merge-lora: error: " << e.what() << std::endl;
+    return 1;
+  }
+}
+
+}  // namespace trainrun::app

@@ -1,0 +1,81 @@
+#pragma once
+// Callback `lora`: low-rank adapters (Hu et al., "LoRA", 2021) on a model's trainrun Linear
+// layers, with PEFT's options, defaults and checkpoint layout, so Python PEFT can load what a
+// run saves.
+//
+// Each selected layer gets y += B(A(dropout(x))) x scaling, A [r, in] Kaiming-uniform
+// (a = sqrt(5), as PEFT's reset_lora_parameters), B [out, r] zeros (so training starts from the
+// base model's outputs), scaling = lora_alpha / r, or lora_alpha / sqrt(r) with use_rslora
+// (Kalajdzievski 2023). Every other parameter is frozen, except biases with bias = "all"
+// (every bias) or "lora_only" (the adapted layers' biases). At the end of training rank 0 writes
+// <run_dir>/<adapter_dir>/adapter_config.json and adapter_model.safetensors with PEFT's tensor
+// names: base_model.model.<layer>.lora_A.weight [r, in], ...lora_B.weight [out, r] (and
+// base_model.model.<layer>.bias for trainable biases).
+#include <trainrun/interfaces.hpp>
+#include <trainrun/linear.hpp>
+
+#include <torch/nn/modules/linear.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace trainrun::lora {
+
+using namespace trainrun::v1;
+
+/// LoRA's scaling factor: alpha / r, or alpha / sqrt(r) with rsLoRA.
+double lora_scaling(int64_t r, double alpha, bool use_rslora);
+
+/// One adapter: lora_A (torch::nn::Linear in -> r, no bias), lora_B (r -> out, no bias).
+class LoraAdapter final : public LinearAdapter {
+ public:
+  LoraAdapter(int64_t in_features, int64_t out_features, int64_t r, double alpha, double dropout,
+              bool use_rslora);
+  at::Tensor forward(const at::Tensor& x, bool training) override;
+  /// scaling x B A, float32 [out, in].
+  at::Tensor delta_weight() override;
+  std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> modules() override;
+  /// [r, in] and [out, r], the live parameters.
+  const at::Tensor& A() const { return a_->weight; }
+  const at::Tensor& B() const { return b_->weight; }
+  double scaling() const { return scaling_; }
+
+ private:
+  torch::nn::Linear a_{nullptr}, b_{nullptr};
+  double dropout_, scaling_;
+};
+
+/// Writes float32 tensors (any device; CPU copies) to a safetensors file atomically (temporary
+/// file + rename), with metadata {"format": "pt"}. Throws Error naming the file.
+void write_safetensors_f32(const std::string& path, const std::vector<NamedTensor>& tensors);
+
+class LoraCallback final : public Callback {
+ public:
+  static void declare_options(OptionSchema& s);
+  LoraCallback(const Options& o, const RunContext& ctx);
+  void on_setup(Model& model, const RunContext& ctx) override;
+  void on_train_end(const TrainSummary& summary) override;
+
+  /// Writes adapter_config.json + adapter_model.safetensors into `dir` (created).
+  void save(const std::string& dir) const;
+  /// The adapted layers (after on_setup).
+  const std::vector<std::pair<std::string, std::shared_ptr<LoraAdapter>>>& adapters() const {
+    return adapters_;
+  }
+  int64_t trainable_parameters() const { return trainable_; }
+  int64_t total_parameters() const { return total_; }
+
+ private:
+  int64_t r_;
+  double alpha_, dropout_;
+  bool rslora_, save_;
+  std::string bias_, adapter_dir_, run_dir_;
+  std::vector<std::string> targets_;
+  int rank_;
+  std::vector<std::pair<std::string, std::shared_ptr<LoraAdapter>>> adapters_;
+  std::vector<NamedTensor> biases_;  ///< trainable biases saved with the adapters
+  int64_t trainable_ = 0, total_ = 0;
+};
+
+}  // namespace trainrun::lora

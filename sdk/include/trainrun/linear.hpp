@@ -1,0 +1,208 @@
+#pragma once
+// trainrun::v1::Linear: a drop-in for torch::nn::Linear with two seams (ABI 1.4).
+//
+// C++ torch::nn modules have no forward hooks, and models call their Linear holders directly,
+// so nothing outside a model can swap a layer for a quantized or adapted one. This layer has
+// the seams itself:
+//   y = base(x) + sum over adapters a of a(x)
+// where base is the dense x W^T + b by default (bit for bit what torch::nn::Linear computes:
+// same parameter names "weight" [out, in] and "bias" [out], same initialisation drawn in the
+// same order, same at::linear call), or a frozen quantized LinearBase a Precision installed
+// (QLoRA, Dettmers et al. 2023; LLM.int8(), Dettmers et al. 2022), and the adapters are
+// LinearAdapters a Callback added (LoRA, Hu et al. 2021).
+//
+// A model opts in by declaring its layers as trainrun::v1::Linear instead of torch::nn::Linear
+// (the shipped mlp, cnn and gpt do); find_linear_layers() gives a plugin the layers a job's
+// target_modules / skip_modules select, with an error naming the model when there are none.
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+#include <torch/nn/init.h>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/options/linear.h>
+#include <torch/nn/pimpl.h>
+
+#include <fnmatch.h>
+
+#include <cmath>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "trainrun/error.hpp"
+#include "trainrun/interfaces.hpp"
+
+namespace trainrun::v1 {
+
+/// A fully connected layer y = x W^T + b with a replaceable base and added adapters.
+/// Parameters: "weight" float32 [out_features, in_features] (absent once a LinearBase is
+/// installed), "bias" float32 [out_features] when options.bias() is true.
+class LinearImpl : public torch::nn::Module {
+ public:
+  LinearImpl(int64_t in_features, int64_t out_features)
+      : LinearImpl(torch::nn::LinearOptions(in_features, out_features)) {}
+  explicit LinearImpl(const torch::nn::LinearOptions& options) : options(options) {
+    // torch::nn::LinearImpl::reset + reset_parameters, in the same order, so a model that
+    // switches from torch::nn::Linear draws the same numbers and reproduces its runs.
+    weight = register_parameter("weight",
+                                at::empty({options.out_features(), options.in_features()}));
+    if (options.bias())
+      bias = register_parameter("bias", at::empty({options.out_features()}));
+    else
+      bias = register_parameter("bias", {}, /*requires_grad=*/false);
+    torch::nn::init::kaiming_uniform_(weight, std::sqrt(5));
+    if (bias.defined()) {
+      const auto fan = torch::nn::init::_calculate_fan_in_and_fan_out(weight);
+      const double bound = 1 / std::sqrt(static_cast<double>(std::get<0>(fan)));
+      torch::nn::init::uniform_(bias, -bound, bound);
+    }
+  }
+
+  /// x: floating [..., in_features] -> [..., out_features], in x's dtype.
+  at::Tensor forward(const at::Tensor& x) {
+    at::Tensor y = base_ ? base_->forward(x, bias) : at::linear(x, weight, bias);
+    for (auto& a : adapters_) y = y + a->forward(x, is_training());
+    return y;
+  }
+
+  /// Replaces the dense weight with a frozen `base`: the "weight" parameter is removed (the
+  /// member `weight` becomes undefined) and `buffers` (the base's packed storage and
+  /// quantization state, e.g. "weight_nf4", "weight_absmax") are registered on this layer, so
+  /// they travel in state dicts, broadcasts and shards under these names. The base must hold
+  /// the same tensor objects it registers: strategies move buffers in place (set_data).
+  /// Throws Error when a base is already installed or adapters were added first.
+  void set_base(std::shared_ptr<LinearBase> base,
+                const std::vector<std::pair<std::string, at::Tensor>>& buffers) {
+    TR_CHECK(base != nullptr, "Linear::set_base: base must not be null");
+    TR_CHECK(!base_, "Linear::set_base: the layer already has a ", base_->format(), " base");
+    TR_CHECK(adapters_.empty(), "Linear::set_base: install the base before adding adapters "
+             "(the precision converts the model before callbacks' on_setup)");
+    parameters_.erase("weight");
+    weight = at::Tensor();
+    for (const auto& [name, t] : buffers) register_buffer(name, t);
+    base_ = std::move(base);
+  }
+
+  /// Adds `adapter`, registering its modules() on this layer. Throws Error when a module name
+  /// is already taken on this layer.
+  void add_adapter(std::shared_ptr<LinearAdapter> adapter) {
+    TR_CHECK(adapter != nullptr, "Linear::add_adapter: adapter must not be null");
+    for (auto& [name, m] : adapter->modules()) {
+      TR_CHECK(!named_children().contains(name), "Linear::add_adapter: the layer already has a "
+               "submodule '", name, "'");
+      register_module(name, m);
+    }
+    adapters_.push_back(std::move(adapter));
+  }
+
+  /// The installed base, or nullptr when the weight is dense.
+  const std::shared_ptr<LinearBase>& base() const { return base_; }
+  /// The adapters, in the order they were added.
+  const std::vector<std::shared_ptr<LinearAdapter>>& adapters() const { return adapters_; }
+
+  /// The weight the base computes with, float32 [out, in], detached (the dense parameter's
+  /// values, or the dequantized base).
+  at::Tensor base_weight() {
+    if (base_) return base_->dequantized_weight();
+    return weight.detach().to(at::kFloat);
+  }
+  /// base_weight() plus every adapter's delta_weight(): the dense weight that gives this
+  /// layer's outputs (dropout off) without adapters. float32 [out, in].
+  at::Tensor merged_weight() {
+    c10::NoGradGuard no_grad;
+    at::Tensor w = base_weight().clone();
+    for (auto& a : adapters_) w.add_(a->delta_weight().to(w.device()));
+    return w;
+  }
+
+  torch::nn::LinearOptions options;
+  /// [out_features, in_features]; undefined once a base is installed.
+  at::Tensor weight;
+  /// [out_features], or undefined without bias.
+  at::Tensor bias;
+
+ private:
+  std::shared_ptr<LinearBase> base_;
+  std::vector<std::shared_ptr<LinearAdapter>> adapters_;
+};
+TORCH_MODULE(Linear);
+
+/// Whether `name` (a module's dotted path, "blocks.0.attn.c_attn") is selected by one of
+/// `patterns`, with PEFT's rule for plain names (equal to the path, or its last dotted
+/// components: "c_attn", "attn.c_attn") and fnmatch(3) globs ("c_*", "blocks.0.*") tried on the
+/// path and on each such suffix. "all-linear" (PEFT's special value) selects every layer except
+/// an output layer named "lm_head".
+inline bool module_name_matches(const std::string& name, const std::vector<std::string>& patterns) {
+  for (const auto& p : patterns) {
+    if (p == "all-linear") {
+      const bool head = name == "lm_head" ||
+                        (name.size() > 8 && name.compare(name.size() - 8, 8, ".lm_head") == 0);
+      if (!head) return true;
+      continue;
+    }
+    const bool glob = p.find_first_of("*?[") != std::string::npos;
+    // The path itself, then every suffix that starts after a '.'.
+    for (size_t start = 0; start != std::string::npos;) {
+      const std::string suffix = name.substr(start);
+      if (glob ? fnmatch(p.c_str(), suffix.c_str(), 0) == 0 : suffix == p) return true;
+      const size_t dot = name.find('.', start);
+      start = dot == std::string::npos ? std::string::npos : dot + 1;
+    }
+  }
+  return false;
+}
+
+/// One selected layer: its dotted path in the model and the layer.
+struct NamedLinear {
+  std::string name;
+  std::shared_ptr<LinearImpl> layer;
+};
+
+/// The trainrun Linear layers of `model` selected by `targets` and not by `skips`
+/// (module_name_matches), in registration order. `who` names the caller in errors
+/// ("precision 'quant-nf4'"). Throws ConfigError naming the model (Model::describe()) when the
+/// model is not a torch::nn::Module, or when no trainrun Linear layer matches: then the message
+/// lists the matching torch::nn::Linear layers (which cannot be converted: build them with
+/// trainrun::v1::Linear) or the trainrun Linear layers there are.
+inline std::vector<NamedLinear> find_linear_layers(Model& model,
+                                                   const std::vector<std::string>& targets,
+                                                   const std::vector<std::string>& skips,
+                                                   const std::string& who) {
+  auto list = [](const std::vector<std::string>& v) {
+    std::string s = "[";
+    for (size_t i = 0; i < v.size(); ++i) s += (i ? ", \"" : "\"") + v[i] + "\"";
+    return s + "]";
+  };
+  torch::nn::Module* root = model.module();
+  TR_CHECK_TYPED(ConfigError, root != nullptr, who, ": the model (", model.describe(),
+                 ") is not a torch::nn::Module, so it has no trainrun Linear layers to convert");
+  std::vector<NamedLinear> out;
+  std::vector<std::string> plain, ours;
+  for (const auto& item : root->named_modules("", /*include_self=*/false)) {
+    const std::string& name = item.key();
+    if (auto l = std::dynamic_pointer_cast<LinearImpl>(item.value())) {
+      ours.push_back(name);
+      if (module_name_matches(name, targets) && !module_name_matches(name, skips))
+        out.push_back({name, l});
+    } else if (std::dynamic_pointer_cast<torch::nn::LinearImpl>(item.value()) &&
+               module_name_matches(name, targets)) {
+      plain.push_back(name);
+    }
+  }
+  if (out.empty()) {
+    std::string why;
+    if (!plain.empty())
+      why = "; its layers " + list(plain) + " are torch::nn::Linear, which nothing outside the "
+            "model can convert: build them with trainrun::v1::Linear (trainrun/linear.hpp)";
+    else if (!ours.empty())
+      why = "; its trainrun Linear layers are " + list(ours) + (skips.empty() ? "" : " (skip_modules " + list(skips) + ")");
+    else
+      why = "; it has no Linear layers built with trainrun::v1::Linear (trainrun/linear.hpp)";
+    TR_CHECK_TYPED(ConfigError, false, who, ": no trainrun Linear layers match target_modules ",
+                   list(targets), " in the model (", model.describe(), ")", why);
+  }
+  return out;
+}
+
+}  // namespace trainrun::v1

@@ -1,0 +1,45 @@
+# Quantization and adapters (issue 9): doctest units of the quant plugin's kernels (NF4, double
+# quantization, int8), the SDK's trainrun::v1::Linear and the lora plugin, compiled from the
+# plugins' sources as the other unit tests do.
+find_package(doctest REQUIRED)
+find_package(nlohmann_json 3 REQUIRED)
+
+add_executable(unit_quant ${CMAKE_CURRENT_LIST_DIR}/unit_quant.cpp
+  ${PROJECT_SOURCE_DIR}/plugins/quant/quant.cpp
+  ${PROJECT_SOURCE_DIR}/plugins/lora/lora.cpp)
+target_include_directories(unit_quant PRIVATE ${PROJECT_SOURCE_DIR}/plugins)
+target_link_libraries(unit_quant PRIVATE TrainrunSDK::sdk doctest::doctest nlohmann_json::nlohmann_json)
+target_compile_definitions(unit_quant PRIVATE TRAINRUN_NO_PLUGIN_ENTRY
+  TRAINRUN_BUILD_TORCH_VERSION="${Torch_VERSION}"
+  TRAINRUN_BUILD_COMPILER_ID="${CMAKE_CXX_COMPILER_ID}-${CMAKE_CXX_COMPILER_VERSION}")
+trainrun_use_pch(unit_quant)
+foreach(suite nf4 int8 linear lora)
+  add_test(NAME unit_quant.${suite} COMMAND unit_quant --test-suite=${suite})
+  set_tests_properties(unit_quant.${suite} PROPERTIES TIMEOUT 120
+    ENVIRONMENT "OMP_NUM_THREADS=2")
+endforeach()
+
+# End to end on the fortunes text with the shipped configs cut down to a tiny gpt: pre-train,
+# then quant-nf4 + lora under ddp at 2 ranks (held-out loss >= 20% lower, adapter files read by
+# an independent reader, comm bytes vs full fine-tuning); and lora + merge-lora (the merged
+# model evaluates as the adapted one).
+foreach(mode qlora merge)
+  add_test(NAME qlora_e2e.${mode}
+    COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/qlora_e2e.sh $<TARGET_FILE:trainrun>
+            ${CMAKE_SOURCE_DIR}/configs ${CMAKE_CURRENT_BINARY_DIR}/work/qlora-${mode} ${mode})
+  set_tests_properties(qlora_e2e.${mode} PROPERTIES TIMEOUT 240 LABELS qlora
+    ENVIRONMENT "OMP_NUM_THREADS=1;OPENBLAS_NUM_THREADS=1")
+endforeach()
+
+# bench/quant.cpp: quantized forward throughput vs a float32 Linear (default 4096x4096); the test
+# only runs it small, so that it keeps building and running.
+add_executable(bench_quant ${PROJECT_SOURCE_DIR}/bench/quant.cpp ${PROJECT_SOURCE_DIR}/plugins/quant/quant.cpp)
+target_include_directories(bench_quant PRIVATE ${PROJECT_SOURCE_DIR}/plugins)
+target_link_libraries(bench_quant PRIVATE TrainrunSDK::sdk)
+target_compile_definitions(bench_quant PRIVATE TRAINRUN_NO_PLUGIN_ENTRY
+  TRAINRUN_BUILD_TORCH_VERSION="${Torch_VERSION}"
+  TRAINRUN_BUILD_COMPILER_ID="${CMAKE_CXX_COMPILER_ID}-${CMAKE_CXX_COMPILER_VERSION}")
+trainrun_use_pch(bench_quant)
+add_test(NAME bench_quant_smoke COMMAND bench_quant 512 64 3)
+set_tests_properties(bench_quant_smoke PROPERTIES TIMEOUT 60 PASS_REGULAR_EXPRESSION "int8, threshold 6.*ratio"
+  ENVIRONMENT "OMP_NUM_THREADS=1")
