@@ -1,0 +1,166 @@
+#!/usr/bin/env bash
+# Checkpoints end to end, launched by trainrun itself (gloo-cpu over loopback where world > 1):
+#   exact_single, exact_ddp, exact_zero3, exact_fsdp
+#               20 steps straight vs 10 steps (stop_after_steps, checkpoint) + a new process
+#               resuming (resume = "latest") for the other 10: final weights BITWISE equal
+#               (tolerance 0) and the losses of steps 11-20 equal exactly. single and ddp run the
+#               MLP with dropout 0.1 (the per-rank RNG streams must be restored too), zero stage 3
+#               and fsdp FULL_SHARD the equivalence gpt; all with AdamW and a cosine schedule.
+#   reshard     a checkpoint written by ddp at world 2 loads into fsdp at world 4, whose own
+#               checkpoint loads into single at world 1, and one by zero-3 at world 2 into zero
+#               stage 1 at world 4: evaluation loss equal to the writer's within 1e-6 (relative).
+#   corrupt     keep_last prunes; a flipped byte and a truncated file are reported with the file
+#               named (exit 1, no training); resume = "latest-valid" falls back to the previous
+#               checkpoint, says so, and finishes.
+#   crash       the writer is SIGKILLed at five points inside a save (test hook); each time
+#               `latest` names a checkpoint that verifies and the run resumes from it.
+#   sigterm     SIGTERM during training: the step finishes, a checkpoint (reason "signal") is
+#               written, exit code 130; resuming from it finishes the run.
+#   restart     [launch] max_restarts = 1, one rank SIGKILLed at step 15, checkpoints every 10:
+#               the job completes with final weights bitwise equal to the uninterrupted run.
+#   consolidate a zero-3 world-2 checkpoint consolidated (one file, and split with
+#               --max-shard-size into an HF index) equals the run's full state dict bitwise,
+#               read by a json+struct reader.
+#   usage: checkpoint_e2e.sh TRAINRUN TESTS_DIR WORK CASE
+source "$(dirname "$0")/e2e_lib.sh"
+tr=$1 tests=$2 work=$3 case=$4
+check() { py "$tests/checkpoint_check.py" "$@"; }
+rm -rf "$work" && mkdir -p "$work"
+mlp=(--config "$tests/equivalence/mlp.toml" --set model.dropout=0.1)
+gpt=(--config "$tests/equivalence/gpt.toml")
+opt=(--set optimizer.plugin=adamw --set optimizer.lr=0.003 --set optimizer.schedule=cosine
+     --set optimizer.warmup_steps=3 --set accelerator.timeout_s=60 --set trainer.eval_max_batches=0
+     --set trainer.log_every=5)
+ckpt=(--set 'callbacks=[{plugin="checkpoint", every_n_steps=10}]')
+
+# exact <job-array-name> <strategy sets...>: straight vs stop + resume, bitwise.
+exact() {
+  local -n job=$1; shift
+  run "$work/straight.log" "$tr" "${job[@]}" "${opt[@]}" "$@" --set trainer.run_dir="$work/straight"
+  run "$work/first.log" "$tr" "${job[@]}" "${opt[@]}" "${ckpt[@]}" "$@" \
+    --set trainer.stop_after_steps=10 --set trainer.run_dir="$work/resumed"
+  expect_in "$work/first.log" "stopped after 10 of 20 steps"
+  [ -f "$work/resumed/checkpoints/step-0000010/meta.json" ] || fail "no checkpoint at step 10"
+  local t0; t0=$(now)
+  run "$work/second.log" "$tr" "${job[@]}" "${opt[@]}" "${ckpt[@]}" "$@" \
+    --set trainer.resume=latest --set trainer.run_dir="$work/resumed"
+  expect_in "$work/second.log" "resumed from .*step-0000010 at step 10"
+  check same-weights "$work/straight/model.safetensors" "$work/resumed/model.safetensors"
+  check same-losses "$work/straight" "$work/resumed" 11
+}
+
+case $case in
+  exact_single) exact mlp --set strategy.plugin=single --set accelerator.plugin=cpu ;;
+  exact_ddp) exact mlp --set strategy.plugin=ddp --set launch.nproc_per_node=2 ;;
+  exact_zero3) exact gpt --set strategy.plugin=zero --set strategy.stage=3 --set launch.nproc_per_node=2 ;;
+  exact_fsdp) exact gpt --set strategy.plugin=fsdp --set launch.nproc_per_node=2 ;;
+  reshard)
+    cmp_loss() {  # cmp_loss <writer dir> <reader dir> <label>
+      local a b; a=$(check eval-loss "$1") b=$(check eval-loss "$2")
+      echo "measured: evaluation loss $3: writer $a, reader $b"
+      py -c "import sys; a, b = map(float, sys.argv[1:]); print('relative difference', abs(a - b) / abs(a)); sys.exit(0 if abs(a - b) <= 1e-6 * abs(a) else 1)" "$a" "$b" \
+        || fail "$3: evaluation losses differ: $a vs $b"
+    }
+    g=("${gpt[@]}" "${opt[@]}" --set trainer.max_steps=10 --set 'callbacks=[{plugin="checkpoint"}]')
+    run "$work/ddp2.log" "$tr" "${g[@]}" --set strategy.plugin=ddp --set launch.nproc_per_node=2 \
+      --set trainer.run_dir="$work/ddp2"
+    run "$work/fsdp4.log" "$tr" "${g[@]}" --set strategy.plugin=fsdp --set launch.nproc_per_node=4 \
+      --set trainer.resume="$work/ddp2/checkpoints/step-0000010" --set trainer.run_dir="$work/fsdp4"
+    cmp_loss "$work/ddp2" "$work/fsdp4" "ddp world 2 -> fsdp world 4"
+    run "$work/single1.log" "$tr" "${g[@]}" --set strategy.plugin=single --set accelerator.plugin=cpu \
+      --set trainer.resume="$work/fsdp4/checkpoints/step-0000010" --set trainer.run_dir="$work/single1"
+    cmp_loss "$work/ddp2" "$work/single1" "fsdp world 4 -> single world 1"
+    run "$work/zero3.log" "$tr" "${g[@]}" --set strategy.plugin=zero --set strategy.stage=3 \
+      --set launch.nproc_per_node=2 --set trainer.run_dir="$work/zero3"
+    run "$work/zero1.log" "$tr" "${g[@]}" --set strategy.plugin=zero --set strategy.stage=1 \
+      --set launch.nproc_per_node=4 --set trainer.resume="$work/zero3/checkpoints/step-0000010" \
+      --set trainer.run_dir="$work/zero1"
+    cmp_loss "$work/zero3" "$work/zero1" "zero-3 world 2 -> zero-1 world 4"
+    ;;
+  corrupt)
+    s=("${mlp[@]}" "${opt[@]}" --set strategy.plugin=single --set accelerator.plugin=cpu
+       --set 'callbacks=[{plugin="checkpoint", every_n_steps=5, keep_last=2}]')
+    run "$work/a.log" "$tr" "${s[@]}" --set trainer.run_dir="$work/a"
+    dirs=$(cd "$work/a/checkpoints" && ls -d step-* | tr '\n' ' ')
+    [ "$dirs" = "step-0000015 step-0000020 " ] || fail "keep_last = 2 left: $dirs"
+    echo "keep_last = 2 kept: $dirs"
+    f="$work/a/checkpoints/step-0000020/model-00000-of-00001.safetensors"
+    cp "$f" "$work/good.safetensors"
+    py -c "import sys; p = sys.argv[1]; b = bytearray(open(p, 'rb').read()); b[-3] ^= 0x10; open(p, 'wb').write(b)" "$f"
+    rc=0; "$tr" "${s[@]}" --set trainer.max_steps=25 --set trainer.resume=latest \
+      --set trainer.run_dir="$work/a" >"$work/bad.log" 2>&1 || rc=$?
+    cat "$work/bad.log"
+    [ "$rc" -ne 0 ] || fail "a corrupt checkpoint was loaded"
+    expect_in "$work/bad.log" "model-00000-of-00001.safetensors: sha256 .* differs"
+    head -c 1000 "$work/good.safetensors" > "$f"
+    rc=0; "$tr" "${s[@]}" --set trainer.max_steps=25 --set trainer.resume=latest \
+      --set trainer.run_dir="$work/a" >"$work/trunc.log" 2>&1 || rc=$?
+    cat "$work/trunc.log"
+    [ "$rc" -ne 0 ] || fail "a truncated checkpoint was loaded"
+    expect_in "$work/trunc.log" "model-00000-of-00001.safetensors has 1000 bytes.*truncated"
+    run "$work/valid.log" "$tr" "${s[@]}" --set trainer.max_steps=25 --set trainer.resume=latest-valid \
+      --set trainer.run_dir="$work/a"
+    expect_in "$work/valid.log" "skipping .*step-0000020"
+    expect_in "$work/valid.log" "resumed from .*step-0000015 at step 15"
+    ;;
+  crash)
+    s=("${mlp[@]}" "${opt[@]}" --set strategy.plugin=single --set accelerator.plugin=cpu
+       --set trainer.max_steps=10 --set 'callbacks=[{plugin="checkpoint", every_n_steps=5, keep_last=1}]')
+    for point in rank-files before-meta before-rename before-latest before-prune; do
+      d="$work/$point"
+      rc=0; TRAINRUN_CHECKPOINT_CRASH_AT="$point@10" "$tr" "${s[@]}" --set trainer.run_dir="$d" \
+        >"$d.log" 2>&1 || rc=$?
+      cat "$d.log"
+      [ "$rc" -ne 0 ] || fail "$point: the run was not killed"
+      expect_in "$d.log" "checkpoint test hook: SIGKILL at $point"
+      latest=$(cat "$d/checkpoints/latest")
+      run "$d-resume.log" "$tr" "${s[@]}" --set trainer.resume=latest --set trainer.run_dir="$d"
+      expect_in "$d-resume.log" "resumed from .*$latest at step"
+      echo "measured: killed at $point -> latest = $latest verifies and resumes"
+    done
+    ;;
+  sigterm)
+    s=("${mlp[@]}" "${opt[@]}" --set strategy.plugin=ddp --set launch.nproc_per_node=2
+       --set trainer.max_steps=100000 --set trainer.log_every=1
+       --set 'callbacks=[{plugin="checkpoint", every_n_steps=0, save_last=false}]')
+    "$tr" "${s[@]}" --set trainer.run_dir="$work/t" >"$work/t.log" 2>&1 &
+    pid=$!
+    wait_for "$work/t.log" "\[step 5/" 60
+    kill -TERM "$pid"
+    rc=0; wait "$pid" || rc=$?
+    cat "$work/t.log"
+    expect_rc 130 "$rc"
+    step=$(py -c "import json,sys; m=json.load(open(sys.argv[1]+'/meta.json')); assert m['reason']=='signal', m['reason']; print(m['step'])" "$work/t/checkpoints/$(cat "$work/t/checkpoints/latest")")
+    echo "measured: SIGTERM -> checkpoint at step $step, exit code 130"
+    run "$work/r.log" "$tr" "${s[@]}" --set trainer.max_steps=$((step + 3)) --set trainer.resume=latest \
+      --set trainer.run_dir="$work/t"
+    expect_in "$work/r.log" "resumed from .* at step $step"
+    ;;
+  consolidate)
+    run "$work/z.log" "$tr" "${gpt[@]}" "${opt[@]}" --set trainer.max_steps=4 \
+      --set 'callbacks=[{plugin="checkpoint"}]' --set strategy.plugin=zero --set strategy.stage=3 \
+      --set launch.nproc_per_node=2 --set trainer.run_dir="$work/z"
+    run "$work/c1.log" "$tr" consolidate "$work/z/checkpoints/step-0000004" "$work/one"
+    check consolidated "$work/one" "$work/z/model.safetensors"
+    run "$work/c2.log" "$tr" consolidate "$work/z/checkpoints/step-0000004" "$work/split" --max-shard-size 40KB
+    [ -f "$work/split/model.safetensors.index.json" ] || fail "no index for a split model"
+    check consolidated "$work/split" "$work/z/model.safetensors"
+    ;;
+  restart)
+    # [launch] max_restarts = 1: rank 1 is SIGKILLed as step 15 starts (test hook), the
+    # launcher restarts both workers, they resume from step 10 and finish: final weights
+    # bitwise equal to the uninterrupted run.
+    j=("${mlp[@]}" "${opt[@]}" --set strategy.plugin=ddp --set launch.nproc_per_node=2)
+    run "$work/straight.log" "$tr" "${j[@]}" --set trainer.run_dir="$work/straight"
+    t0=$(now)
+    run "$work/elastic.log" env TRAINRUN_TEST_SIGKILL_AT_STEP=15 TRAINRUN_TEST_SIGKILL_RANK=1 \
+      "$tr" "${j[@]}" "${ckpt[@]}" --set launch.max_restarts=1 --set trainer.run_dir="$work/elastic"
+    echo "measured: killed, restarted and finished in $(elapsed "$t0") s"
+    expect_in "$work/elastic.log" "rank 1 SIGKILLs itself at step 15"
+    expect_in "$work/elastic.log" "restart 1 of 1: a worker failed"
+    expect_in "$work/elastic.log" "resumed from .*step-0000010 at step 10"
+    check same-weights "$work/straight/model.safetensors" "$work/elastic/model.safetensors"
+    ;;
+  *) fail "unknown case $case" ;;
+esac
+echo "PASS checkpoint_e2e.$case"
