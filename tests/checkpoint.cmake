@@ -2,7 +2,7 @@
 # resume (bitwise) for single, ddp, zero stage 3 and fsdp; resharding across strategies and
 # world sizes (evaluation loss within 1e-6); corrupt/truncated files and latest-valid; SIGKILL at
 # five points inside a save; SIGTERM saves then exits; consolidation read by a json+struct reader.
-foreach(case exact_single exact_ddp exact_zero3 exact_fsdp reshard corrupt crash sigterm consolidate restart)
+foreach(case exact_single exact_ddp exact_ring exact_zero3 exact_fsdp reshard corrupt crash sigterm consolidate restart minutes)
   add_test(NAME checkpoint_e2e.${case}
     COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/checkpoint_e2e.sh $<TARGET_FILE:trainrun>
             ${CMAKE_CURRENT_SOURCE_DIR} ${CMAKE_CURRENT_BINARY_DIR}/work/checkpoint-${case} ${case})
