@@ -7,9 +7,10 @@
 #               MLP with dropout 0.1 (the per-rank RNG streams must be restored too; without
 #               that, measured: 6 of 6 tensors differ), zero stage 3
 #               and fsdp FULL_SHARD the equivalence gpt; all with AdamW and a cosine schedule.
-#   reshard     a checkpoint written by ddp at world 2 loads into fsdp at world 4, whose own
-#               checkpoint loads into single at world 1, and one by zero-3 at world 2 into zero
-#               stage 1 at world 4: evaluation loss equal to the writer's within 1e-6 (relative).
+#   reshard     a chain ddp@2 -> fsdp@4 -> single@1 -> zero-2@4 -> fsdp HYBRID_SHARD@4 ->
+#               zero-3@2 -> zero-1@4 -> ddp@4, each loading the previous one's checkpoint:
+#               evaluation loss equal to the trained writer's within 1e-6 (relative), and each
+#               run's full state dict (model.safetensors) bitwise equal to the writer's.
 #   corrupt     keep_last prunes; a flipped byte and a truncated file are reported with the file
 #               named (exit 1, no training); resume = "latest-valid" falls back to the previous
 #               checkpoint, says so, and finishes.
@@ -58,27 +59,38 @@ case $case in
   exact_zero3) exact gpt --set strategy.plugin=zero --set strategy.stage=3 --set launch.nproc_per_node=2 ;;
   exact_fsdp) exact gpt --set strategy.plugin=fsdp --set launch.nproc_per_node=2 ;;
   reshard)
-    cmp_loss() {  # cmp_loss <writer dir> <reader dir> <label>
-      local a b; a=$(check eval-loss "$1") b=$(check eval-loss "$2")
-      echo "measured: evaluation loss $3: writer $a, reader $b"
-      py -c "import sys; a, b = map(float, sys.argv[1:]); print('relative difference', abs(a - b) / abs(a)); sys.exit(0 if abs(a - b) <= 1e-6 * abs(a) else 1)" "$a" "$b" \
-        || fail "$3: evaluation losses differ: $a vs $b"
-    }
+    # A chain: each run loads the previous run's (end) checkpoint, trains nothing (max_steps =
+    # the checkpoint's step), evaluates and writes its own checkpoint in its own layout. Every
+    # evaluation loss must equal the first writer's within 1e-6 (relative).
     g=("${gpt[@]}" "${opt[@]}" --set trainer.max_steps=10 --set 'callbacks=[{plugin="checkpoint"}]')
-    run "$work/ddp2.log" "$tr" "${g[@]}" --set strategy.plugin=ddp --set launch.nproc_per_node=2 \
-      --set trainer.run_dir="$work/ddp2"
-    run "$work/fsdp4.log" "$tr" "${g[@]}" --set strategy.plugin=fsdp --set launch.nproc_per_node=4 \
-      --set trainer.resume="$work/ddp2/checkpoints/step-0000010" --set trainer.run_dir="$work/fsdp4"
-    cmp_loss "$work/ddp2" "$work/fsdp4" "ddp world 2 -> fsdp world 4"
-    run "$work/single1.log" "$tr" "${g[@]}" --set strategy.plugin=single --set accelerator.plugin=cpu \
-      --set trainer.resume="$work/fsdp4/checkpoints/step-0000010" --set trainer.run_dir="$work/single1"
-    cmp_loss "$work/ddp2" "$work/single1" "fsdp world 4 -> single world 1"
-    run "$work/zero3.log" "$tr" "${g[@]}" --set strategy.plugin=zero --set strategy.stage=3 \
-      --set launch.nproc_per_node=2 --set trainer.run_dir="$work/zero3"
-    run "$work/zero1.log" "$tr" "${g[@]}" --set strategy.plugin=zero --set strategy.stage=1 \
-      --set launch.nproc_per_node=4 --set trainer.resume="$work/zero3/checkpoints/step-0000010" \
-      --set trainer.run_dir="$work/zero1"
-    cmp_loss "$work/zero3" "$work/zero1" "zero-3 world 2 -> zero-1 world 4"
+    chain=("ddp2:--set strategy.plugin=ddp --set launch.nproc_per_node=2"
+           "fsdp4:--set strategy.plugin=fsdp --set launch.nproc_per_node=4"
+           "single1:--set strategy.plugin=single --set accelerator.plugin=cpu"
+           "zero2-4:--set strategy.plugin=zero --set strategy.stage=2 --set launch.nproc_per_node=4"
+           "fsdp-hybrid4:--set strategy.plugin=fsdp --set strategy.sharding_strategy=HYBRID_SHARD --set strategy.shard_group_size=2 --set launch.nproc_per_node=4"
+           "zero3-2:--set strategy.plugin=zero --set strategy.stage=3 --set launch.nproc_per_node=2"
+           "zero1-4:--set strategy.plugin=zero --set strategy.stage=1 --set launch.nproc_per_node=4"
+           "ddp4:--set strategy.plugin=ddp --set launch.nproc_per_node=4")
+    prev="" first=""
+    for link in "${chain[@]}"; do
+      name=${link%%:*} sets=${link#*:}
+      # shellcheck disable=SC2086
+      run "$work/$name.log" "$tr" "${g[@]}" $sets ${prev:+--set trainer.resume="$prev"} \
+        --set trainer.run_dir="$work/$name"
+      if [ -n "$prev" ]; then
+        expect_in "$work/$name.log" "resumed from .*step-0000010 at step 10"
+        a=$(check eval-loss "$work/$first") b=$(check eval-loss "$work/$name")
+        echo "measured: evaluation loss $first (trained) $a, $prev_name -> $name $b"
+        py -c "import sys; a, b = map(float, sys.argv[1:]); print('relative difference', abs(a - b) / abs(a)); sys.exit(0 if abs(a - b) <= 1e-6 * abs(a) else 1)" "$a" "$b" \
+          || fail "$prev_name -> $name: evaluation losses differ: $a vs $b"
+        # Resharding moves bytes, it computes nothing: the full state dict is the writer's, bit
+        # for bit.
+        check same-weights "$work/$first/model.safetensors" "$work/$name/model.safetensors"
+      else
+        first=$name
+      fi
+      prev="$work/$name/checkpoints/step-0000010" prev_name=$name
+    done
     ;;
   corrupt)
     s=("${mlp[@]}" "${opt[@]}" --set strategy.plugin=single --set accelerator.plugin=cpu
