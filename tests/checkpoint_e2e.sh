@@ -15,7 +15,8 @@
 #               named (exit 1, no training); resume = "latest-valid" falls back to the previous
 #               checkpoint, says so, and finishes.
 #   crash       the writer is SIGKILLed at five points inside a save (test hook); each time
-#               `latest` names a checkpoint that verifies and the run resumes from it.
+#               `latest` names a checkpoint that verifies and the run resumes from it; and
+#               rank 1 of a ddp pair killed after writing its file: the same.
 #   sigterm     SIGTERM during training: the step finishes, a checkpoint (reason "signal") is
 #               written, exit code 130; resuming from it finishes the run.
 #   restart     [launch] max_restarts = 1, one rank SIGKILLed at step 15, checkpoints every 10:
@@ -133,6 +134,19 @@ case $case in
       expect_in "$d-resume.log" "resumed from .*$latest at step"
       echo "measured: killed at $point -> latest = $latest verifies and resumes"
     done
+    # Two ranks: rank 1 dies after writing its model file; the launcher stops rank 0 (waiting
+    # in the save's barrier) and the previous checkpoint still loads.
+    s2=("${mlp[@]}" "${opt[@]}" --set strategy.plugin=ddp --set launch.nproc_per_node=2
+        --set trainer.max_steps=10 --set 'callbacks=[{plugin="checkpoint", every_n_steps=5}]')
+    rc=0; TRAINRUN_CHECKPOINT_CRASH_AT="rank-files@10" TRAINRUN_CHECKPOINT_CRASH_RANK=1 \
+      timeout 120 "$tr" "${s2[@]}" --set trainer.run_dir="$work/ddp" >"$work/ddp.log" 2>&1 || rc=$?
+    cat "$work/ddp.log"
+    [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] || fail "ddp: exit code $rc (expected a failure, not a hang)"
+    expect_in "$work/ddp.log" "SIGKILL at rank-files \\(step 10, rank 1\\)"
+    [ "$(cat "$work/ddp/checkpoints/latest")" = step-0000005 ] || fail "ddp: latest moved"
+    run "$work/ddp-resume.log" "$tr" "${s2[@]}" --set trainer.resume=latest --set trainer.run_dir="$work/ddp"
+    expect_in "$work/ddp-resume.log" "resumed from .*step-0000005 at step 5"
+    echo "measured: ddp world 2, rank 1 killed inside the save -> step-0000005 verifies and resumes"
     ;;
   sigterm)
     s=("${mlp[@]}" "${opt[@]}" --set strategy.plugin=ddp --set launch.nproc_per_node=2
