@@ -25,7 +25,8 @@
 #   consolidate a zero-3 world-2 checkpoint consolidated (one file, and split with
 #               --max-shard-size into an HF index) equals the run's full state dict bitwise,
 #               read by a json+struct reader.
-#   usage: checkpoint_e2e.sh TRAINRUN TESTS_DIR WORK CASE
+#   unsupported a strategy without the capability: NotSupportedError naming it, before step 1.
+#   usage: checkpoint_e2e.sh TRAINRUN TESTS_DIR WORK CASE [TEST_PLUGIN_DIR]
 source "$(dirname "$0")/e2e_lib.sh"
 tr=$1 tests=$2 work=$3 case=$4
 check() { py "$tests/checkpoint_check.py" "$@"; }
@@ -198,6 +199,17 @@ case $case in
     dirs=$(cd "$work/m/checkpoints" && ls -d step-* | tr '\n' ' ')
     [ "$dirs" = "step-0000001 step-0000002 step-0000003 step-0000004 " ] || fail "every_n_minutes wrote: $dirs"
     echo "every_n_minutes = 1e-6 wrote: $dirs"
+    ;;
+  unsupported)
+    # A strategy without the CheckpointableStrategy capability: asked for checkpoints, the job
+    # fails before its first step, naming the strategy (plugin from tests/test_plugins).
+    rc=0; timeout 120 "$tr" "${mlp[@]}" "${opt[@]}" --plugin-path "$5" --set strategy.plugin=plain-single \
+      --set accelerator.plugin=cpu --set 'callbacks=[{plugin="checkpoint", every_n_steps=5}]' \
+      --set trainer.run_dir="$work/u" >"$work/u.log" 2>&1 || rc=$?
+    cat "$work/u.log"
+    expect_rc 1 "$rc"
+    expect_in "$work/u.log" "strategy 'plain-single' .*does not support checkpoints"
+    if grep -q "^\[step" "$work/u.log"; then fail "it trained before failing"; fi
     ;;
   *) fail "unknown case $case" ;;
 esac

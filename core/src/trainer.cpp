@@ -427,9 +427,10 @@ int train(const JobConfig& job, const Registry& registry) {
   auto checkpointable = [&]() -> v1::CheckpointableStrategy& {
     auto* c = dynamic_cast<v1::CheckpointableStrategy*>(strategy.obj.get());
     if (c == nullptr)
-      throw v1::NotSupportedError("strategy '" + job.strategy.plugin + "' (" + strategy.label +
-                                  ") does not support checkpoints: it has no "
-                                  "CheckpointableStrategy capability (ABI 1.4)");
+      throw v1::NotSupportedError(strategy.label + " does not support checkpoints: it has no "
+                                  "CheckpointableStrategy capability (ABI 1.4); drop the "
+                                  "`checkpoint` callback and [trainer] resume, or use a "
+                                  "strategy that has it");
     return *c;
   };
   // Components whose state travels beside the tensors (capability CheckpointState).
@@ -454,6 +455,8 @@ int train(const JobConfig& job, const Registry& registry) {
   int64_t start_step = 0;
   int64_t last_saved_step = -1;
   std::string resume = job.trainer.get_string("resume");
+  // Before the first step, not at the first save: a job that cannot checkpoint says so at once.
+  if (policy != nullptr || !resume.empty()) checkpointable();
   if (const char* restart = std::getenv("TRAINRUN_RESTART"); restart != nullptr && resume.empty()) {
     // An elastic restart ([launch] max_restarts): continue from the latest checkpoint if any.
     const bool any = fs::exists(fs::path(ckpt_root) / "latest");
