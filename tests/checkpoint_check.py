@@ -37,6 +37,8 @@ def same_weights(a, b):
     if differ:
         # How far apart, for the message: count of differing float32 elements.
         k = differ[0]
+        if ta[k][0] != "F32" or ta[k][:2] != tb[k][:2]:
+            sys.exit(f"{len(differ)} of {len(ta)} tensors differ, e.g. {k} ({ta[k][0]} {ta[k][1]} vs {tb[k][0]} {tb[k][1]})")
         fa = struct.unpack(f"<{len(ta[k][2]) // 4}f", ta[k][2])
         fb = struct.unpack(f"<{len(tb[k][2]) // 4}f", tb[k][2])
         n = sum(1 for x, y in zip(fa, fb) if x != y)

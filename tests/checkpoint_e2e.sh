@@ -7,6 +7,9 @@
 #               MLP with dropout 0.1 (the per-rank RNG streams must be restored too; without
 #               that, measured: 6 of 6 tensors differ), zero stage 3
 #               and fsdp FULL_SHARD the equivalence gpt; all with AdamW and a cosine schedule.
+#               exact_ddp_fp16: fp16-mixed under ddp (the loss scaler's state travels; the run
+#               skips a step after the resume point); exact_bf16_true: bf16 weights with fp32
+#               masters in the optimizer state.
 #   reshard     a chain ddp@2 -> fsdp@4 -> single@1 -> zero-2@4 -> fsdp HYBRID_SHARD@4 ->
 #               zero-3@2 -> zero-1@4 -> ddp@4, each loading the previous one's checkpoint:
 #               evaluation loss equal to the trained writer's within 1e-6 (relative), and each
@@ -57,6 +60,8 @@ exact() {
 case $case in
   exact_single) exact mlp --set strategy.plugin=single --set accelerator.plugin=cpu ;;
   exact_ddp) exact mlp --set strategy.plugin=ddp --set launch.nproc_per_node=2 ;;
+  exact_ddp_fp16) exact mlp --set strategy.plugin=ddp --set launch.nproc_per_node=2 --set precision.plugin=fp16-mixed ;;
+  exact_bf16_true) exact mlp --set strategy.plugin=single --set accelerator.plugin=cpu --set precision.plugin=bf16-true ;;
   exact_ring) exact mlp --set strategy.plugin=ring --set launch.nproc_per_node=2 ;;
   exact_zero3) exact gpt --set strategy.plugin=zero --set strategy.stage=3 --set launch.nproc_per_node=2 ;;
   exact_fsdp) exact gpt --set strategy.plugin=fsdp --set launch.nproc_per_node=2 ;;
