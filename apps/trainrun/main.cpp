@@ -16,6 +16,7 @@
 
 #include "collectives.hpp"
 #include "merge_lora.hpp"
+#include "trainrun/core/checkpoint.hpp"
 #include "trainrun/core/config.hpp"
 #include "trainrun/core/launcher.hpp"
 #include "trainrun/core/log.hpp"
@@ -152,6 +153,7 @@ core::LaunchSpec launch_spec(const core::JobConfig& job, int argc, char** argv) 
   spec.run_dir = core::run_dir_of(job);
   spec.rotate_run_dir = true;
   spec.mpiexec = core::launcher_of(job) == "mpiexec";
+  spec.max_restarts = static_cast<int>(job.launch.get_int("max_restarts"));
   // Workers run this very command again and find out who they are from the environment.
   spec.argv.push_back(core::self_executable());
   for (int i = 1; i < argc; ++i) spec.argv.push_back(argv[i]);
@@ -167,6 +169,49 @@ int main(int argc, char** argv) {
   // `bench` has its own flags (Boost.PO rejects unknown ones), so it is dispatched first.
   if (argc > 1 && std::string(argv[1]) == "bench") return trainrun::app::run_bench_command(argc, argv);
   if (argc > 1 && std::string(argv[1]) == "merge-lora") return trainrun::app::run_merge_lora_command(argc, argv);
+  // `consolidate <checkpoint> <out> [--max-shard-size BYTES]`: one full model from the pieces.
+  if (argc > 1 && std::string(argv[1]) == "consolidate") {
+    std::vector<std::string> args;
+    int64_t max_shard = 0;
+    for (int i = 2; i < argc; ++i) {
+      const std::string a = argv[i];
+      if (a == "--max-shard-size" && i + 1 < argc) {
+        const std::string v = argv[++i];
+        char* end = nullptr;
+        const double n = std::strtod(v.c_str(), &end);
+        const std::string unit(end);
+        const double mult = unit == "" || unit == "B" ? 1 : unit == "KB" ? 1e3 : unit == "MB" ? 1e6
+                          : unit == "GB" ? 1e9 : unit == "KiB" ? 1024.0 : unit == "MiB" ? 1048576.0
+                          : unit == "GiB" ? 1073741824.0 : -1;
+        if (mult < 0 || !(n > 0)) {
+          std::cerr << "trainrun consolidate: --max-shard-size '" << v
+                    << "': give bytes, optionally with KB/MB/GB/KiB/MiB/GiB" << std::endl;
+          return 2;
+        }
+        max_shard = static_cast<int64_t>(n * mult);
+      } else if (a == "-h" || a == "--help") {
+        std::cout << "usage: trainrun consolidate <checkpoint dir> <out dir> [--max-shard-size 5GB]\n"
+                     "Writes <out>/model.safetensors (or model-0000k-of-0000n.safetensors and "
+                     "model.safetensors.index.json) from a checkpoint written at any world size, "
+                     "one output shard in memory at a time." << std::endl;
+        return 0;
+      } else {
+        args.push_back(a);
+      }
+    }
+    if (args.size() != 2) {
+      std::cerr << "trainrun consolidate: give <checkpoint dir> <out dir> (see --help)" << std::endl;
+      return 2;
+    }
+    try {
+      const int64_t n = core::consolidate_checkpoint(args[0], args[1], max_shard);
+      std::cout << "consolidated " << n << " tensors from " << args[0] << " into " << args[1] << std::endl;
+      return 0;
+    } catch (const std::exception& e) {
+      std::cerr << "trainrun consolidate: error: " << e.what() << std::endl;
+      return 1;
+    }
+  }
   // The child process of the BLAS kernel probe (core/runtime.hpp), not a user command.
   if (argc > 1 && std::string(argv[1]) == "blas-probe") return core::blas_probe_main();
   po::options_description opts("trainrun options");
@@ -201,6 +246,7 @@ int main(int argc, char** argv) {
     std::cout << "usage: trainrun --config job.toml [--set key=value]...\n"
                  "       trainrun check --config job.toml [--set key=value]... [--plugin-path P]...\n"
                  "       trainrun plugins [NAME]\n"
+                 "       trainrun consolidate <checkpoint dir> <out dir> [--max-shard-size 5GB]\n"
                  "       trainrun bench collectives --backend gloo-cpu|mpi --nproc N [--verify] "
                  "(see trainrun bench collectives --help)\n\n"
               << opts << std::endl;
@@ -262,7 +308,8 @@ int main(int argc, char** argv) {
       return 0;
     }
     const bool launching = !core::detect_worker_environment().is_worker &&
-                           job.launch.get_int("nproc_per_node") * job.launch.get_int("nnodes") > 1;
+                           (job.launch.get_int("nproc_per_node") * job.launch.get_int("nnodes") > 1 ||
+                            job.launch.get_int("max_restarts") > 0);
     // Before anything starts: may run this command again with another OpenBLAS kernel.
     core::select_blas_kernel(job, argv, launching);
     if (launching) return core::launch(launch_spec(job, argc, argv));

@@ -179,6 +179,16 @@ v1::OptionSchema trainer_schema() {
                 "Parameters to freeze (requires_grad off) before the strategy wraps the model: "
                 "state-dict names or shell-style globs (\"blocks.0.*\", \"*.bias\"); each "
                 "pattern must match at least one parameter");
+  s.string("resume", "",
+           "Continue from a checkpoint: \"latest\" (the checkpoints directory's `latest`), "
+           "\"latest-valid\" (the newest one whose checksums verify, falling back past corrupt "
+           "ones), or a step-NNNNNNN directory; \"\" = start fresh. Model, optimizer, loss "
+           "scaler, step, data position and RNG are restored (bitwise-exact on CPU fp32)");
+  s.integer("stop_after_steps", 0,
+            "End this process once this many steps (counted from step 0) are done, saving a "
+            "checkpoint when a `checkpoint` callback is listed, without final evaluation (for "
+            "time-sliced or preemptible queues; the schedule still runs to max_steps); 0 = off",
+            0, 1e15);
   s.integer("log_every", 10, "Log metrics every N steps", 1, 1e15);
   s.real("gradient_clip_val", 0.0,
          "Clip gradients (after unscaling): to this global L2 norm, or each element to "
@@ -209,6 +219,10 @@ v1::OptionSchema launch_schema() {
              "How long agents and workers wait for each other to arrive", 0.1, 1e7);
   s.duration("stop_grace_s", 5.0,
              "When stopping workers: SIGTERM, then SIGKILL after this long", 0.0, 3600.0);
+  s.integer("max_restarts", 0,
+            "Elastic restarts (nnodes = 1, trainrun's agent): when a worker fails, stop all, "
+            "start them again and resume from the latest checkpoint (`checkpoint` callback), at "
+            "most this many times; 0 = a failure ends the job", 0, 1000);
   s.choice("launcher", "auto", {"auto", "trainrun", "mpiexec"},
            "How workers are started: trainrun's own agent, or MPICH's mpiexec; auto = mpiexec "
            "when [accelerator] plugin is \"mpi\", else trainrun");

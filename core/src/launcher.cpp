@@ -14,6 +14,7 @@
 //    which poll() reports as it happens, rather than from waitpid order: ranks that fail
 //    because a peer died exit a few milliseconds later, and are then only collateral.
 #include "trainrun/core/launcher.hpp"
+#include "trainrun/core/log.hpp"
 
 #include <c10/util/Exception.h>
 #include <c10/util/Logging.h>
@@ -1264,8 +1265,25 @@ int launch(const LaunchSpec& spec) {
               " nodes run `mpiexec -f hostfile -n N trainrun --config ...` yourself");
   if (!(spec.rendezvous_timeout_s > 0)) throw bad("[launch] rendezvous_timeout_s must be > 0");
   if (!(spec.grace_s >= 0)) throw bad("[launch] stop_grace_s must be >= 0");
-  Agent agent(spec);
-  return agent.run();
+  if (spec.max_restarts > 0 && (spec.nnodes > 1 || spec.mpiexec))
+    throw bad("[launch] max_restarts works with nnodes = 1 and trainrun's own agent");
+  // Elastic restarts: the failed attempt's agent has already stopped every worker and named
+  // the failing rank and its cause; a fresh agent (new rendezvous, new port) starts them all
+  // again, and TRAINRUN_RESTART tells the trainers to resume from the latest checkpoint.
+  LaunchSpec attempt_spec = spec;
+  for (int attempt = 0;; ++attempt) {
+    int code = 0;
+    {
+      Agent agent(attempt_spec);
+      code = agent.run();
+    }
+    if (code == 0 || code == 130 || attempt >= spec.max_restarts) return code;
+    log_warn("restart " + std::to_string(attempt + 1) + " of " + std::to_string(spec.max_restarts) +
+             ": a worker failed (exit code " + std::to_string(code) + ", cause above); restarting all " +
+             std::to_string(spec.nproc_per_node) + " workers, resuming from the latest checkpoint");
+    attempt_spec.rotate_run_dir = false;
+    ::setenv("TRAINRUN_RESTART", std::to_string(attempt + 1).c_str(), 1);
+  }
 }
 
 }  // namespace trainrun::core

@@ -10,6 +10,8 @@
 #include <atomic>
 #include <chrono>
 #include <csignal>
+#include <signal.h>
+#include <unistd.h>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -24,6 +26,7 @@
 
 #include "trainrun/activation_checkpointing.hpp"
 
+#include "trainrun/core/checkpoint.hpp"
 #include "trainrun/core/launcher.hpp"
 #include "trainrun/core/log.hpp"
 #include "trainrun/core/memory.hpp"
@@ -438,10 +441,110 @@ int train(const JobConfig& job, const Registry& registry) {
   auto params = strategy.call("optimizer_parameters", [](v1::Strategy& s) { return s.optimizer_parameters(); });
   optimizer.call("init", [&](v1::Optimizer& o) { o.init(params, plan); return 0; });
   torch::manual_seed(rank_seed(ctx.seed, ctx.rank));
+  int64_t skipped_steps_resumed = 0;
   std::vector<std::pair<std::string, v1::StepMetricsSource*>> metric_sources;
   if (auto* m = metrics_source(strategy)) metric_sources.push_back({strategy.label, m});
   if (auto* m = metrics_source(precision)) metric_sources.push_back({precision.label, m});
   if (auto* m = metrics_source(optimizer)) metric_sources.push_back({optimizer.label, m});
+
+  // Checkpoints: the policy is a callback with the CheckpointPolicy capability (at most one);
+  // the I/O is the core's (checkpoint.cpp), the pieces are the strategy's.
+  v1::CheckpointPolicy* policy = nullptr;
+  for (auto& cb : callbacks)
+    if (auto* p = dynamic_cast<v1::CheckpointPolicy*>(cb.obj.get())) {
+      if (policy != nullptr)
+        throw ConfigError(job.file + ": two [[callbacks]] decide checkpoints (" + cb.label +
+                          " and an earlier one); list one");
+      policy = p;
+    }
+  const std::string ckpt_root = policy ? policy->checkpoint_settings().dir
+                                       : (fs::path(ctx.run_dir) / "checkpoints").string();
+  auto checkpointable = [&]() -> v1::CheckpointableStrategy& {
+    auto* c = dynamic_cast<v1::CheckpointableStrategy*>(strategy.obj.get());
+    if (c == nullptr)
+      throw v1::NotSupportedError(strategy.label + " does not support checkpoints: it has no "
+                                  "CheckpointableStrategy capability (ABI 1.4); drop the "
+                                  "`checkpoint` callback and [trainer] resume, or use a "
+                                  "strategy that has it");
+    return *c;
+  };
+  // Components whose state travels beside the tensors (capability CheckpointState).
+  auto state_holders = [&] {
+    std::vector<std::pair<std::string, v1::CheckpointState*>> out;
+    auto add = [&](const std::string& key, auto& slot) {
+      if (auto* c = dynamic_cast<v1::CheckpointState*>(slot.obj.get())) out.push_back({key, c});
+    };
+    add("precision", precision);
+    add("optimizer", optimizer);
+    add("strategy", strategy);
+    add("model", model);
+    for (size_t i = 0; i < callbacks.size(); ++i) add("callbacks." + std::to_string(i), callbacks[i]);
+    return out;
+  };
+  auto optimizer_pieces = [&] {
+    auto& c = checkpointable();
+    auto params = strategy.call("optimizer_parameter_pieces", [&](v1::Strategy&) { return c.optimizer_parameter_pieces(); });
+    auto state = optimizer.call("state", [](v1::Optimizer& o) { return o.state(); });
+    return optimizer_state_pieces(params, state);
+  };
+  int64_t start_step = 0;
+  int64_t last_saved_step = -1;
+  std::string resume = job.trainer.get_string("resume");
+  // Before the first step, not at the first save: a job that cannot checkpoint says so at once.
+  if (policy != nullptr || !resume.empty()) checkpointable();
+  if (const char* restart = std::getenv("TRAINRUN_RESTART"); restart != nullptr && resume.empty()) {
+    // An elastic restart ([launch] max_restarts): continue from the latest checkpoint if any.
+    const bool any = fs::exists(fs::path(ckpt_root) / "latest");
+    if (lead)
+      log_info(std::string("restart ") + restart + ": " +
+               (any ? "resuming from the latest checkpoint in " + ckpt_root
+                    : "no checkpoint in " + ckpt_root + " yet, starting from step 0"));
+    if (any) resume = "latest";
+  }
+  if (!resume.empty()) {
+    const auto t0 = clock::now();
+    const std::string path = resolve_checkpoint(resume, ckpt_root, lead);
+    const nlohmann::json meta = verify_checkpoint(path);
+    auto& c = checkpointable();
+    auto model_pieces = strategy.call("model_checkpoint_pieces", [&](v1::Strategy&) { return c.model_checkpoint_pieces(); });
+    load_checkpoint_pieces(path, meta, "model", model_pieces);
+    auto opt_pieces = optimizer_pieces();
+    load_checkpoint_pieces(path, meta, "optimizer", opt_pieces);
+    strategy.call("after_checkpoint_load", [&](v1::Strategy&) { c.after_checkpoint_load(); return 0; });
+    const auto& states = meta.at("component_state");
+    for (auto& [key, holder] : state_holders()) {
+      if (!states.contains(key)) {
+        if (lead) log_warn("checkpoint " + path + " holds no state for the " + key + "; it starts fresh");
+        continue;
+      }
+      holder->load_checkpoint_state(states.at(key).get<std::map<std::string, double>>());
+    }
+    // last_saved_step stays -1: a resumed run writes its own end checkpoint even at the step it
+    // loaded (into its own checkpoint directory, which is how a checkpoint is converted to
+    // another layout).
+    start_step = meta.at("step").get<int64_t>();
+    skipped_steps_resumed = meta.at("trainer_state").value("skipped_steps", int64_t{0});
+    const bool rng = restore_rng_state(meta, ctx.rank, ctx.world_size);
+    if (lead) {
+      const int saved_world = meta.at("world_size").get<int>();
+      log_info("resumed from " + path + " at step " + std::to_string(start_step) + " (written by " +
+               meta.at("job").value("strategy", std::string("?")) + " at world size " +
+               std::to_string(saved_world) + ") in " +
+               std::to_string(std::chrono::duration<double>(clock::now() - t0).count()) + " s");
+      if (!rng)
+        log_info("the checkpoint's RNG states are per rank of world size " + std::to_string(saved_world) +
+                 "; this run's ranks keep their seeded streams");
+      if (meta.at("global_batch_size").get<int64_t>() != plan.global_batch_size)
+        log_warn("checkpoint global_batch_size " + meta.at("global_batch_size").dump() +
+                 " differs from this run's " + std::to_string(plan.global_batch_size) +
+                 ": the data order continues from step " + std::to_string(start_step) + " of the new layout");
+      if (meta.at("total_steps").get<int64_t>() != plan.total_steps)
+        log_warn("checkpoint total_steps " + meta.at("total_steps").dump() + " differs from this run's " +
+                 std::to_string(plan.total_steps) + ": a step-dependent LR schedule changes");
+    }
+    TR_CHECK_TYPED(ConfigError, start_step <= plan.total_steps, "[trainer] resume: the checkpoint is at step ",
+                   start_step, ", past this run's ", plan.total_steps, " steps");
+  }
 
   DistributedSampler::Options sampler_options;
   sampler_options.num_samples = train_samples;
@@ -500,9 +603,50 @@ int train(const JobConfig& job, const Registry& registry) {
   auto wait = [&](const std::shared_ptr<v1::Work>& w, const char* what) {
     accelerator.call(what, [&](v1::Accelerator&) { w->wait(); return 0; });
   };
+  int64_t skipped_steps = skipped_steps_resumed;
+  auto save_checkpoint_now = [&](int64_t done, const char* reason) {
+    const auto t0 = clock::now();
+    auto& c = checkpointable();
+    CheckpointSaveRequest req;
+    req.root = ckpt_root;
+    req.step = done;
+    req.steps_per_epoch = plan.steps_per_epoch;
+    req.global_batch_size = plan.global_batch_size;
+    req.total_steps = plan.total_steps;
+    req.rank = ctx.rank;
+    req.world_size = ctx.world_size;
+    req.keep_last = policy ? policy->checkpoint_settings().keep_last : 0;
+    req.reason = reason;
+    nlohmann::json plugins = nlohmann::json::array();
+    auto add_plugin = [&](const char* role, const ComponentConfig& cc) {
+      plugins.push_back({{"role", role}, {"component", cc.plugin},
+                         {"plugin", cc.info ? cc.info->plugin_name : ""},
+                         {"version", cc.info ? cc.info->plugin_version : ""}});
+    };
+    add_plugin("model", job.model);
+    add_plugin("data", job.data);
+    add_plugin("strategy", job.strategy);
+    add_plugin("accelerator", job.accelerator);
+    add_plugin("precision", job.precision);
+    add_plugin("optimizer", job.optimizer);
+    for (const auto& cb : job.callbacks) add_plugin("callback", cb);
+    req.job = {{"file", job.file}, {"strategy", job.strategy.plugin}, {"plugins", plugins},
+               {"toml", job.resolved_toml}};
+    req.trainer_state = {{"skipped_steps", skipped_steps}};
+    for (auto& [key, holder] : state_holders()) req.component_state[key] = holder->checkpoint_state();
+    req.model = strategy.call("model_checkpoint_pieces", [&](v1::Strategy&) { return c.model_checkpoint_pieces(); });
+    req.optimizer = optimizer_pieces();
+    const std::string path = save_checkpoint(req, ctx.world_size > 1 ? &comm : nullptr);
+    last_saved_step = done;
+    if (policy) policy->on_checkpoint_saved(done, path);
+    if (lead)
+      log_info("checkpoint " + path + " (step " + std::to_string(done) + ", " + reason + ") written in " +
+               std::to_string(std::chrono::duration<double>(clock::now() - t0).count()) + " s");
+  };
+  const int64_t stop_after = job.trainer.get_int("stop_after_steps");
+  bool stopped_early = false;
   const double clip = job.trainer.get_double("gradient_clip_val");
   const bool clip_by_value = job.trainer.get_string("gradient_clip_algorithm") == "value";
-  int64_t skipped_steps = 0;
   const int64_t log_every = job.trainer.get_int("log_every");
   const int64_t eval_every = job.trainer.get_int("eval_every");
   const int64_t eval_max_batches = job.trainer.get_int("eval_max_batches");
@@ -584,11 +728,21 @@ int train(const JobConfig& job, const Registry& registry) {
   bool next_counts_known = false;
   torch::Tensor next_counts;
   v1::EvalMetrics last_eval;
-  int64_t step = 0;
+  int64_t step = start_step;
   double samples_done = 0, tokens_done = 0;
   const auto t_loop = clock::now();
+  // Test hook for elastic restarts: TRAINRUN_TEST_SIGKILL_AT_STEP=N (1-based) makes rank
+  // TRAINRUN_TEST_SIGKILL_RANK (default 0) kill itself with SIGKILL as step N starts, in the
+  // first attempt only (not after a [launch] max_restarts restart).
+  const char* kill_at_env = std::getenv("TRAINRUN_TEST_SIGKILL_AT_STEP");
+  const int64_t kill_at = kill_at_env && !std::getenv("TRAINRUN_RESTART") ? std::atoll(kill_at_env) : -1;
+  const char* kill_rank_env = std::getenv("TRAINRUN_TEST_SIGKILL_RANK");
+  const int kill_rank = kill_rank_env ? std::atoi(kill_rank_env) : 0;
   for (; step < plan.total_steps; ++step) {
-    if (g_stop_signal.load()) break;
+    if (step + 1 == kill_at && ctx.rank == kill_rank) {
+      std::cerr << "test hook: rank " << ctx.rank << " SIGKILLs itself at step " << kill_at << std::endl;
+      ::kill(::getpid(), SIGKILL);
+    }
     const auto t0 = clock::now();
     reset_tracked_peak();
     const int64_t epoch = step / plan.steps_per_epoch;
@@ -635,8 +789,14 @@ int train(const JobConfig& job, const Registry& registry) {
     // and waited for at the end of the step.
     const bool prefetch = step + 1 < plan.total_steps;
     if (prefetch) next = load_step(step + 1);
+    // Two more figures ride along so that the ranks agree without another collective: whether
+    // rank 0's checkpoint policy saves after this step, and whether any rank got SIGTERM/SIGINT.
+    const double elapsed_loop = std::chrono::duration<double>(clock::now() - t_loop).count();
+    const bool want_save = lead && policy != nullptr &&
+                           policy->should_save(step + 1, elapsed_loop, v1::CheckpointReason::Step);
     torch::Tensor tail = torch::tensor({loss_sum, prefetch ? next.local[0] : 0.0,
-                                        prefetch ? next.local[1] : 0.0, prefetch ? next.local[2] : 0.0},
+                                        prefetch ? next.local[1] : 0.0, prefetch ? next.local[2] : 0.0,
+                                        want_save ? 1.0 : 0.0, g_stop_signal.load() ? 1.0 : 0.0},
                                        torch::kDouble);
     auto tail_work = sum_over_ranks(tail, "all_reduce (step loss, next batch size)");
     std::vector<torch::Tensor> grads;
@@ -720,6 +880,21 @@ int train(const JobConfig& job, const Registry& registry) {
     if (eval_every > 0 && (step + 1) % eval_every == 0 && step + 1 < plan.total_steps) {
       last_eval = evaluate(step + 1);
     }
+    // A signal is acted on at the end of a step, by every rank at the same step: the agreed
+    // flag, or (one rank) the flag itself.
+    const bool signalled = ctx.world_size > 1 ? tail.data_ptr<double>()[5] > 0 : g_stop_signal.load() != 0;
+    const bool stop_here = stop_after > 0 && step + 1 >= stop_after && step + 1 < plan.total_steps;
+    bool save = tail.data_ptr<double>()[4] > 0;
+    if (signalled && policy != nullptr)
+      save = save || policy->should_save(step + 1, elapsed_loop, v1::CheckpointReason::Signal);
+    if (stop_here && policy != nullptr) save = true;
+    if (save) save_checkpoint_now(step + 1, signalled ? "signal" : stop_here ? "stop_after_steps" : "step");
+    if (signalled || stop_here) {
+      if (!signalled) stopped_early = true;
+      else g_stop_signal.store(g_stop_signal.load() ? g_stop_signal.load() : SIGTERM);
+      ++step;
+      break;
+    }
   }
   const int stop_sig = g_stop_signal.load();
   std::signal(SIGINT, prev_int);
@@ -773,7 +948,11 @@ int train(const JobConfig& job, const Registry& registry) {
   };
   v1::TrainSummary summary;
   summary.steps = step;
-  summary.interrupted = stop_sig != 0;
+  summary.interrupted = stop_sig != 0 || stopped_early;
+  if (!summary.interrupted && policy != nullptr && last_saved_step != step &&
+      policy->should_save(step, std::chrono::duration<double>(clock::now() - t_loop).count(),
+                          v1::CheckpointReason::End))
+    save_checkpoint_now(step, "end");
   if (!summary.interrupted) {
     last_eval = evaluate(step);
     if (job.trainer.get_bool("save_final_model")) save_final_model();
@@ -783,6 +962,11 @@ int train(const JobConfig& job, const Registry& registry) {
 
   if (lead) {
     const double loop_s = std::chrono::duration<double>(clock::now() - t_loop).count();
+    if (stopped_early && stop_sig == 0) {
+      std::cout << "stopped after " << step << " of " << plan.total_steps
+                << " steps ([trainer] stop_after_steps); no final evaluation" << std::endl;
+      return 0;
+    }
     if (summary.interrupted) {
       std::cout << "interrupted by signal " << stop_sig << " after " << step << " of "
                 << plan.total_steps << " steps (" << std::fixed << std::setprecision(1)
@@ -798,7 +982,7 @@ int train(const JobConfig& job, const Registry& registry) {
     if (tokens_done > 0) std::cout << ", " << tokens_done / loop_s << " tokens/s";
     std::cout << std::endl;
   }
-  return summary.interrupted ? 130 : 0;
+  return stop_sig != 0 ? 130 : 0;
 }
 
 }  // namespace trainrun::core

@@ -226,6 +226,46 @@ void ProgressCallback::on_train_end(const TrainSummary&) {
   drawn_ = false;
 }
 
+// --- checkpoint ------------------------------------------------------------------------------
+
+void CheckpointCallback::declare_options(OptionSchema& schema) {
+  schema.integer("every_n_steps", 0, "save after every N optimizer steps; 0 = off", 0.0);
+  schema.real("every_n_minutes", 0.0,
+              "save when this many minutes (wall clock, rank 0) passed since the last save or "
+              "the start; 0 = off", 0.0);
+  schema.integer("keep_last", 0,
+                 "complete checkpoints kept; older ones are deleted once a new one is complete; "
+                 "0 = keep all", 0.0);
+  schema.boolean("save_on_signal", true,
+                 "on SIGTERM/SIGINT: finish the step, save, then exit (code 130)");
+  schema.boolean("save_last", true, "save after the last step");
+  schema.string("dir", "", "where checkpoints go; \"\" = <run_dir>/checkpoints");
+}
+
+CheckpointCallback::CheckpointCallback(const Options& options, const RunContext& ctx)
+    : every_n_steps_(options.get_int("every_n_steps")),
+      every_n_minutes_(options.get_double("every_n_minutes")),
+      save_on_signal_(options.get_bool("save_on_signal")),
+      save_last_(options.get_bool("save_last")) {
+  settings_.keep_last = options.get_int("keep_last");
+  settings_.dir = options.get_string("dir");
+  if (settings_.dir.empty()) settings_.dir = (fs::path(ctx.run_dir) / "checkpoints").string();
+}
+
+bool CheckpointCallback::should_save(int64_t step, double elapsed_s, CheckpointReason reason) {
+  switch (reason) {
+    case CheckpointReason::Signal: return save_on_signal_;
+    case CheckpointReason::End: return save_last_;
+    case CheckpointReason::Step: break;
+  }
+  const bool save = (every_n_steps_ > 0 && step % every_n_steps_ == 0) ||
+                    (every_n_minutes_ > 0 && elapsed_s - last_save_s_ >= every_n_minutes_ * 60.0);
+  // The clock restarts at every save, whichever rule triggered it.
+  if (save) last_save_s_ = elapsed_s;
+  return save;
+}
+
+
 }  // namespace trainrun::plugins
 
 // The unit tests compile this file into one binary with the other plugins; each plugin's entry
@@ -237,5 +277,8 @@ TRAINRUN_PLUGIN("callbacks", "0.1.0",
                     "metrics", "writes <run_dir>/metrics.jsonl, one JSON object per logged step"),
                 trainrun::v1::component<trainrun::v1::Callback,
                                         trainrun::plugins::ProgressCallback>(
-                    "progress", "single-line progress bar with ETA on a terminal (rank 0)"))
+                    "progress", "single-line progress bar with ETA on a terminal (rank 0)"),
+                trainrun::v1::component<trainrun::v1::Callback,
+                                        trainrun::plugins::CheckpointCallback>(
+                    "checkpoint", "when to write checkpoints (steps, minutes, signal, end) and how many to keep"))
 #endif

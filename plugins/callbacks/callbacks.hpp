@@ -1,6 +1,7 @@
 #pragma once
-// Callback components `metrics` (JSON-lines log of every logged step and evaluation) and
-// `progress` (a one-line progress bar on a terminal).
+// Callback components `metrics` (JSON-lines log of every logged step and evaluation),
+// `progress` (a one-line progress bar on a terminal) and `checkpoint` (when to checkpoint; the
+// core writes them).
 #include <trainrun/interfaces.hpp>
 
 #include <chrono>
@@ -68,6 +69,26 @@ class ProgressCallback final : public Callback {
   Clock::time_point last_draw_;
   bool drawn_ = false;
   StepMetrics last_;
+};
+
+/// The `checkpoint` policy (capability CheckpointPolicy): when the core writes a checkpoint and
+/// how many it keeps. Options: every_n_steps (0 = off), every_n_minutes (0 = off; wall clock of
+/// rank 0), keep_last (0 = all), save_on_signal (SIGTERM/SIGINT: save, then exit), save_last
+/// (at the end of training), dir ("" = <run_dir>/checkpoints).
+class CheckpointCallback final : public Callback, public CheckpointPolicy {
+ public:
+  static void declare_options(OptionSchema& schema);
+  CheckpointCallback(const Options& options, const RunContext& ctx);
+
+  CheckpointSettings checkpoint_settings() const override { return settings_; }
+  bool should_save(int64_t step, double elapsed_s, CheckpointReason reason) override;
+
+ private:
+  int64_t every_n_steps_;
+  double every_n_minutes_;
+  bool save_on_signal_, save_last_;
+  CheckpointSettings settings_;
+  double last_save_s_ = 0;
 };
 
 }  // namespace trainrun::plugins

@@ -431,6 +431,16 @@ void DdpStrategy::zero_grad() {
   drop_grads(params_);
 }
 
+std::vector<CheckpointPiece> DdpStrategy::optimizer_parameter_pieces() {
+  check_setup("optimizer_parameter_pieces");
+  return replicated_optimizer_pieces(trainable_, rank_);
+}
+
+std::vector<CheckpointPiece> DdpStrategy::model_checkpoint_pieces() {
+  check_setup("model_checkpoint_pieces");
+  return replicated_checkpoint_pieces(params_, *model_, rank_);
+}
+
 std::vector<NamedTensor> DdpStrategy::full_state_dict() {
   check_setup("full_state_dict");
   return replicated_state_dict(params_, *model_);

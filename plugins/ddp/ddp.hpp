@@ -59,7 +59,8 @@ std::vector<std::vector<size_t>> assign_buckets(const std::vector<BucketItem>& o
 
 /// The `ddp` strategy. Options: bucket_cap_mb (25), first_bucket_mb (1), overlap (true),
 /// find_unused_parameters (false), gradient_compression ("none" | "fp16" | "bf16").
-class DdpStrategy final : public Strategy, public StepMetricsSource {
+class DdpStrategy final : public Strategy, public StepMetricsSource,
+                          public CheckpointableStrategy {
  public:
   static void declare_options(OptionSchema& schema);
   DdpStrategy(const Options& options, const RunContext& ctx);
@@ -85,6 +86,11 @@ class DdpStrategy final : public Strategy, public StepMetricsSource {
   void zero_grad() override;
   /// Parameters and buffers; every rank holds the full model.
   std::vector<NamedTensor> full_state_dict() override;
+  /// ABI 1.4 (checkpoints): replicated, so every tensor whole at offset 0, written by rank 0
+  /// and loaded on every rank from the same bytes (the replicas stay identical).
+  std::vector<CheckpointPiece> optimizer_parameter_pieces() override;
+  std::vector<CheckpointPiece> model_checkpoint_pieces() override;
+  void after_checkpoint_load() override {}
   /// comm_bytes, comm_exposed_s, buckets and buckets_overlapped of the step just finished.
   void add_step_metrics(std::map<std::string, double>& extra) override;
 

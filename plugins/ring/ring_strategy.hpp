@@ -77,7 +77,8 @@ std::string timeline_path_for_rank(const std::string& path, const std::string& r
 /// The `ring` strategy. Options: fusion_threshold_mb (128), cycle_time_ms (1), op
 /// ("average" | "sum"), compression ("none" | "fp16" | "bf16"), hierarchical (false),
 /// find_unused_parameters (false), chunk_kb (512), timeline (""), timeline_max_steps (100).
-class RingStrategy final : public Strategy, public StepMetricsSource {
+class RingStrategy final : public Strategy, public StepMetricsSource,
+                           public CheckpointableStrategy {
  public:
   static void declare_options(OptionSchema& schema);
   RingStrategy(const Options& options, const RunContext& ctx);
@@ -95,6 +96,11 @@ class RingStrategy final : public Strategy, public StepMetricsSource {
   double grad_norm() override;
   void zero_grad() override;
   std::vector<NamedTensor> full_state_dict() override;
+  /// ABI 1.4 (checkpoints): replicated, so every tensor whole at offset 0, written by rank 0
+  /// and loaded on every rank from the same bytes (the replicas stay identical).
+  std::vector<CheckpointPiece> optimizer_parameter_pieces() override;
+  std::vector<CheckpointPiece> model_checkpoint_pieces() override;
+  void after_checkpoint_load() override {}
   /// comm_bytes, fused_buffers, fused_buffers_in_backward, negotiation_rounds,
   /// negotiation_s, comm_exposed_s of the step just finished.
   void add_step_metrics(std::map<std::string, double>& extra) override;

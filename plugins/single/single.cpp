@@ -57,6 +57,16 @@ void SingleStrategy::zero_grad() {
   drop_grads(params_);
 }
 
+std::vector<CheckpointPiece> SingleStrategy::optimizer_parameter_pieces() {
+  check_setup("optimizer_parameter_pieces");
+  return replicated_optimizer_pieces(trainable_, 0);
+}
+
+std::vector<CheckpointPiece> SingleStrategy::model_checkpoint_pieces() {
+  check_setup("model_checkpoint_pieces");
+  return replicated_checkpoint_pieces(params_, *model_, 0);
+}
+
 std::vector<NamedTensor> SingleStrategy::full_state_dict() {
   check_setup("full_state_dict");
   return replicated_state_dict(params_, *model_);

@@ -9,7 +9,7 @@ namespace trainrun::plugins {
 
 using namespace trainrun::v1;
 
-class SingleStrategy final : public Strategy {
+class SingleStrategy final : public Strategy, public CheckpointableStrategy {
  public:
   static void declare_options(OptionSchema& schema);
   SingleStrategy(const Options& options, const RunContext& ctx);
@@ -21,6 +21,11 @@ class SingleStrategy final : public Strategy {
   double grad_norm() override;
   void zero_grad() override;
   std::vector<NamedTensor> full_state_dict() override;
+  /// ABI 1.4 (checkpoints): replicated, so every tensor whole at offset 0, written by rank 0
+  /// and loaded on every rank from the same bytes (the replicas stay identical).
+  std::vector<CheckpointPiece> optimizer_parameter_pieces() override;
+  std::vector<CheckpointPiece> model_checkpoint_pieces() override;
+  void after_checkpoint_load() override {}
 
  private:
   void check_setup(const char* what) const;

@@ -405,6 +405,67 @@ class LinearAdapter {
   virtual at::Tensor delta_weight() = 0;
   /// Submodules to register on the layer, in order, by name ("lora_A", "lora_B").
   virtual std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> modules() = 0;
+// ABI 1.4 (checkpoints). Capabilities the core's checkpoint writer and loader use to save a
+// strategy's state without gathering it and to load a checkpoint written by any strategy at
+// any world size into any other (resharding). Found with dynamic_cast.
+
+/// ABI 1.4. One piece of a full tensor held by this rank for checkpointing: `piece` says which
+/// tensor (name as in the full state dict), its full shape, the offset of the piece in the
+/// row-major flattening and `data`, 1-D, ALIASING the live storage (the loader copies into it).
+/// `writer` marks the one rank that writes these elements into a checkpoint: across all ranks
+/// every element of every tensor has exactly one writer (replicas of it have writer = false but
+/// are still filled on load).
+struct CheckpointPiece {
+  ShardedTensor piece;
+  bool writer = true;
+};
+
+/// ABI 1.4. A Strategy whose state the core can checkpoint piece by piece and restore under a
+/// different layout. Calls are collective only where said.
+class CheckpointableStrategy {
+ public:
+  virtual ~CheckpointableStrategy() = default;
+  /// One entry per element of Strategy::optimizer_parameters(), in the same order: the full
+  /// model parameter that optimizer parameter is (offset 0, the parameter's shape, for a
+  /// replicated strategy) or a 1-D piece of (a flat-parameter shard under ZeRO/FSDP), with
+  /// `data` the optimizer parameter itself flattened. The core names optimizer state
+  /// "<parameter>.<state>" and saves a state tensor of the parameter's numel as a piece of a
+  /// tensor of the parameter's full shape at the same offset; state of another size (a step
+  /// counter) is saved whole by the writer of the piece at offset 0.
+  virtual std::vector<CheckpointPiece> optimizer_parameter_pieces() = 0;
+  /// Every piece of the model's parameters (frozen ones included) and buffers this rank holds,
+  /// replicas included, aliasing live storage: what save writes (writer == true) and what load
+  /// fills (all). No communication.
+  virtual std::vector<CheckpointPiece> model_checkpoint_pieces() = 0;
+  /// Called on every rank after the loader copied a checkpoint into model_checkpoint_pieces()
+  /// and the optimizer state, before the first resumed step: makes derived copies consistent
+  /// (ZeRO-1/2 re-gather whole parameters from the loaded shards). May be collective.
+  virtual void after_checkpoint_load() = 0;
+};
+
+/// ABI 1.4. Why the core is asking a CheckpointPolicy.
+enum class CheckpointReason { Step, Signal, End };
+
+/// ABI 1.4. Where and how checkpoints are kept, as a CheckpointPolicy decides.
+struct CheckpointSettings {
+  std::string dir;            ///< absolute or relative to the working directory; "" = <run_dir>/checkpoints
+  int64_t keep_last = 0;      ///< complete checkpoints kept (older ones pruned after a save); 0 = all
+};
+
+/// ABI 1.4. A Callback that decides when the core writes a checkpoint (the core does the I/O,
+/// atomically, and the ranks agree: a checkpoint is written when rank 0's policy says so).
+/// Found with dynamic_cast; at most one per job.
+class CheckpointPolicy {
+ public:
+  virtual ~CheckpointPolicy() = default;
+  virtual CheckpointSettings checkpoint_settings() const = 0;
+  /// After optimizer step `step` (1-based count of steps done) completed, `elapsed_s` seconds
+  /// (wall clock) since the training loop started: whether to save now. With
+  /// CheckpointReason::Signal (SIGTERM/SIGINT received; the run stops after) or End (the last
+  /// step is done) the policy says whether that case saves.
+  virtual bool should_save(int64_t step, double elapsed_s, CheckpointReason reason) = 0;
+  /// Called after a checkpoint of `step` was completed (renamed into place), on every rank.
+  virtual void on_checkpoint_saved(int64_t step, const std::string& path) { (void)step, (void)path; }
 };
 
 }  // namespace trainrun::v1

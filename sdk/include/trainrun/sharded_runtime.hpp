@@ -275,6 +275,71 @@ class ShardedRuntime : public UnitHooks, public UnitOutputHooks {
     return out;
   }
 
+  /// ABI 1.4 (checkpoints). Every piece of every parameter this rank holds (replicas
+  /// included; the first replica is the writer), then the frozen parameters and buffers whole
+  /// (written by `owner_of_replicated`, filled everywhere). Pieces alias the shards: a loader
+  /// copies into them, then calls after_checkpoint_load().
+  std::vector<CheckpointPiece> checkpoint_pieces(bool owner_of_replicated) const {
+    std::map<const void*, std::pair<const FlatParameter*, size_t>> where;
+    for (const auto& g : groups_)
+      for (size_t k = 0; k < g.params.size(); ++k)
+        where[grads_[g.params[k]].tensor.unsafeGetTensorImpl()] = {g.flat.get(), k};
+    const int rank = shard_->rank();
+    const bool first_replica = replicate_ == nullptr || replicate_->rank() == 0;
+    std::vector<CheckpointPiece> out;
+    for (const auto& p : all_params_) {
+      auto it = where.find(p.tensor.unsafeGetTensorImpl());
+      if (it == where.end()) {
+        out.push_back({{p.name, p.tensor.sizes().vec(), 0, p.tensor.detach().view({-1})},
+                       owner_of_replicated});
+        continue;
+      }
+      const FlatParameter& f = *it->second.first;
+      const size_t k = it->second.second;
+      for (const Piece& pc : f.layout().pieces(rank))
+        if (pc.param == k)
+          out.push_back({{p.name, f.layout().params()[k].shape, pc.param_offset,
+                          f.shard().narrow(0, pc.shard_offset, pc.length)},
+                         first_replica});
+    }
+    for (auto& b : model_->named_buffers())
+      out.push_back({{b.name, b.tensor.sizes().vec(), 0, b.tensor.detach().view({-1})},
+                     owner_of_replicated});
+    return out;
+  }
+
+  /// ABI 1.4 (checkpoints). optimizer_parameters() with the parameter each piece comes from:
+  /// full shape and offset in its flattening (a piece's name is its parameter's).
+  std::vector<CheckpointPiece> optimizer_parameter_pieces() const {
+    const bool first_replica = replicate_ == nullptr || replicate_->rank() == 0;
+    const int rank = shard_->rank();
+    std::vector<CheckpointPiece> out;
+    for (const auto& g : groups_) {
+      const auto& pieces = g.flat->optimizer_pieces();
+      const auto layout_pieces = g.flat->layout().pieces(rank);
+      TR_CHECK(pieces.size() == layout_pieces.size(), opts_.name, ": ", pieces.size(),
+               " optimizer pieces but ", layout_pieces.size(), " layout pieces");
+      for (size_t i = 0; i < pieces.size(); ++i) {
+        const Piece& pc = layout_pieces[i];
+        out.push_back({{pieces[i].name, g.flat->layout().params()[pc.param].shape,
+                        pc.param_offset, pieces[i].tensor.detach()},
+                       first_replica});
+      }
+    }
+    return out;
+  }
+
+  /// ABI 1.4 (checkpoints). After the shards were overwritten by a loader: groups that stay
+  /// whole (ZeRO-1/2, persistent) gather the new values into their parameters, the others are
+  /// released so the next use gathers. Collective over the shard group.
+  void after_checkpoint_load() {
+    for (auto& g : groups_) g.flat->after_step_async();
+    for (auto& g : groups_) {
+      if (g.flat->options().keep_full) g.flat->gather();
+      else g.flat->release();
+    }
+  }
+
   /// The flat parameters, in reduce order (for sharded state dicts and estimates).
   std::vector<const FlatParameter*> flat_parameters() const {
     std::vector<const FlatParameter*> out;
@@ -737,7 +802,8 @@ class ShardedRuntime : public UnitHooks, public UnitOutputHooks {
 class ShardedStrategy : public Strategy,
                         public StepMetricsSource,
                         public MemoryInputsAware,
-                        public ShardedStateDictSource {
+                        public ShardedStateDictSource,
+                        public CheckpointableStrategy {
  public:
   /// `name` for messages, e.g. "strategy 'zero'".
   ShardedStrategy(std::string name, const RunContext& ctx)
@@ -764,6 +830,14 @@ class ShardedStrategy : public Strategy,
   std::vector<ShardedTensor> sharded_state_dict() override {
     return rt("sharded_state_dict").sharded_state_dict(rank_ == 0);
   }
+  /// ABI 1.4: pieces of the shards (see ShardedRuntime::checkpoint_pieces).
+  std::vector<CheckpointPiece> optimizer_parameter_pieces() override {
+    return rt("optimizer_parameter_pieces").optimizer_parameter_pieces();
+  }
+  std::vector<CheckpointPiece> model_checkpoint_pieces() override {
+    return rt("model_checkpoint_pieces").checkpoint_pieces(rank_ == 0);
+  }
+  void after_checkpoint_load() override { rt("after_checkpoint_load").after_checkpoint_load(); }
   /// comm_bytes, comm_exposed_s, then <prefix>_gathers, <prefix>_flat_bytes,
   /// <prefix>_max_unit_full_bytes, <prefix>_frozen_bytes (see RuntimeMetrics).
   void add_step_metrics(std::map<std::string, double>& extra) override {

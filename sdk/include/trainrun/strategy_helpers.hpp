@@ -94,4 +94,31 @@ inline std::vector<NamedTensor> replicated_state_dict(const std::vector<NamedTen
   return out;
 }
 
+/// ABI 1.4 (checkpoints). A replicated strategy's model pieces (CheckpointableStrategy): every
+/// parameter and buffer whole (offset 0, its shape, data a flat view of the live tensor), written
+/// by rank 0 only and filled on every rank at load (each rank reads the same bytes, so the
+/// replicas stay identical). Throws Error on a non-contiguous tensor (no flat view aliases it).
+inline std::vector<CheckpointPiece> replicated_checkpoint_pieces(const std::vector<NamedTensor>& params,
+                                                                 Model& model, int rank) {
+  std::vector<CheckpointPiece> out;
+  auto add = [&](const NamedTensor& t) {
+    TR_CHECK(t.tensor.is_contiguous(), "checkpoint: tensor '", t.name,
+             "' is not contiguous; it cannot be loaded in place");
+    out.push_back({{t.name, t.tensor.sizes().vec(), 0, t.tensor.detach().view({-1})}, rank == 0});
+  };
+  for (const auto& p : params) add(p);
+  for (const auto& b : model.named_buffers()) add(b);
+  return out;
+}
+
+/// ABI 1.4 (checkpoints). A replicated strategy's optimizer_parameter_pieces(): each optimizer
+/// parameter is a whole model parameter (offset 0), written by rank 0.
+inline std::vector<CheckpointPiece> replicated_optimizer_pieces(const std::vector<NamedTensor>& params,
+                                                                int rank) {
+  std::vector<CheckpointPiece> out;
+  for (const auto& p : params)
+    out.push_back({{p.name, p.tensor.sizes().vec(), 0, p.tensor.detach().reshape({-1})}, rank == 0});
+  return out;
+}
+
 }  // namespace trainrun::v1

@@ -62,6 +62,8 @@ struct LaunchSpec {
   bool rotate_run_dir = false;    ///< node 0 moves an earlier run in run_dir aside first
   bool mpiexec = false;           ///< spawn through MPICH's mpiexec -prepend-rank (nnodes == 1)
   std::vector<std::string> argv;  ///< worker command line; argv[0] = the trainrun executable
+  int max_restarts = 0;           ///< restarts of all workers after a failure (nnodes == 1); the
+                                  ///< workers see TRAINRUN_RESTART=k and resume from `latest`
 };
 
 /// Runs this node's workers to completion (single-threaded; installs SIGINT/SIGTERM/SIGCHLD
