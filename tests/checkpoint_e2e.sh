@@ -14,6 +14,8 @@
 #               zero-3@2 -> zero-1@4 -> ddp@4, each loading the previous one's checkpoint:
 #               evaluation loss equal to the trained writer's within 1e-6 (relative), and each
 #               run's full state dict (model.safetensors) bitwise equal to the writer's.
+#   reshard_train  optimizer state reshards: ddp@2's step-10 checkpoint resumed by fsdp@4 and by
+#               single@1 for steps 11-20 matches the uninterrupted ddp@2 run within 1e-5.
 #   corrupt     keep_last prunes; a flipped byte and a truncated file are reported with the file
 #               named (exit 1, no training); resume = "latest-valid" falls back to the previous
 #               checkpoint, says so, and finishes.
@@ -97,6 +99,29 @@ case $case in
         first=$name
       fi
       prev="$work/$name/checkpoints/step-0000010" prev_name=$name
+    done
+    ;;
+  reshard_train)
+    # The optimizer state reshards too: ddp@2 stops at step 10; fsdp@4 and single@1 each resume
+    # from that checkpoint and train steps 11-20, matching the uninterrupted ddp@2 run within
+    # 1e-5 (DESIGN invariant 1: losses, gradient norms and final weights; compare_runs.py).
+    g=("${gpt[@]}" "${opt[@]}")
+    run "$work/straight.log" "$tr" "${g[@]}" --set strategy.plugin=ddp --set launch.nproc_per_node=2 \
+      --set trainer.run_dir="$work/straight"
+    run "$work/first.log" "$tr" "${g[@]}" "${ckpt[@]}" --set strategy.plugin=ddp --set launch.nproc_per_node=2 \
+      --set trainer.stop_after_steps=10 --set trainer.run_dir="$work/first"
+    mkdir -p "$work/ref"  # the reference's steps 11-20 and its final weights
+    py -c "import json,sys; [print(l, end='') for l in open(sys.argv[1]) if 'eval_loss' in l or json.loads(l).get('step', 0) > 10]" \
+      "$work/straight/metrics.jsonl" > "$work/ref/metrics.jsonl"
+    cp "$work/straight/model.safetensors" "$work/ref/"
+    for to in "fsdp4:--set strategy.plugin=fsdp --set launch.nproc_per_node=4" \
+              "single1:--set strategy.plugin=single --set accelerator.plugin=cpu"; do
+      name=${to%%:*} sets=${to#*:}
+      # shellcheck disable=SC2086
+      run "$work/$name.log" "$tr" "${g[@]}" $sets --set trainer.resume="$work/first/checkpoints/step-0000010" \
+        --set trainer.run_dir="$work/$name"
+      expect_in "$work/$name.log" "resumed from .*step-0000010 at step 10 \\(written by ddp at world size 2\\)"
+      py "$tests/compare_runs.py" "$work/ref" "$work/$name" --rtol 1e-5 --label "ddp@2 -> $name, steps 11-20"
     done
     ;;
   corrupt)
