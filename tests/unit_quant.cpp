@@ -229,7 +229,7 @@ TEST_SUITE("linear") {
     }
   }
 
-  TEST_CASE("an NF4 base: weight parameter gone, buffers registered, no gradient to the base") {
+  TEST_CASE("an NF4 base: weight parameter gone, frozen storage registered, no gradient to the base") {
     torch::manual_seed(4);
     v1::Linear l(64, 32);
     at::Tensor dense = l->weight.detach().clone();
@@ -237,22 +237,39 @@ TEST_SUITE("linear") {
     o.double_quant = true;
     auto base = std::make_shared<Nf4Base>(nf4_quantize(l->weight, o, "l"), at::kFloat);
     l->set_base(base, base->buffers());
+    // The packed storage and its state are frozen parameters (as bitsandbytes' Params4bit), so
+    // sharding strategies shard them as bytes with the layer's unit; only bias trains.
     auto params = l->named_parameters();
-    CHECK(params.size() == 1);
+    CHECK(params.size() == 5);
     CHECK(params.contains("bias"));
-    CHECK(l->named_buffers().contains("weight_nf4"));
-    CHECK((l->named_buffers()["weight_nf4"].scalar_type() == at::kByte));
+    CHECK(params.contains("weight_nf4"));
+    CHECK((params["weight_nf4"].scalar_type() == at::kByte));
+    CHECK_FALSE(params["weight_nf4"].requires_grad());
+    CHECK(l->named_buffers().size() == 0);
     CHECK_FALSE(l->weight.defined());
-    at::Tensor x = at::randn({3, 64}).requires_grad_(true);
+    at::Tensor x = at::randn({2, 3, 64}).requires_grad_(true);
     at::Tensor y = l->forward(x);
-    at::Tensor ref = at::linear(x, base->dequantized_weight(), l->bias);
+    at::Tensor xr = x.detach().clone().requires_grad_(true);
+    at::Tensor br = l->bias.detach().clone().requires_grad_(true);
+    at::Tensor ref = at::linear(xr, base->dequantized_weight(), br);
     CHECK((y - ref).abs().max().item<double>() < 1e-5);
+    // The backward dequantizes again (bitsandbytes' MatMul4Bit) instead of keeping a dense
+    // weight alive from forward to backward; its gradients are at::linear's.
+    const at::Tensor gy = at::randn_like(ref);
+    ref.backward(gy);
+    y.backward(gy);
+    CHECK((x.grad() - xr.grad()).abs().max().item<double>() < 1e-5);
+    CHECK((l->bias.grad() - br.grad()).abs().max().item<double>() < 1e-5);
+    x.mutable_grad() = at::Tensor();
+    l->bias.mutable_grad() = at::Tensor();
+    y = l->forward(x);
     CHECK((base->dequantized_weight() - dense).abs().max().item<double>() <=
           dense.abs().max().item<double>() * nf4_max_normalized_error() * 1.02);
     y.sum().backward();
     CHECK(x.grad().defined());
     CHECK(l->bias.grad().defined());
-    for (const auto& b : l->named_buffers()) CHECK_FALSE(b.value().requires_grad());
+    for (const auto& p : l->named_parameters())
+      if (p.key() != "bias") CHECK_FALSE(p.value().grad().defined());
     // bf16 compute: output in the input's dtype, close to the fp32 one.
     auto base16 = std::make_shared<Nf4Base>(base->tensor(), at::kBFloat16);
     at::Tensor y16 = base16->forward(x.detach(), l->bias.detach());

@@ -930,16 +930,28 @@ int train(const JobConfig& job, const Registry& registry) {
     if (lead) log_info("wrote " + dir.string() + "/rank-*-of-" + std::to_string(ctx.world_size) + ".safetensors");
     return true;
   };
-  // Every rank asks (a sharded strategy gathers, which is a collective); rank 0 writes.
+  // Callbacks that want the gathered final state (capability v1::FinalStateDictConsumer).
+  std::vector<std::pair<Slot<v1::Callback>*, v1::FinalStateDictConsumer*>> state_consumers;
+  for (auto& cb : callbacks)
+    if (auto* c = dynamic_cast<v1::FinalStateDictConsumer*>(cb.obj.get())) state_consumers.push_back({&cb, c});
+  std::vector<v1::NamedTensor> final_state;
+  bool have_final_state = false;
+  // Every rank asks (a sharded strategy gathers, which is a collective); rank 0 uses it.
+  auto gather_final_state = [&](bool quiet) {
+    if (have_final_state) return true;
+    try {
+      final_state = strategy.call("full_state_dict", [](v1::Strategy& s) { return s.full_state_dict(); });
+    } catch (const v1::NotSupportedError& e) {
+      if (lead && !quiet) log_warn(std::string("model.safetensors not written: ") + e.what());
+      return false;
+    }
+    have_final_state = true;
+    return true;
+  };
   auto save_final_model = [&] {
     if (job.trainer.get_string("state_dict_type") == "sharded" && save_sharded_model()) return;
-    std::vector<v1::NamedTensor> state;
-    try {
-      state = strategy.call("full_state_dict", [](v1::Strategy& s) { return s.full_state_dict(); });
-    } catch (const v1::NotSupportedError& e) {
-      if (lead) log_warn(std::string("model.safetensors not written: ") + e.what());
-      return;
-    }
+    if (!gather_final_state(false)) return;
+    const std::vector<v1::NamedTensor>& state = final_state;
     if (!lead) return;
     const std::string path = (fs::path(ctx.run_dir) / "model.safetensors").string();
     write_safetensors(path, state, {{"format", "pt"}, {"trainrun_step", std::to_string(step)},
@@ -956,6 +968,13 @@ int train(const JobConfig& job, const Registry& registry) {
   if (!summary.interrupted) {
     last_eval = evaluate(step);
     if (job.trainer.get_bool("save_final_model")) save_final_model();
+    if (!state_consumers.empty() && gather_final_state(true) && lead)
+      for (auto& [slot, consumer] : state_consumers)
+        slot->call("on_final_state_dict", [&, c = consumer](v1::Callback&) {
+          c->on_final_state_dict(final_state);
+          return 0;
+        });
+    final_state.clear();
   }
   summary.elapsed_s = std::chrono::duration<double>(clock::now() - t_start).count();
   for (auto& cb : callbacks) cb.call("on_train_end", [&](v1::Callback& c) { c.on_train_end(summary); return 0; });

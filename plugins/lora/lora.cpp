@@ -159,11 +159,25 @@ void LoraCallback::on_setup(Model& model, const RunContext&) {
   }
 }
 
-void LoraCallback::save(const std::string& dir) const {
+void LoraCallback::save(const std::string& dir, const std::map<std::string, at::Tensor>& state) const {
   fs::create_directories(dir);
   std::vector<NamedTensor> tensors;
   nlohmann::ordered_json targets = nlohmann::json::array();
+  if (!state.empty()) {
+    auto get = [&](const std::string& n) {
+      auto it = state.find(n);
+      TR_CHECK(it != state.end(), "callback 'lora': the final state dict has no '", n, "'");
+      return it->second;
+    };
+    for (const auto& [name, a] : adapters_) {
+      tensors.push_back({"base_model.model." + name + ".lora_A.weight", get(name + ".lora_A.weight")});
+      tensors.push_back({"base_model.model." + name + ".lora_B.weight", get(name + ".lora_B.weight")});
+      targets.push_back(name);
+    }
+    for (const auto& b : biases_) tensors.push_back({"base_model.model." + b.name, get(b.name)});
+  }
   for (const auto& [name, a] : adapters_) {
+    if (!state.empty()) break;
     // Under a sharding strategy the live parameters may be pieces of flat parameters: saving
     // needs the gathered ones (not yet wired; ddp and single keep them whole).
     TR_CHECK(a->A().dim() == 2 && a->B().dim() == 2 && a->A().size(0) == r_ &&
@@ -175,7 +189,8 @@ void LoraCallback::save(const std::string& dir) const {
     tensors.push_back({"base_model.model." + name + ".lora_B.weight", a->B()});
     targets.push_back(name);
   }
-  for (const auto& b : biases_) tensors.push_back({"base_model.model." + b.name, b.tensor});
+  if (state.empty())
+    for (const auto& b : biases_) tensors.push_back({"base_model.model." + b.name, b.tensor});
   write_safetensors_f32((fs::path(dir) / "adapter_model.safetensors").string(), tensors);
   // PEFT's LoraConfig keys (peft/tuners/lora/config.py); target_modules lists the adapted
   // layers' full paths, which PEFT matches exactly.
@@ -207,8 +222,20 @@ void LoraCallback::save(const std::string& dir) const {
   fs::rename(path + ".tmp", path);
 }
 
+void LoraCallback::on_final_state_dict(const std::vector<NamedTensor>& state) {
+  if (!save_ || rank_ != 0 || adapters_.empty()) return;
+  std::map<std::string, at::Tensor> by_name;
+  for (const auto& t : state) by_name[t.name] = t.tensor;
+  const std::string dir = (fs::path(run_dir_) / adapter_dir_).string();
+  save(dir, by_name);
+  saved_ = true;
+  std::cout << "lora: wrote " << dir << "/adapter_model.safetensors (" << 2 * adapters_.size() + biases_.size()
+            << " tensors) and adapter_config.json\n"
+            << std::flush;
+}
+
 void LoraCallback::on_train_end(const TrainSummary& summary) {
-  if (!save_ || rank_ != 0 || adapters_.empty() || summary.interrupted) return;
+  if (!save_ || rank_ != 0 || adapters_.empty() || summary.interrupted || saved_) return;
   const std::string dir = (fs::path(run_dir_) / adapter_dir_).string();
   save(dir);
   std::cout << "lora: wrote " << dir << "/adapter_model.safetensors (" << 2 * adapters_.size() + biases_.size()

@@ -50,15 +50,20 @@ class LoraAdapter final : public LinearAdapter {
 /// file + rename), with metadata {"format": "pt"}. Throws Error naming the file.
 void write_safetensors_f32(const std::string& path, const std::vector<NamedTensor>& tensors);
 
-class LoraCallback final : public Callback {
+class LoraCallback final : public Callback, public FinalStateDictConsumer {
  public:
   static void declare_options(OptionSchema& s);
   LoraCallback(const Options& o, const RunContext& ctx);
   void on_setup(Model& model, const RunContext& ctx) override;
+  /// Saves the adapters from the gathered state (works under every strategy).
+  void on_final_state_dict(const std::vector<NamedTensor>& state) override;
+  /// Saves from the live layers when on_final_state_dict was not called (a strategy without a
+  /// full state dict) and they are whole on this rank.
   void on_train_end(const TrainSummary& summary) override;
 
   /// Writes adapter_config.json + adapter_model.safetensors into `dir` (created).
-  void save(const std::string& dir) const;
+  /// `state`: name -> whole tensor (the final state dict); empty = read the live layers.
+  void save(const std::string& dir, const std::map<std::string, at::Tensor>& state = {}) const;
   /// The adapted layers (after on_setup).
   const std::vector<std::pair<std::string, std::shared_ptr<LoraAdapter>>>& adapters() const {
     return adapters_;
@@ -76,6 +81,7 @@ class LoraCallback final : public Callback {
   std::vector<std::pair<std::string, std::shared_ptr<LoraAdapter>>> adapters_;
   std::vector<NamedTensor> biases_;  ///< trainable biases saved with the adapters
   int64_t trainable_ = 0, total_ = 0;
+  bool saved_ = false;
 };
 
 }  // namespace trainrun::lora

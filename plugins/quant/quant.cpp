@@ -3,6 +3,7 @@
 #include <trainrun/plugin.hpp>
 
 #include <c10/core/GradMode.h>
+#include <torch/csrc/autograd/custom_function.h>
 
 #include <cmath>
 #include <iostream>
@@ -182,10 +183,41 @@ at::Tensor nf4_dequantize(const Nf4Tensor& q) {
   return (as_blocks(values, q.blocksize) * absmax.unsqueeze(1)).reshape({-1}).slice(0, 0, q.numel).view(q.shape);
 }
 
+namespace {
+// y = x W^T + b with W dequantized from NF4. at::linear would keep the dense W alive from forward
+// to backward, one per layer: the memory QLoRA exists to save. As bitsandbytes' MatMul4Bit does,
+// the backward dequantizes W again (the packed storage is gathered again for the backward under
+// a sharding strategy) and gives gradients to x and bias only.
+struct Nf4LinearFunction : torch::autograd::Function<Nf4LinearFunction> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
+                            const at::Tensor& bias, const Nf4Tensor* q, at::ScalarType dtype) {
+    ctx->saved_data["q"] = reinterpret_cast<int64_t>(q);
+    ctx->saved_data["dtype"] = static_cast<int64_t>(dtype);
+    ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
+    ctx->saved_data["has_bias"] = bias.defined();
+    at::Tensor w = nf4_dequantize(*q).to(dtype);
+    at::Tensor b = bias.defined() ? bias.to(dtype) : bias;
+    return at::linear(x.to(dtype), w, b).to(x.scalar_type());
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto* q = reinterpret_cast<const Nf4Tensor*>(ctx->saved_data["q"].toInt());
+    const auto dtype = static_cast<at::ScalarType>(ctx->saved_data["dtype"].toInt());
+    const auto x_dtype = static_cast<at::ScalarType>(ctx->saved_data["x_dtype"].toInt());
+    const at::Tensor gy = grads[0].to(dtype);
+    at::Tensor gx, gb;
+    if (ctx->needs_input_grad(0)) gx = at::matmul(gy, nf4_dequantize(*q).to(dtype)).to(x_dtype);
+    if (ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(1)) {
+      at::Tensor flat = grads[0].reshape({-1, grads[0].size(-1)});
+      gb = flat.sum(0);
+    }
+    return {gx, gb, at::Tensor(), at::Tensor()};
+  }
+};
+}  // namespace
+
 at::Tensor Nf4Base::forward(const at::Tensor& x, const at::Tensor& bias) {
-  at::Tensor w = nf4_dequantize(q_).to(dtype_);
-  at::Tensor b = bias.defined() ? bias.to(dtype_) : bias;
-  return at::linear(x.to(dtype_), w, b).to(x.scalar_type());
+  return Nf4LinearFunction::apply(x, bias, &q_, dtype_);
 }
 
 std::vector<std::pair<std::string, at::Tensor>> Nf4Base::buffers() const {

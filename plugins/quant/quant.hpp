@@ -101,7 +101,8 @@ at::Tensor int8_dequantize(const Int8Tensor& q);
 at::Tensor int8_linear(const at::Tensor& x, const Int8Tensor& w, const at::Tensor& bias,
                        double threshold, at::ScalarType compute_dtype);
 
-/// Frozen NF4 base of a trainrun Linear: dequantize to compute_dtype, then matmul.
+/// Frozen NF4 base of a trainrun Linear: dequantize to compute_dtype, then matmul; the
+/// backward dequantizes again rather than keeping the dense weight (bitsandbytes' MatMul4Bit).
 class Nf4Base final : public LinearBase {
  public:
   Nf4Base(Nf4Tensor q, at::ScalarType compute_dtype) : q_(std::move(q)), dtype_(compute_dtype) {}
@@ -109,8 +110,8 @@ class Nf4Base final : public LinearBase {
   at::Tensor dequantized_weight() override { return nf4_dequantize(q_); }
   std::string format() const override { return q_.double_quant() ? "nf4+dq" : "nf4"; }
   int64_t storage_bytes() const override { return q_.storage_bytes(); }
-  /// The buffers to register on the layer (names "weight_nf4", "weight_absmax" or
-  /// "weight_absmax_q", "weight_absmax2", "weight_absmax_offset").
+  /// The frozen tensors to register on the layer (LinearImpl::set_base; names "weight_nf4",
+  /// "weight_absmax" or "weight_absmax_q", "weight_absmax2", "weight_absmax_offset").
   std::vector<std::pair<std::string, at::Tensor>> buffers() const;
   const Nf4Tensor& tensor() const { return q_; }
 
@@ -119,7 +120,7 @@ class Nf4Base final : public LinearBase {
   at::ScalarType dtype_;
 };
 
-/// Frozen int8 base of a trainrun Linear (buffers "weight_int8", "weight_scale").
+/// Frozen int8 base of a trainrun Linear (frozen tensors "weight_int8", "weight_scale").
 class Int8Base final : public LinearBase {
  public:
   Int8Base(Int8Tensor q, double threshold, at::ScalarType compute_dtype)

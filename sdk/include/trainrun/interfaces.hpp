@@ -405,6 +405,9 @@ class LinearAdapter {
   virtual at::Tensor delta_weight() = 0;
   /// Submodules to register on the layer, in order, by name ("lora_A", "lora_B").
   virtual std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> modules() = 0;
+};
+
+// ---------------------------------------------------------------------------------------------
 // ABI 1.4 (checkpoints). Capabilities the core's checkpoint writer and loader use to save a
 // strategy's state without gathering it and to load a checkpoint written by any strategy at
 // any world size into any other (resharding). Found with dynamic_cast.
@@ -466,6 +469,19 @@ class CheckpointPolicy {
   virtual bool should_save(int64_t step, double elapsed_s, CheckpointReason reason) = 0;
   /// Called after a checkpoint of `step` was completed (renamed into place), on every rank.
   virtual void on_checkpoint_saved(int64_t step, const std::string& path) { (void)step, (void)path; }
+};
+
+/// ABI 1.4. A Callback that wants the trained model's full state dict: every parameter and
+/// buffer named like the unwrapped model, whole (gathered by the strategy where it shards them,
+/// as Strategy::full_state_dict). LoRA saves its adapters from it: under zero/fsdp its live
+/// parameters are views of flat parameters that are released between uses. Found with
+/// dynamic_cast. The core calls it on rank 0 only, once training ended without interruption,
+/// before on_train_end, with the tensors the final model.safetensors is written from (CPU or
+/// the accelerator's device; read-only). Not called when the strategy has no full_state_dict.
+class FinalStateDictConsumer {
+ public:
+  virtual ~FinalStateDictConsumer() = default;
+  virtual void on_final_state_dict(const std::vector<NamedTensor>& state) = 0;
 };
 
 }  // namespace trainrun::v1

@@ -67,20 +67,23 @@ class LinearImpl : public torch::nn::Module {
   }
 
   /// Replaces the dense weight with a frozen `base`: the "weight" parameter is removed (the
-  /// member `weight` becomes undefined) and `buffers` (the base's packed storage and
-  /// quantization state, e.g. "weight_nf4", "weight_absmax") are registered on this layer, so
-  /// they travel in state dicts, broadcasts and shards under these names. The base must hold
-  /// the same tensor objects it registers: strategies move buffers in place (set_data).
+  /// member `weight` becomes undefined) and `frozen` (the base's packed storage and
+  /// quantization state, e.g. "weight_nf4", "weight_absmax") are registered on this layer as
+  /// parameters with requires_grad false — as bitsandbytes' Params4bit are Parameters — so they
+  /// travel in state dicts and broadcasts under these names, and a sharding strategy shards them
+  /// with the layer's unit as raw bytes (sharding::FrozenFlat), never as floats. They are never
+  /// given to the optimizer (strategies hand it trainable parameters only). The base must hold
+  /// the same tensor objects it registers: strategies move them in place (set_data).
   /// Throws Error when a base is already installed or adapters were added first.
   void set_base(std::shared_ptr<LinearBase> base,
-                const std::vector<std::pair<std::string, at::Tensor>>& buffers) {
+                const std::vector<std::pair<std::string, at::Tensor>>& frozen) {
     TR_CHECK(base != nullptr, "Linear::set_base: base must not be null");
     TR_CHECK(!base_, "Linear::set_base: the layer already has a ", base_->format(), " base");
     TR_CHECK(adapters_.empty(), "Linear::set_base: install the base before adding adapters "
              "(the precision converts the model before callbacks' on_setup)");
     parameters_.erase("weight");
     weight = at::Tensor();
-    for (const auto& [name, t] : buffers) register_buffer(name, t);
+    for (const auto& [name, t] : frozen) register_parameter(name, t, /*requires_grad=*/false);
     base_ = std::move(base);
   }
 

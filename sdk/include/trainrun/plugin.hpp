@@ -22,9 +22,9 @@ namespace trainrun::v1 {
 constexpr uint32_t kAbiMajor = 1;
 constexpr uint32_t kAbiMinor = 4;  ///< 1.1: capability StepMetricsSource; 1.2: OptionType::IntOrAuto;
                                    ///< 1.3: UnitOutputHooks, Unit checkpointer, ParameterShapesAware,
-                                   ///< CheckpointState; 1.4: LinearBase, LinearAdapter, trainrun Linear
-                                   ///< (adapters); CheckpointableStrategy, CheckpointPolicy
-                                   ///< (checkpoints)
+                                   ///< CheckpointState; 1.4: LinearBase, LinearAdapter, trainrun Linear,
+                                   ///< FinalStateDictConsumer (adapters); CheckpointableStrategy,
+                                   ///< CheckpointPolicy (checkpoints)
 
 /// Component kinds; values are part of the ABI and never renumbered.
 enum class ComponentKind : uint32_t {

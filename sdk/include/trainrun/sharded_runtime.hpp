@@ -276,19 +276,31 @@ class ShardedRuntime : public UnitHooks, public UnitOutputHooks {
   }
 
   /// ABI 1.4 (checkpoints). Every piece of every parameter this rank holds (replicas
-  /// included; the first replica is the writer), then the frozen parameters and buffers whole
-  /// (written by `owner_of_replicated`, filled everywhere). Pieces alias the shards: a loader
-  /// copies into them, then calls after_checkpoint_load().
+  /// included; the first replica is the writer): trainable ones from the flat parameters'
+  /// shards, frozen ones sharded as bytes from their FrozenFlat's shard (in elements of their
+  /// dtype), then the frozen parameters kept whole and buffers (written by
+  /// `owner_of_replicated`, filled everywhere). Pieces alias the shards: a loader copies into
+  /// them, then calls after_checkpoint_load().
   std::vector<CheckpointPiece> checkpoint_pieces(bool owner_of_replicated) const {
     std::map<const void*, std::pair<const FlatParameter*, size_t>> where;
     for (const auto& g : groups_)
       for (size_t k = 0; k < g.params.size(); ++k)
         where[grads_[g.params[k]].tensor.unsafeGetTensorImpl()] = {g.flat.get(), k};
+    std::map<const void*, std::pair<const FrozenFlat*, size_t>> frozen_where;
+    for (const auto& [f, tensors] : frozen_flats())
+      for (size_t k = 0; k < tensors->size(); ++k)
+        frozen_where[(*tensors)[k].tensor.unsafeGetTensorImpl()] = {f, k};
     const int rank = shard_->rank();
     const bool first_replica = replicate_ == nullptr || replicate_->rank() == 0;
     std::vector<CheckpointPiece> out;
     for (const auto& p : all_params_) {
       auto it = where.find(p.tensor.unsafeGetTensorImpl());
+      if (auto fz = frozen_where.find(p.tensor.unsafeGetTensorImpl()); fz != frozen_where.end()) {
+        auto [first, data] = fz->second.first->local_piece(fz->second.second);
+        if (data.numel() > 0)
+          out.push_back({{p.name, p.tensor.sizes().vec(), first, data}, first_replica});
+        continue;
+      }
       if (it == where.end()) {
         out.push_back({{p.name, p.tensor.sizes().vec(), 0, p.tensor.detach().view({-1})},
                        owner_of_replicated});
@@ -338,6 +350,7 @@ class ShardedRuntime : public UnitHooks, public UnitOutputHooks {
       if (g.flat->options().keep_full) g.flat->gather();
       else g.flat->release();
     }
+    for (auto& [f, _] : frozen_flats()) f->release();  // the next use gathers the loaded bytes
   }
 
   /// The flat parameters, in reduce order (for sharded state dicts and estimates).
