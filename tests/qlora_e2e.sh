@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # QLoRA end to end on real text, with the shipped configs cut down to a tiny gpt (issue 9).
-#   qlora: pre-train on one corpus (single), then quant-nf4 + lora on a different corpus under ddp
-#          at 2 ranks: held-out loss on the new corpus at least 10% below the quantized base's
-#          (measured 13.3% at 150 steps, 14.8% at 400: the issue's 20% is not reached yet by
-#          this tiny, briefly pre-trained gpt);
-#          the adapter files read back by an independent reader; comm_bytes per step against full
-#          fine-tuning of the same model.
+#   qlora: pre-train on one corpus (single), then quant-nf4 + lora on a different corpus under fsdp
+#          at 2 ranks (the config's strategy): held-out loss on the new corpus at least 10% below
+#          the quantized base's (measured 13.3% at 150 steps, 14.8% at 400: the issue's 20% is not
+#          reached by this tiny, briefly pre-trained gpt); the packed base sharded (each rank
+#          holds about half of its bytes); the same run under ddp (base replicated) gives the same
+#          held-out loss within 1e-5; the adapter files read back by an independent reader;
+#          comm_bytes per step against full fine-tuning of the same model under fsdp.
 #   merge: a LoRA run on the full-precision base (single), `trainrun merge-lora`, and the merged
 #          model evaluated on its own: the same held-out loss as the adapted run.
 source "$(dirname "$0")/e2e_lib.sh"
@@ -45,11 +46,17 @@ if [ "$mode" = qlora ]; then
     --set callbacks.0.save_adapter=false
   run "$work/qlora.log" "$tr" --config "$configs/gpt-qlora.toml" "${tiny[@]}" --set trainer.run_dir="$work/qlora" \
     --set trainer.init_weights="$base" --set trainer.max_steps=${FT_STEPS:-150} --set optimizer.warmup_steps=10
+  expect_in "$work/qlora.log" "strategy fsdp"
+  run "$work/ddp.log" "$tr" --config "$configs/gpt-qlora.toml" "${tiny[@]}" --set trainer.run_dir="$work/ddp" \
+    --set trainer.init_weights="$base" --set trainer.max_steps=${FT_STEPS:-150} --set optimizer.warmup_steps=10 \
+    --set strategy.plugin=ddp --set callbacks.0.save_adapter=false
   variant "$configs/gpt-qlora.toml" "$work/full.toml" no-lora
   run "$work/full.log" "$tr" --config "$work/full.toml" "${tiny[@]}" --set trainer.run_dir="$work/full" \
     --set trainer.init_weights="$base" --set trainer.max_steps=3
-  l0=$(final_loss "$work/base.log") l1=$(final_loss "$work/qlora.log")
-  [ -n "$l0" ] && [ -n "$l1" ] || fail "no final eval lines"
+  l0=$(final_loss "$work/base.log") l1=$(final_loss "$work/qlora.log") l2=$(final_loss "$work/ddp.log")
+  [ -n "$l0" ] && [ -n "$l1" ] && [ -n "$l2" ] || fail "no final eval lines"
+  py -c "import sys; a, b = float('$l1'), float('$l2'); print('held-out loss: fsdp', a, 'ddp', b); sys.exit(0 if abs(a - b) <= 1e-5 * a else 1)" ||
+    fail "QLoRA under fsdp ($l1) and ddp ($l2) disagree"
   expect_in "$work/qlora.log" "quant-nf4: 8 Linear layer\(s\) quantized"
   expect_in "$work/qlora.log" "lora: r 8"
   py "$here/check_adapter.py" "$work/qlora/adapter" 8 \
@@ -61,18 +68,27 @@ work, l0, l1 = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
 def comm(run):
     rows = [json.loads(l) for l in open(f"{work}/{run}/metrics.jsonl") if '"comm_bytes"' in l]
     return rows[-1]["comm_bytes"]
-q, f = comm("qlora"), comm("full")
+q, f, d = comm("qlora"), comm("full"), comm("ddp")
+rows = [json.loads(l) for l in open(f"{work}/qlora/metrics.jsonl") if '"fsdp_frozen_bytes"' in l]
+frozen = rows[-1]["fsdp_frozen_bytes"]
 log = open(f"{work}/qlora.log").read()
 share = re.search(r"lora: .*trainable (\d+) of (\d+) parameters \(([0-9.]+)%\)", log)
 quant = re.search(r"quant-nf4: .* (\d+) weights in (\d+) bytes = ([0-9.]+) bits/parameter \(bf16: (\d+) bytes\)", log)
 print(f"held-out loss on the new corpus: quantized base {l0:.4f} -> after QLoRA {l1:.4f} "
       f"({100 * (1 - l1 / l0):.1f}% lower)")
 print(f"trainable: {share.group(1)} of {share.group(2)} parameters ({share.group(3)}%)")
-print(f"comm_bytes per step per rank: qlora {q:.0f}, full fine-tuning {f:.0f} ({f / q:.1f}x)")
-print(f"base weights per rank: {quant.group(2)} bytes nf4+dq ({quant.group(3)} bits/parameter) "
-      f"vs {quant.group(4)} bytes bf16")
+print(f"comm_bytes per step per rank: qlora {q:.0f}, full fine-tuning {f:.0f} ({f / q:.1f}x), both "
+      f"under fsdp (gathers of the packed base and the adapters, reduce-scatter of the adapters' "
+      f"gradients); under ddp qlora sends {d:.0f}")
+print(f"base weights: {quant.group(2)} bytes nf4+dq ({quant.group(3)} bits/parameter) vs "
+      f"{quant.group(4)} bytes bf16; per rank under fsdp at rest: {frozen:.0f} bytes")
+packed = int(quant.group(2))
+assert frozen < 0.6 * packed, f"fsdp holds {frozen} of the {packed} packed bytes per rank: not sharded"
 assert l1 <= 0.9 * l0, f"held-out loss improved only {100 * (1 - l1 / l0):.1f}% (< 10%)"
-assert q * 5 < f, "adapter gradients should travel far fewer bytes than full fine-tuning"
+assert q * 3 < f, "QLoRA under fsdp should move far fewer bytes than full fine-tuning"
+# ddp all-reduces the adapters' float32 gradients only: 2 (W - 1) / W x 4 bytes x trainable = 4 x
+# trainable at W = 2.
+assert d == 4 * int(share.group(1)), f"ddp sent {d} bytes, not the adapters' gradients alone"
 PY
 elif [ "$mode" = merge ]; then
   variant "$configs/gpt-qlora.toml" "$work/lora.toml"

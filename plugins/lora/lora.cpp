@@ -136,17 +136,25 @@ void LoraCallback::on_setup(Model& model, const RunContext&) {
       biases_.push_back(p);
     }
   }
-  // Quantized weights are no parameters any more: count them from the layers' shapes, as PEFT's
+  // A quantized weight's packed storage and quantization state are frozen parameters of its
+  // layer: count the weight's elements from the layer's shape instead, as PEFT's
   // print_trainable_parameters counts a 4-bit weight's elements.
-  total_ = trainable_ = 0;
+  std::set<const void*> quant_state;
+  int64_t quantized = 0;
+  if (torch::nn::Module* root = model.module())
+    for (const auto& item : root->named_modules("", false))
+      if (auto l = std::dynamic_pointer_cast<LinearImpl>(item.value()); l && l->base()) {
+        quantized += l->options.in_features() * l->options.out_features();
+        for (const auto& q : l->named_parameters(/*recurse=*/false))
+          if (q.key() != "bias") quant_state.insert(q.value().unsafeGetTensorImpl());
+      }
+  total_ = quantized;
+  trainable_ = 0;
   for (const auto& p : model.named_parameters()) {
+    if (quant_state.count(p.tensor.unsafeGetTensorImpl())) continue;
     total_ += p.tensor.numel();
     if (p.tensor.requires_grad()) trainable_ += p.tensor.numel();
   }
-  if (torch::nn::Module* root = model.module())
-    for (const auto& item : root->named_modules("", false))
-      if (auto l = std::dynamic_pointer_cast<LinearImpl>(item.value()); l && l->base())
-        total_ += l->options.in_features() * l->options.out_features();
   if (rank_ == 0) {
     std::ostringstream os;
     os.precision(4);
