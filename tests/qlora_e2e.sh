@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # QLoRA end to end on real text, with the shipped configs cut down to a tiny gpt (issue 9).
 #   qlora: pre-train on one corpus (single), then quant-nf4 + lora on a different corpus under fsdp
-#          at 2 ranks (the config's strategy): held-out loss on the new corpus at least 10% below
-#          the quantized base's (measured 13.3% at 150 steps, 14.8% at 400: the issue's 20% is not
-#          reached by this tiny, briefly pre-trained gpt); the packed base sharded (each rank
+#          at 2 ranks (the config's strategy): held-out loss on the new corpus at least 20% below
+#          the quantized base's (adapters on every block Linear and on lm_head); the packed base
+#          sharded (each rank
 #          holds about half of its bytes); the same run under ddp (base replicated) gives the same
 #          held-out loss within 1e-5; the adapter files read back by an independent reader;
 #          comm_bytes per step against full fine-tuning of the same model under fsdp.
@@ -61,7 +61,8 @@ if [ "$mode" = qlora ]; then
   expect_in "$work/qlora.log" "lora: r 8"
   py "$here/check_adapter.py" "$work/qlora/adapter" 8 \
     blocks.0.attn.c_attn:64:192 blocks.0.attn.c_proj:64:64 blocks.0.mlp.c_fc:64:256 blocks.0.mlp.c_proj:256:64 \
-    blocks.1.attn.c_attn:64:192 blocks.1.attn.c_proj:64:64 blocks.1.mlp.c_fc:64:256 blocks.1.mlp.c_proj:256:64
+    blocks.1.attn.c_attn:64:192 blocks.1.attn.c_proj:64:64 blocks.1.mlp.c_fc:64:256 blocks.1.mlp.c_proj:256:64 \
+    lm_head:64:256
   py - "$work" "$l0" "$l1" <<'PY'
 import json, re, sys
 work, l0, l1 = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
@@ -84,7 +85,7 @@ print(f"base weights: {quant.group(2)} bytes nf4+dq ({quant.group(3)} bits/param
       f"{quant.group(4)} bytes bf16; per rank under fsdp at rest: {frozen:.0f} bytes")
 packed = int(quant.group(2))
 assert frozen < 0.6 * packed, f"fsdp holds {frozen} of the {packed} packed bytes per rank: not sharded"
-assert l1 <= 0.9 * l0, f"held-out loss improved only {100 * (1 - l1 / l0):.1f}% (< 10%)"
+assert l1 <= 0.8 * l0, f"held-out loss improved only {100 * (1 - l1 / l0):.1f}% (< 20%)"
 assert q * 3 < f, "QLoRA under fsdp should move far fewer bytes than full fine-tuning"
 # ddp all-reduces the adapters' float32 gradients only: 2 (W - 1) / W x 4 bytes x trainable = 4 x
 # trainable at W = 2.
@@ -97,7 +98,7 @@ elif [ "$mode" = merge ]; then
   run "$work/lora.log" "$tr" --config "$work/lora.toml" "${tiny[@]}" "${single[@]}" --set trainer.run_dir="$work/lora" \
     --set trainer.init_weights="$base" --set trainer.max_steps=20 --set optimizer.warmup_steps=5
   run "$work/merge.log" "$tr" merge-lora --base "$base" --adapter "$work/lora/adapter" --output "$work/merged.safetensors"
-  expect_in "$work/merge.log" "merge-lora: 8 adapter\(s\) merged"
+  expect_in "$work/merge.log" "merge-lora: 9 adapter\(s\) merged"
   run "$work/merged.log" "$tr" --config "$work/plain.toml" "${tiny[@]}" "${single[@]}" --set trainer.run_dir="$work/merged" \
     --set trainer.init_weights="$work/merged.safetensors" --set trainer.max_steps=1 --set optimizer.lr=0 --set optimizer.min_lr=0
   la=$(final_loss "$work/lora.log") lm=$(final_loss "$work/merged.log")
