@@ -7,41 +7,6 @@
 
 namespace trainrun::plugins {
 
-bool all_finite_local(const std::vector<at::Tensor>& grads) {
-  c10::NoGradGuard no_grad;
-  // As DeepSpeed's overflow check (_has_inf_or_nan): a tensor whose sum is not finite holds an
-  // inf or a NaN. One reduction per tensor and no bool copy of it (isfinite(g).all() cost ~2x
-  // more); finite values whose sum overflows float also count as overflow, which is what a
-  // loss scaler wants anyway. The per-tensor sums are checked together: one host read per step.
-  std::vector<at::Tensor> sums;
-  sums.reserve(grads.size());
-  for (const auto& g : grads)
-    if (g.defined() && g.numel() > 0) sums.push_back(g.sum().to(at::kFloat).reshape({1}));
-  if (sums.empty()) return true;
-  return at::cat(sums).isfinite().all().item<bool>();
-}
-
-bool all_finite_agreed(const std::vector<at::Tensor>& grads, Communicator& comm) {
-  return all_ranks_agree(all_finite_local(grads), grads, comm);
-}
-
-bool all_ranks_agree(bool local, const std::vector<at::Tensor>& grads, Communicator& comm) {
-  if (comm.world_size() == 1) return local;
-  // Communicators need the accelerator's device; the gradients live there. Gloo has no bool
-  // type (DESIGN), so the flag travels as float32.
-  c10::Device device(c10::kCPU);
-  for (const auto& g : grads)
-    if (g.defined()) {
-      device = g.device();
-      break;
-    }
-  at::Tensor flag = at::full({1}, local ? 1.0f : 0.0f, at::TensorOptions().device(device));
-  AllReduceOptions opts;
-  opts.op = ReduceOp::Min;
-  comm.all_reduce(flag, opts)->wait();
-  return flag.item<float>() > 0.5f;
-}
-
 void Fp32Precision::declare_options(OptionSchema&) {}
 
 Fp32Precision::Fp32Precision(const Options&, const RunContext&) {}

@@ -1,5 +1,6 @@
 #include "quant.hpp"
 
+#include <trainrun/finite_check.hpp>
 #include <trainrun/plugin.hpp>
 
 #include <c10/core/GradMode.h>
@@ -357,25 +358,8 @@ void QuantPrecision::convert(Model& model) {
 }
 
 bool QuantPrecision::unscale_and_check(const std::vector<at::Tensor>& grads, Communicator& comm) {
-  c10::NoGradGuard no_grad;
-  // As fp32: one sum per gradient (a non-finite sum means an inf or NaN), agreed by all ranks.
-  bool local = true;
-  std::vector<at::Tensor> sums;
-  for (const auto& g : grads)
-    if (g.defined() && g.numel() > 0) sums.push_back(g.sum().to(at::kFloat).reshape({1}));
-  if (!sums.empty()) local = at::cat(sums).isfinite().all().item<bool>();
-  if (comm.world_size() == 1) return local;
-  c10::Device device(c10::kCPU);
-  for (const auto& g : grads)
-    if (g.defined()) {
-      device = g.device();
-      break;
-    }
-  at::Tensor flag = at::full({1}, local ? 1.0f : 0.0f, at::TensorOptions().device(device));
-  AllReduceOptions opts;
-  opts.op = ReduceOp::Min;
-  comm.all_reduce(flag, opts)->wait();
-  return flag.item<float>() > 0.5f;
+  // As fp32: no loss scale, the finite check agreed by all ranks.
+  return all_finite_agreed(grads, comm);
 }
 
 }  // namespace trainrun::quant

@@ -237,41 +237,10 @@ class ShardedRuntime : public UnitHooks, public UnitOutputHooks {
   /// `owner_of_replicated` only, the frozen parameters and buffers whole. No communication:
   /// a piece aliases the shard (clone it to keep it past the next step).
   std::vector<ShardedTensor> sharded_state_dict(bool owner_of_replicated) const {
-    std::map<const void*, std::pair<const FlatParameter*, size_t>> where;
-    for (const auto& g : groups_)
-      for (size_t k = 0; k < g.params.size(); ++k)
-        where[grads_[g.params[k]].tensor.unsafeGetTensorImpl()] = {g.flat.get(), k};
-    std::map<const void*, std::pair<const FrozenFlat*, size_t>> frozen_where;
-    for (const auto& [f, tensors] : frozen_flats())
-      for (size_t k = 0; k < tensors->size(); ++k)
-        frozen_where[(*tensors)[k].tensor.unsafeGetTensorImpl()] = {f, k};
-    const int rank = shard_->rank();
+    // The checkpoint pieces this rank writes: each element of each tensor exactly once.
     std::vector<ShardedTensor> out;
-    for (const auto& p : all_params_) {
-      auto it = where.find(p.tensor.unsafeGetTensorImpl());
-      if (auto fz = frozen_where.find(p.tensor.unsafeGetTensorImpl()); fz != frozen_where.end()) {
-        if (replicate_ != nullptr && replicate_->rank() != 0) continue;
-        auto [first, data] = fz->second.first->local_piece(fz->second.second);
-        if (data.numel() > 0) out.push_back({p.name, p.tensor.sizes().vec(), first, data});
-        continue;
-      }
-      if (it == where.end()) {
-        if (owner_of_replicated)
-          out.push_back({p.name, p.tensor.sizes().vec(), 0, p.tensor.detach().reshape({-1})});
-        continue;
-      }
-      const FlatParameter& f = *it->second.first;
-      const size_t k = it->second.second;
-      // Replicas (HYBRID_SHARD, NO_SHARD) hold the same shard: only the first replica lists it.
-      if (replicate_ != nullptr && replicate_->rank() != 0) continue;
-      for (const Piece& pc : f.layout().pieces(rank))
-        if (pc.param == k)
-          out.push_back({p.name, f.layout().params()[k].shape, pc.param_offset,
-                         f.shard().narrow(0, pc.shard_offset, pc.length)});
-    }
-    if (owner_of_replicated)
-      for (auto& b : model_->named_buffers())
-        out.push_back({b.name, b.tensor.sizes().vec(), 0, b.tensor.detach().reshape({-1})});
+    for (auto& c : checkpoint_pieces(owner_of_replicated))
+      if (c.writer) out.push_back(std::move(c.piece));
     return out;
   }
 
