@@ -204,9 +204,26 @@ int main(int argc, char** argv) {
       return 2;
     }
     try {
-      const int64_t n = core::consolidate_checkpoint(args[0], args[1], max_shard);
-      std::cout << "consolidated " << n << " tensors from " << args[0] << " into " << args[1] << std::endl;
+      // The checkpoints directory, or its `latest` pointer file, names the newest complete
+      // checkpoint: take that one rather than calling the pointer an incomplete checkpoint.
+      namespace fs = std::filesystem;
+      std::string src = args[0];
+      if (!fs::exists(src)) {
+        std::cerr << "trainrun consolidate: error: " << src << ": no such checkpoint directory" << std::endl;
+        return 2;
+      }
+      if (fs::is_regular_file(src) && fs::path(src).filename() == "latest")
+        src = core::resolve_checkpoint("latest", fs::path(src).parent_path().string(), false);
+      else if (fs::is_directory(src) && !fs::exists(fs::path(src) / "meta.json") &&
+               fs::exists(fs::path(src) / "latest"))
+        src = core::resolve_checkpoint("latest", src, false);
+      const int64_t n = core::consolidate_checkpoint(src, args[1], max_shard);
+      std::cout << "consolidated " << n << " tensors from " << src << " into " << args[1] << std::endl;
       return 0;
+    } catch (const v1::Error& e) {
+      // A missing, incomplete or corrupt checkpoint is bad input.
+      std::cerr << "trainrun consolidate: error: " << e.what() << std::endl;
+      return 2;
     } catch (const std::exception& e) {
       std::cerr << "trainrun consolidate: error: " << e.what() << std::endl;
       return 1;
@@ -247,6 +264,7 @@ int main(int argc, char** argv) {
                  "       trainrun check --config job.toml [--set key=value]... [--plugin-path P]...\n"
                  "       trainrun plugins [NAME]\n"
                  "       trainrun consolidate <checkpoint dir> <out dir> [--max-shard-size 5GB]\n"
+                 "       trainrun merge-lora --base MODEL --adapter DIR --output FILE\n"
                  "       trainrun bench collectives --backend gloo-cpu|mpi --nproc N [--verify] "
                  "(see trainrun bench collectives --help)\n\n"
               << opts << std::endl;
