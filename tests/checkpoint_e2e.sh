@@ -205,6 +205,14 @@ case $case in
     run "$work/c2.log" "$tr" consolidate "$work/z/checkpoints/step-0000004" "$work/split" --max-shard-size 40KB
     [ -f "$work/split/model.safetensors.index.json" ] || fail "no index for a split model"
     check consolidated "$work/split" "$work/z/model.safetensors"
+    # The checkpoints directory stands for its newest complete checkpoint (its `latest`).
+    run "$work/c3.log" "$tr" consolidate "$work/z/checkpoints" "$work/latest"
+    expect_in "$work/c3.log" "from .*step-0000004"
+    check consolidated "$work/latest" "$work/z/model.safetensors"
+    rc=0; "$tr" consolidate "$work/nowhere" "$work/x" >"$work/c4.log" 2>&1 || rc=$?
+    cat "$work/c4.log"
+    expect_rc 2 "$rc"
+    expect_in "$work/c4.log" "nowhere: no such checkpoint directory"
     ;;
   restart)
     # [launch] max_restarts = 1: rank 1 is SIGKILLed as step 15 starts (test hook), the
