@@ -169,36 +169,28 @@ void LoraCallback::on_setup(Model& model, const RunContext&) {
 
 void LoraCallback::save(const std::string& dir, const std::map<std::string, at::Tensor>& state) const {
   fs::create_directories(dir);
+  // From the gathered final state when the core gave one (any strategy), else the live layers.
+  auto get = [&](const std::string& n, const at::Tensor& live) {
+    if (state.empty()) return live;
+    auto it = state.find(n);
+    TR_CHECK(it != state.end(), "callback 'lora': the final state dict has no '", n, "'");
+    return it->second;
+  };
   std::vector<NamedTensor> tensors;
   nlohmann::ordered_json targets = nlohmann::json::array();
-  if (!state.empty()) {
-    auto get = [&](const std::string& n) {
-      auto it = state.find(n);
-      TR_CHECK(it != state.end(), "callback 'lora': the final state dict has no '", n, "'");
-      return it->second;
-    };
-    for (const auto& [name, a] : adapters_) {
-      tensors.push_back({"base_model.model." + name + ".lora_A.weight", get(name + ".lora_A.weight")});
-      tensors.push_back({"base_model.model." + name + ".lora_B.weight", get(name + ".lora_B.weight")});
-      targets.push_back(name);
-    }
-    for (const auto& b : biases_) tensors.push_back({"base_model.model." + b.name, get(b.name)});
-  }
   for (const auto& [name, a] : adapters_) {
-    if (!state.empty()) break;
-    // Under a sharding strategy the live parameters may be pieces of flat parameters: saving
-    // needs the gathered ones (not yet wired; ddp and single keep them whole).
-    TR_CHECK(a->A().dim() == 2 && a->B().dim() == 2 && a->A().size(0) == r_ &&
-                 a->B().size(1) == r_,
+    // Without the gathered state, live parameters that a sharding strategy made pieces of flat
+    // parameters cannot be saved.
+    TR_CHECK(!state.empty() || (a->A().dim() == 2 && a->B().dim() == 2 && a->A().size(0) == r_ &&
+                                a->B().size(1) == r_),
              "callback 'lora': the adapter of '", name, "' is not whole on this rank (A ",
-             a->A().sizes(), ", B ", a->B().sizes(), "): the strategy shards it, and saving "
-             "sharded adapters is not supported yet");
-    tensors.push_back({"base_model.model." + name + ".lora_A.weight", a->A()});
-    tensors.push_back({"base_model.model." + name + ".lora_B.weight", a->B()});
+             a->A().sizes(), ", B ", a->B().sizes(), "): the strategy shards it and gave no "
+             "full state dict");
+    tensors.push_back({"base_model.model." + name + ".lora_A.weight", get(name + ".lora_A.weight", a->A())});
+    tensors.push_back({"base_model.model." + name + ".lora_B.weight", get(name + ".lora_B.weight", a->B())});
     targets.push_back(name);
   }
-  if (state.empty())
-    for (const auto& b : biases_) tensors.push_back({"base_model.model." + b.name, b.tensor});
+  for (const auto& b : biases_) tensors.push_back({"base_model.model." + b.name, get(b.name, b.tensor)});
   write_safetensors_f32((fs::path(dir) / "adapter_model.safetensors").string(), tensors);
   // PEFT's LoraConfig keys (peft/tuners/lora/config.py); target_modules lists the adapted
   // layers' full paths, which PEFT matches exactly.

@@ -219,10 +219,10 @@ class ShardedRuntime : public UnitHooks, public UnitOutputHooks {
       for (size_t k = 0; k < g.params.size(); ++k)
         value[grads_[g.params[k]].tensor.unsafeGetTensorImpl()] = full[k].tensor;
     }
-    for (auto& [f, tensors] : frozen_flats()) {
+    for (FrozenFlat* f : frozen_flats()) {
       auto full = f->gather_full_values();
-      for (size_t k = 0; k < tensors->size(); ++k)
-        value[(*tensors)[k].tensor.unsafeGetTensorImpl()] = full[k].tensor;
+      for (size_t k = 0; k < f->tensors().size(); ++k)
+        value[f->tensors()[k].tensor.unsafeGetTensorImpl()] = full[k].tensor;
     }
     std::vector<NamedTensor> out;
     for (const auto& p : all_params_) {
@@ -256,9 +256,9 @@ class ShardedRuntime : public UnitHooks, public UnitOutputHooks {
       for (size_t k = 0; k < g.params.size(); ++k)
         where[grads_[g.params[k]].tensor.unsafeGetTensorImpl()] = {g.flat.get(), k};
     std::map<const void*, std::pair<const FrozenFlat*, size_t>> frozen_where;
-    for (const auto& [f, tensors] : frozen_flats())
-      for (size_t k = 0; k < tensors->size(); ++k)
-        frozen_where[(*tensors)[k].tensor.unsafeGetTensorImpl()] = {f, k};
+    for (const FrozenFlat* f : frozen_flats())
+      for (size_t k = 0; k < f->tensors().size(); ++k)
+        frozen_where[f->tensors()[k].tensor.unsafeGetTensorImpl()] = {f, k};
     const int rank = shard_->rank();
     const bool first_replica = replicate_ == nullptr || replicate_->rank() == 0;
     std::vector<CheckpointPiece> out;
@@ -319,7 +319,7 @@ class ShardedRuntime : public UnitHooks, public UnitOutputHooks {
       if (g.flat->options().keep_full) g.flat->gather();
       else g.flat->release();
     }
-    for (auto& [f, _] : frozen_flats()) f->release();  // the next use gathers the loaded bytes
+    for (FrozenFlat* f : frozen_flats()) f->release();  // the next use gathers the loaded bytes
   }
 
   /// The flat parameters, in reduce order (for sharded state dicts and estimates).
@@ -351,7 +351,7 @@ class ShardedRuntime : public UnitHooks, public UnitOutputHooks {
     RuntimeMetrics m = metrics_;
     m.flat_bytes = 0;
     for (const auto& g : groups_) m.flat_bytes += static_cast<double>(g.flat->resident_bytes());
-    for (const auto& [f, _] : frozen_flats()) m.frozen_bytes += static_cast<double>(f->resident_bytes());
+    for (const FrozenFlat* f : frozen_flats()) m.frozen_bytes += static_cast<double>(f->resident_bytes());
     metrics_ = RuntimeMetrics{};
     return m;
   }
@@ -398,7 +398,6 @@ class ShardedRuntime : public UnitHooks, public UnitOutputHooks {
   struct Group {
     std::unique_ptr<FlatParameter> flat;
     std::unique_ptr<FrozenFlat> frozen;  // the group's units' frozen parameters (may be null)
-    std::vector<NamedTensor> frozen_tensors;
     std::vector<size_t> params;  // indices into grads_
     size_t pending = 0;          // parameters whose gradient has not arrived in this pass
     int first_unit = -1, last_unit = -1;  // Units grouping: the units it holds (merged: a range)
@@ -599,13 +598,13 @@ class ShardedRuntime : public UnitHooks, public UnitOutputHooks {
       if (f) f->release();
     backward_unit_ = -1;
   }
-  // Every frozen flat with the tensors it holds (group ones, then frozen-only units).
-  std::vector<std::pair<FrozenFlat*, const std::vector<NamedTensor>*>> frozen_flats() const {
-    std::vector<std::pair<FrozenFlat*, const std::vector<NamedTensor>*>> out;
+  // Every frozen flat (group ones, then frozen-only units).
+  std::vector<FrozenFlat*> frozen_flats() const {
+    std::vector<FrozenFlat*> out;
     for (const auto& g : groups_)
-      if (g.frozen) out.push_back({g.frozen.get(), &g.frozen_tensors});
-    for (size_t u = 0; u < unit_frozen_.size(); ++u)
-      if (unit_frozen_[u]) out.push_back({unit_frozen_[u].get(), &unit_frozen_tensors_[u]});
+      if (g.frozen) out.push_back(g.frozen.get());
+    for (const auto& f : unit_frozen_)
+      if (f) out.push_back(f.get());
     return out;
   }
 
@@ -642,14 +641,11 @@ class ShardedRuntime : public UnitHooks, public UnitOutputHooks {
     }
     for (auto& [gi, tensors] : per_group) {
       Group& g = groups_[static_cast<size_t>(gi)];
-      g.frozen_tensors = tensors;
       g.frozen = std::make_unique<FrozenFlat>(tensors, *shard_, g.flat->options().name + " (frozen)");
     }
     if (!per_unit.empty()) {
       unit_frozen_.resize(units_.size());
-      unit_frozen_tensors_.resize(units_.size());
       for (auto& [u, tensors] : per_unit) {
-        unit_frozen_tensors_[static_cast<size_t>(u)] = tensors;
         unit_frozen_[static_cast<size_t>(u)] = std::make_unique<FrozenFlat>(
             tensors, *shard_, opts_.name + " unit " + units_[static_cast<size_t>(u)]->name() + " (frozen)");
       }
@@ -763,7 +759,6 @@ class ShardedRuntime : public UnitHooks, public UnitOutputHooks {
   std::vector<Unit*> units_;
   std::map<const Unit*, int> unit_index_;
   std::vector<std::unique_ptr<FrozenFlat>> unit_frozen_;  // unit -> frozen-only flat (or null)
-  std::vector<std::vector<NamedTensor>> unit_frozen_tensors_;
   int backward_unit_ = -1;  // the unit whose backward started last in this pass (-1: none)
   int root_group_ = -1;
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;

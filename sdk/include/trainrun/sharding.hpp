@@ -452,6 +452,8 @@ class FrozenFlat {
   }
 
   const std::vector<Span>& spans() const { return spans_; }
+  /// The tensors, in layout order (views of the full buffer).
+  const std::vector<NamedTensor>& tensors() const { return tensors_; }
   const std::string& name() const { return name_; }
   /// This rank's bytes [shard_bytes()], uint8.
   const at::Tensor& shard() const { return shard_; }
