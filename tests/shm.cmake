@@ -1,6 +1,6 @@
 # gloo-cpu's shared-memory send/recv (plugins/gloo/shm.cpp): shm_p2p forks its own ranks on
-# loopback and drives GlooCommunicator directly (correctness at 2 and 3 ranks, a tag/size
-# mismatch, a dead peer, a timeout; `shm_p2p bench` prints shm vs TCP GB/s and is not a test);
+# loopback and drives GlooCommunicator directly (correctness at 2 and 3 ranks, with and without
+# single copy, recv_reduce, a tag/size mismatch, a dead peer, a timeout; `shm_p2p bench` prints shm vs TCP GB/s and is not a test);
 # shm_e2e.sh checks through the real trainrun binary that the path is in use ("+ shm" in the
 # banner) and that --verify passes with it on and off.
 find_package(Gloo CONFIG REQUIRED)
@@ -24,6 +24,11 @@ endforeach()
 add_test(NAME shm.p2p.check.w3 COMMAND shm_p2p check 3)
 set_tests_properties(shm.p2p.check.w3 PROPERTIES TIMEOUT 300
   ENVIRONMENT "OMP_NUM_THREADS=1;OPENBLAS_NUM_THREADS=1")
+# Messages of 2 MiB and more go by single copy by default; this runs the same checks with every
+# message through the slots (two copies), as where process_vm_readv is forbidden.
+add_test(NAME shm.p2p.check.two_copy COMMAND shm_p2p check)
+set_tests_properties(shm.p2p.check.two_copy PROPERTIES TIMEOUT 180
+  ENVIRONMENT "OMP_NUM_THREADS=1;OPENBLAS_NUM_THREADS=1;TRAINRUN_SHM_CMA=0")
 
 foreach(case banner verify_off)
   add_test(NAME shm.e2e.${case}

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # gloo-cpu's shared-memory send/recv through the real trainrun binary on loopback:
 #   shm_e2e.sh <trainrun> <work dir> <case>
-# Cases: banner (shm on, the default: the banner says "+ shm", --verify passes at 2 ranks, no
-# segment is left in /dev/shm), verify_off (accelerator.shm=false: TCP only, "+ shm" absent,
+# Cases: banner (shm on, the default: the banner says "+ shm + single copy", --verify passes at
+# 2 ranks, no segment is left in /dev/shm), verify_off (accelerator.shm=false: TCP only, "+ shm" absent,
 # --verify passes).
 source "$(dirname "$0")/e2e_lib.sh"
 tr=$1 work=$2 case=$3
@@ -13,7 +13,7 @@ bench=(bench collectives --backend gloo-cpu --nproc 2 --verify --set accelerator
 case $case in
 banner)
   run "$work/out" "$tr" "${bench[@]}"
-  expect_in "$work/out" "# gloo-cpu \(tcp 127\.0\.0\.1 \+ shm\), rank 0 of 2"
+  expect_in "$work/out" "# gloo-cpu \(tcp 127\.0\.0\.1 \+ shm \+ single copy\), rank 0 of 2"
   expect_in "$work/out" "0 failure\(s\) over all ranks"
   # Segments are unlinked once both ends have mapped them; other tests running at the same
   # time may hold one for a moment during their set-up, so allow a short delay.

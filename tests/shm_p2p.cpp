@@ -4,8 +4,9 @@
 //   shm_p2p check [N]   correctness at N ranks (default 2): the shm path is in use; exchanges
 //                       around the ring for every dtype and sizes 0, 1, 7, 1000003 and one
 //                       larger than a channel's ring; 64 chunk messages posted ahead (as a
-//                       pipelined ring all-reduce does); a send after an all_reduce of the same
-//                       tensor; a sub-group; the same with shm=false for comparison of results.
+//                       pipelined ring all-reduce does); recv_reduce (sum/min/max, five dtypes,
+//                       several sizes); a send nobody waits for (2 ranks); a send after an
+//                       all_reduce of the same tensor; a sub-group; the same with shm=false.
 //   shm_p2p mismatch    rank 1's recv names another tag and size than rank 0's send: an error
 //                       naming both ranks, both tags and both sizes, on rank 1 at once.
 //   shm_p2p dead        rank 0 dies (SIGKILL) while rank 1 waits in a recv with a 60 s
@@ -104,10 +105,45 @@ void ring_exchange(v1::Communicator& c, int64_t count, c10::ScalarType t, int ta
   expect(in.equal(pattern((r + n - 1) % n, count, t)), r, what);
 }
 
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// Everyone sends its pattern to the next rank and combines what the previous rank sent into its
+// own pattern with recv_reduce (ABI 1.5).
+void ring_recv_reduce(GlooCommunicator& c, int64_t count, c10::ScalarType t, v1::ReduceOp op,
+                      const std::string& what) {
+  const int n = c.world_size(), r = c.rank(), left = (r + n - 1) % n;
+  auto out = pattern(r, count, t);
+  auto acc = pattern(r, count, t) * 2;  // differs from what is sent, so min/max both matter
+  auto mine = acc.clone();
+  auto ws = c.send(out, {(r + 1) % n, 11, 0});
+  auto wr = c.recv_reduce(acc, op, {left, 11, 0});
+  ws->wait();
+  wr->wait();
+  const auto theirs = pattern(left, count, t);
+  const auto want = op == v1::ReduceOp::Sum   ? mine + theirs
+                    : op == v1::ReduceOp::Min ? at::minimum(mine, theirs)
+                                              : at::maximum(mine, theirs);
+  expect(acc.equal(want), r, what);
+}
+
 int check(GlooCommunicator& c, bool shm) {
   const int n = c.world_size(), r = c.rank();
   if (shm) expect(c.shm_peers() == n - 1, r, "shm_peers() " + std::to_string(c.shm_peers()));
-  else expect(c.shm_peers() == 0, r, "shm=false but shm_peers() > 0");
+  // Single copy (process_vm_readv) is on unless TRAINRUN_SHM_CMA=0 (shm.p2p.check.two_copy);
+  // where the system forbids it, the transport said why on stderr, and this fails.
+  const char* cma = std::getenv("TRAINRUN_SHM_CMA");
+  const int want_single = shm && !(cma && std::string(cma) == "0") ? n - 1 : 0;
+  expect(c.shm_single_copy_peers() == want_single, r,
+         "shm_single_copy_peers() " + std::to_string(c.shm_single_copy_peers()) + ", expected " +
+             std::to_string(want_single));
+  if (!shm) expect(c.shm_peers() == 0, r, "shm=false but shm_peers() > 0");
   for (auto t : kDtypes)
     for (int64_t count : {0L, 1L, 7L, 1000003L})
       ring_exchange(c, count, t, 7, "exchange " + std::string(v1::dtype_name(t)) + " x " +
@@ -128,6 +164,34 @@ int check(GlooCommunicator& c, bool shm) {
     }
     for (auto& w : works) w->wait();
     expect(in.equal(pattern((r + n - 1) % n, chunk * k, torch::kFloat)), r, "64 chunks posted ahead");
+  }
+  // recv_reduce: every reduction, the dtypes with plain loops and those through ATen, empty,
+  // odd and multi-slot sizes; one larger than a channel's ring.
+  for (auto op : {v1::ReduceOp::Sum, v1::ReduceOp::Min, v1::ReduceOp::Max})
+    for (auto t : {torch::kFloat, torch::kDouble, torch::kBFloat16, torch::kInt, torch::kLong})
+      for (int64_t count : {0L, 1L, 7L, 300001L})
+        ring_recv_reduce(c, count, t, op, "recv_reduce " + std::to_string(static_cast<int>(op)) +
+                                              " " + v1::dtype_name(t) + " x " + std::to_string(count));
+  ring_recv_reduce(c, 9'000'001, torch::kFloat, v1::ReduceOp::Sum, "recv_reduce float32 x 9000001");
+  expect(error_of([&] {
+           auto t = torch::zeros({4});
+           c.recv_reduce(t, v1::ReduceOp::Avg, {(r + n - 1) % n, 12, 0});
+         }).find("Avg") != std::string::npos,
+         r, "recv_reduce with Avg is refused");
+  // A send nobody waits for still completes (the transport's background thread drives it):
+  // rank 0 only waits in a barrier, rank 1 waits for the message first.
+  if (n == 2) {
+    auto out = pattern(r, 300001, torch::kFloat);
+    auto in = torch::zeros_like(out);
+    std::shared_ptr<v1::Work> ws;
+    if (r == 0) {
+      ws = c.send(out, {1, 13, 0});
+    } else {
+      c.recv(in, {0, 13, 0})->wait();
+      expect(in.equal(pattern(0, 300001, torch::kFloat)), r, "send nobody waits for");
+    }
+    c.barrier()->wait();
+    if (ws) expect(ws->completed(), r, "send nobody waits for: not completed after the barrier");
   }
   // A send issued after an all_reduce of the same tensor, without a wait in between, sends
   // the reduced values (issue order).
@@ -153,15 +217,6 @@ int check(GlooCommunicator& c, bool shm) {
   }
   c.barrier()->wait();
   return failures;
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "";
 }
 
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }

@@ -54,7 +54,7 @@ struct Args {
   std::string inject;
   std::string label;
   std::string algo = "native";
-  std::string chunk = "512K";
+  std::string chunk = "4M";
   int fusion = 0;
   std::vector<std::string> sets;
   std::vector<std::string> plugin_paths;

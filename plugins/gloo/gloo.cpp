@@ -293,6 +293,26 @@ class SerialQueue {
     }
     cv_.notify_all();
   }
+  /// Runs `task` on the calling thread if nothing is queued or running (so it still follows
+  /// everything posted before it), else queues it. Saves a thread hand-off per message on the
+  /// shared-memory path, where posting is all the worker would do.
+  void run_or_post(std::function<void()> task) {
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      if (running_ || !tasks_.empty()) {
+        tasks_.push_back(std::move(task));
+        cv_.notify_all();
+        return;
+      }
+      running_ = true;
+    }
+    task();  // tasks catch their own errors
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      running_ = false;
+    }
+    cv_.notify_all();
+  }
   /// Runs what is queued, then joins.
   void stop() {
     {
@@ -309,20 +329,55 @@ class SerialQueue {
       std::function<void()> task;
       {
         std::unique_lock<std::mutex> lk(mu_);
-        cv_.wait(lk, [this] { return stopping_ || !tasks_.empty(); });
+        cv_.wait(lk, [this] { return (stopping_ || !tasks_.empty()) && !running_; });
         if (tasks_.empty()) return;
         task = std::move(tasks_.front());
         tasks_.pop_front();
+        running_ = true;
       }
       task();  // tasks catch their own errors
+      {
+        std::lock_guard<std::mutex> g(mu_);
+        running_ = false;
+      }
     }
   }
 
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::function<void()>> tasks_;
+  bool running_ = false;  // a task runs, on the worker or inline in run_or_post
   bool stopping_ = false;
   std::thread thread_;
+};
+
+// A send or recv through shared memory: waiting drives the transport on the waiting thread
+// (see shm.hpp) instead of sleeping until another thread has copied the message.
+class ShmWork final : public Work {
+ public:
+  ShmWork(std::shared_ptr<comm::FutureWork> inner, std::shared_ptr<shm::Transport> transport,
+          std::string text)
+      : inner_(std::move(inner)), transport_(std::move(transport)), text_(std::move(text)) {}
+  /// The op's own timeout ends it with an error naming the channel (checked while waiting); a
+  /// `timeout_s` given here ends only this wait.
+  void wait(double timeout_s = 0) override {
+    if (!inner_->completed()) {
+      const auto deadline =
+          timeout_s > 0 ? std::chrono::steady_clock::now() +
+                              std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                  std::chrono::duration<double>(timeout_s))
+                        : std::chrono::steady_clock::time_point::max();
+      transport_->wait_until([this] { return inner_->completed(); }, deadline);
+      if (!inner_->completed()) TR_FAIL(text_, " timed out after ", timeout_s, " s");
+    }
+    inner_->wait();  // returns, or rethrows the op's error
+  }
+  bool completed() const override { return inner_->completed(); }
+
+ private:
+  std::shared_ptr<comm::FutureWork> inner_;
+  std::shared_ptr<shm::Transport> transport_;
+  std::string text_;
 };
 
 // Slots of point-to-point messages: a prefix no Gloo collective uses (theirs are 0x01-0x08;
@@ -377,7 +432,7 @@ struct GlooCommunicator::Impl {
   std::vector<unsigned char> reduce_scatter_scratch;  // the worker's, reused between calls
   // send/recv to peers on this machine (null: shm off, or no such peer); see shm.hpp. Its
   // threads complete Works through this Impl, so it is stopped in ~GlooCommunicator.
-  std::unique_ptr<shm::Transport> shm;
+  std::shared_ptr<shm::Transport> shm;
 
   // Declared last: destroyed (drained and joined) first, while everything above still exists.
   SerialQueue reaper;  // waits for point-to-point completions
@@ -486,9 +541,11 @@ struct GlooCommunicator::Impl {
     return work;
   }
 
+  // A send, a recv, or (reduce != None) a recv that combines the message into `tensor`.
   std::shared_ptr<Work> point_to_point(bool is_send, const at::Tensor& tensor,
-                                       const PointToPointOptions& opts) {
-    const char* op = is_send ? "send" : "recv";
+                                       const PointToPointOptions& opts,
+                                       shm::Reduce reduce = shm::Reduce::None) {
+    const char* op = is_send ? "send" : reduce == shm::Reduce::None ? "recv" : "recv_reduce";
     comm::check_tensor(tensor, kBackend, op, "the");
     TR_CHECK(opts.peer >= 0 && opts.peer < size, kBackend, ": ", op, " in group ", name,
              ": peer rank ", opts.peer, " is not a rank of this group (world_size ", size, ")");
@@ -497,41 +554,55 @@ struct GlooCommunicator::Impl {
     throw_if_poisoned();
     const double timeout_s = resolve_timeout(opts.timeout_s);
     const int64_t bytes = tensor.numel() * static_cast<int64_t>(tensor.element_size());
+    const char* how = reduce == shm::Reduce::Sum ? "sum, "
+                      : reduce == shm::Reduce::Min ? "min, "
+                      : reduce == shm::Reduce::Max ? "max, "
+                                                   : "";
     const std::string text = detail::cat(
-        kBackend, ": ", op, "(", comm::dtype_name(tensor.scalar_type()), " x ", tensor.numel(),
-        ", ", bytes, " B) ", is_send ? "to " : "from ", peer_name(opts.peer), ", tag ", opts.tag,
-        ", in group ", name);
+        kBackend, ": ", op, "(", how, comm::dtype_name(tensor.scalar_type()), " x ",
+        tensor.numel(), ", ", bytes, " B) ", is_send ? "to " : "from ", peer_name(opts.peer),
+        ", tag ", opts.tag, ", in group ", name);
     auto work = new_work(0, text, timeout_s);
-    const uint64_t slot = point_to_point_slot(opts.tag, tensor.scalar_type(), bytes);
     const int peer = opts.peer;
     const int tag = opts.tag;
     const Millis timeout = to_millis(timeout_s);
-    // Posted by the worker so that it follows the collectives issued before it (a send of a
-    // tensor that an earlier all_reduce writes sends the reduced values); waited for on the
-    // reaper so that the worker can post the matching half of an exchange meanwhile.
-    worker.post([this, work, tensor, slot, peer, tag, is_send, timeout, timeout_s, text] {
-      if (auto error = broken_error()) return complete(*work, error);
-      if (shm && (is_send ? shm->can_send(peer) : shm->can_recv(peer))) {
-        // Same host: the channel's own thread copies through shared memory and completes the
-        // Work; its errors poison the communicator as the TCP path's do.
-        shm::Op op;
-        op.tensor = tensor;
-        op.tag = tag;
-        op.deadline = std::chrono::steady_clock::now() + timeout;
-        op.timeout_s = timeout_s;
-        op.text = text;
-        op.done = [this, work](std::exception_ptr error) {
+
+    if (shm && (is_send ? shm->can_send(peer) : shm->can_recv(peer))) {
+      // Same host: the transport copies through shared memory on whichever thread waits (see
+      // shm.hpp); its errors poison the communicator as the TCP path's do. Posted in issue
+      // order after the collectives issued before it (a send of a tensor that an earlier
+      // all_reduce writes sends the reduced values): inline when the worker is idle.
+      worker.run_or_post([this, work, tensor, peer, tag, is_send, reduce, timeout, timeout_s, text] {
+        if (auto error = broken_error()) return complete(*work, error);
+        shm::Op o;
+        o.tensor = tensor;
+        o.tag = tag;
+        o.reduce = reduce;
+        o.deadline = std::chrono::steady_clock::now() + timeout;
+        o.timeout_s = timeout_s;
+        o.text = text;
+        o.done = [this, work](std::exception_ptr error) {
           if (error) {
             auto first = broken_error();
             error = first ? first : fail(error);
           }
           complete(*work, error);
         };
-        return shm->post(is_send, peer, std::move(op));
-      }
+        shm->post(is_send, peer, std::move(o));
+      });
+      return std::make_shared<ShmWork>(work, shm, text);
+    }
+
+    const uint64_t slot = point_to_point_slot(opts.tag, tensor.scalar_type(), bytes);
+    // Over TCP a reducing recv lands in a staging tensor, combined on completion.
+    const at::Tensor target = reduce == shm::Reduce::None ? tensor : at::empty_like(tensor);
+    // Posted by the worker so that it follows the collectives issued before it; waited for on
+    // the reaper so that the worker can post the matching half of an exchange meanwhile.
+    worker.post([this, work, tensor, target, slot, peer, is_send, reduce, timeout, text] {
+      if (auto error = broken_error()) return complete(*work, error);
       std::shared_ptr<gloo::transport::UnboundBuffer> buf;
       try {
-        buf = context->createUnboundBuffer(tensor.data_ptr(), tensor.nbytes());
+        buf = context->createUnboundBuffer(target.data_ptr(), target.nbytes());
         if (is_send)
           buf->send(peer, slot);
         else
@@ -540,7 +611,7 @@ struct GlooCommunicator::Impl {
         return complete(*work, fail(std::make_exception_ptr(Error(text + " failed: " + what_of(e)))));
       }
       const auto deadline = std::chrono::steady_clock::now() + timeout;
-      reaper.post([this, work, tensor, buf, is_send, deadline, text] {
+      reaper.post([this, work, tensor, target, buf, is_send, reduce, deadline, text] {
         std::exception_ptr error;
         {
           std::lock_guard<std::mutex> g(state_mu);
@@ -562,6 +633,12 @@ struct GlooCommunicator::Impl {
         {
           std::lock_guard<std::mutex> g(state_mu);
           reaping = nullptr;
+        }
+        if (!error && reduce != shm::Reduce::None) {
+          at::Tensor out = tensor;
+          if (reduce == shm::Reduce::Sum) out.add_(target);
+          else if (reduce == shm::Reduce::Min) at::minimum_out(out, out, target);
+          else at::maximum_out(out, out, target);
         }
         complete(*work, error);
       });
@@ -632,7 +709,7 @@ GlooCommunicator::GlooCommunicator(std::shared_ptr<c10d::Store> store,
     sc.rank = m.rank;
     sc.global_ranks = m.global_ranks;
     sc.peer_name = [&m](int r) { return m.peer_name(r); };
-    m.shm = std::make_unique<shm::Transport>(m.store, std::move(sc));
+    m.shm = std::make_shared<shm::Transport>(m.store, std::move(sc));
   }
 
   comm::Monitor::Config mc;
@@ -671,6 +748,9 @@ int GlooCommunicator::rank() const { return impl_->rank; }
 int GlooCommunicator::world_size() const { return impl_->size; }
 const std::string& GlooCommunicator::group_name() const { return impl_->name; }
 int GlooCommunicator::shm_peers() const { return impl_->shm ? impl_->shm->peers() : 0; }
+int GlooCommunicator::shm_single_copy_peers() const {
+  return impl_->shm ? impl_->shm->single_copy_peers() : 0;
+}
 
 std::shared_ptr<Work> GlooCommunicator::all_reduce(at::Tensor& tensor,
                                                    const AllReduceOptions& opts) {
@@ -788,6 +868,20 @@ std::shared_ptr<Work> GlooCommunicator::send(const at::Tensor& tensor,
 std::shared_ptr<Work> GlooCommunicator::recv(at::Tensor& tensor,
                                              const PointToPointOptions& opts) {
   return impl_->point_to_point(false, tensor, opts);
+}
+
+std::shared_ptr<Work> GlooCommunicator::recv_reduce(at::Tensor& tensor, ReduceOp op,
+                                                    const PointToPointOptions& opts) {
+  shm::Reduce r = shm::Reduce::Sum;
+  switch (op) {
+    case ReduceOp::Sum: r = shm::Reduce::Sum; break;
+    case ReduceOp::Min: r = shm::Reduce::Min; break;
+    case ReduceOp::Max: r = shm::Reduce::Max; break;
+    case ReduceOp::Avg:
+      TR_FAIL(kBackend, ": recv_reduce in group ", impl_->name,
+              ": Avg is not a pairwise reduction (sum, then divide by the number of ranks)");
+  }
+  return impl_->point_to_point(false, tensor, opts, r);
 }
 
 std::shared_ptr<Communicator> GlooCommunicator::new_group(const std::vector<int>& ranks) {
@@ -924,10 +1018,15 @@ std::string GlooAccelerator::describe() const {
   // "+ shm" when this rank reaches every other rank over shared memory, "+ shm (1 of 3
   // peers)" when only some are on its machine.
   const int shm = comm_->shm_peers(), others = comm_->world_size() - 1;
+  const int single = comm_->shm_single_copy_peers();
   const std::string via = shm == 0       ? ""
                           : shm == others ? " + shm"
                                           : detail::cat(" + shm (", shm, " of ", others, " peers)");
-  return detail::cat(kBackend, " (", transport_, via, "), rank ", comm_->rank(), " of ",
+  // Large messages read straight from the sender's memory, to every shm peer or some.
+  const std::string copy = single == 0     ? ""
+                           : single == shm ? " + single copy"
+                                           : detail::cat(" + single copy (", single, " of ", shm, ")");
+  return detail::cat(kBackend, " (", transport_, via, copy, "), rank ", comm_->rank(), " of ",
                      comm_->world_size(), ", ", v1::cpu::describe(threads_));
 }
 

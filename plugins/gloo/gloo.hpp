@@ -66,7 +66,7 @@ struct GlooSettings {
 /// ReduceScatterHalvingDoubling returns wrong results when a send is still queued; see gloo.cpp).
 ///
 /// Destroying a communicator with operations still queued or running aborts them.
-class GlooCommunicator final : public Communicator {
+class GlooCommunicator final : public Communicator, public RecvReduceCommunicator {
  public:
   /// Joins one group: rendezvous of its members through `store` (keys under "g0/" for the
   /// world, "g<id>/" for a sub-group), then a Gloo full mesh on `device`. `id` numbers
@@ -89,6 +89,9 @@ class GlooCommunicator final : public Communicator {
   const std::string& group_name() const;
   /// Peers this rank reaches over shared memory in both directions (0: TCP only).
   int shm_peers() const;
+  /// Of those, the peers to which messages of 2 MiB and more go by single copy (the peer reads
+  /// them from this process's memory with process_vm_readv).
+  int shm_single_copy_peers() const;
 
   std::shared_ptr<Work> all_reduce(at::Tensor& tensor, const AllReduceOptions& opts = {}) override;
   std::shared_ptr<Work> reduce_scatter(const at::Tensor& input, at::Tensor& output,
@@ -98,6 +101,10 @@ class GlooCommunicator final : public Communicator {
   std::shared_ptr<Work> broadcast(at::Tensor& tensor, const BroadcastOptions& opts = {}) override;
   std::shared_ptr<Work> send(const at::Tensor& tensor, const PointToPointOptions& opts) override;
   std::shared_ptr<Work> recv(at::Tensor& tensor, const PointToPointOptions& opts) override;
+  /// ABI 1.5: over shared memory each chunk is combined into `tensor` straight from the shared
+  /// slot; over TCP the message lands in a staging tensor, combined when it is complete.
+  std::shared_ptr<Work> recv_reduce(at::Tensor& tensor, ReduceOp op,
+                                    const PointToPointOptions& opts) override;
   std::shared_ptr<Work> barrier(const BarrierOptions& opts = {}) override;
   /// c10d semantics: every rank of this group calls it with the same list (ranks of this
   /// group); ranks not in the list get nullptr, members a communicator with its own Gloo mesh,

@@ -9,7 +9,10 @@
 #include <fcntl.h>
 #include <linux/futex.h>
 #include <signal.h>
+#include <sched.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/uio.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -38,20 +41,39 @@ using v1::detail::cat;
 namespace {
 
 // Ring geometry, chosen by the receiver (it creates the segment; the sender reads both from
-// the header). Measured on 2 ranks of a 2-core machine: 256 KiB slots keep a slot in L2 while
-// it is copied in and out, and 16 of them let a sender run ahead of a receiver that is briefly
-// descheduled. TRAINRUN_SHM_SLOT_BYTES / TRAINRUN_SHM_SLOTS override them (for measuring).
-constexpr uint64_t kDefaultSlotBytes = 256 << 10;
-constexpr uint32_t kDefaultSlots = 16;
-// Busy-wait this many pause instructions before sleeping on the futex: a pipelined stream of
-// chunks then never pays a sleep and a wake per slot. TRAINRUN_SHM_SPINS overrides it (for
-// measuring; yielding the CPU between polls instead was measured slower, 2-4x).
-constexpr int kDefaultSpins = 4000;
+// the header). Measured on 2 ranks of a 2-core machine (ring all-reduce, 1-32 MiB): a ring of
+// 8 x 64 KiB stays in cache while it is copied in and out; 16 x 256 KiB, 4 MiB, did not and
+// was 5-10% slower at 2 MiB, and nothing was faster beyond noise. Large messages take the
+// single-copy path anyway. TRAINRUN_SHM_SLOT_BYTES / TRAINRUN_SHM_SLOTS override them (for
+// measuring).
+constexpr uint64_t kDefaultSlotBytes = 64 << 10;
+constexpr uint32_t kDefaultSlots = 8;
+// A waiting thread polls with pause instructions for this long, then with sched_yield() between
+// polls (which lets another rank on the same core run when ranks outnumber cores, and costs
+// nothing when they do not) until kYieldNs, and only then sleeps on the futex. A sleep costs a
+// wake-up of 50-100 us on this VM: a single-copy send waits for its receiver for as long as the
+// copy takes (300 us for 4 MiB), and sleeping through that made the all-reduce bimodal (3.4 to
+// 6.8 GB/s from run to run at 16 MiB, 2 ranks); polling for 2 ms made it 7.0-7.5.
+// TRAINRUN_SHM_SPIN_US / TRAINRUN_SHM_YIELD_US override them (for measuring).
+constexpr int64_t kDefaultSpinNs = 50'000;
+constexpr int64_t kDefaultYieldNs = 2'000'000;
 // Each sleep on the futex is this long at most, so that timeouts, a peer's death and this
 // rank's own abort are noticed within a few milliseconds even without a wake.
 constexpr long kSleepNs = 5'000'000;
 
-constexpr uint64_t kMagic = 0x31686d736e727274ull;  // "trrnshm1"
+// Single copy (Linux cross-memory attach, process_vm_readv): a message of at least this many
+// bytes is not copied through the slots; its slot carries the sender's address and the receiver
+// reads the sender's memory directly, in pieces of kCmaPieceBytes (reduced from an L2-sized
+// staging buffer when the recv reduces). One copy instead of two, as UCX's cma transport under
+// MPICH does. Below 2 MiB the two copies through a cached ring were as fast or faster (the
+// sender's op also completes without waiting for the receiver). TRAINRUN_SHM_CMA=0 turns it
+// off; TRAINRUN_SHM_CMA_MIN / _PIECE override (for measuring).
+constexpr uint64_t kDefaultCmaMinBytes = 2 << 20;
+constexpr uint64_t kDefaultCmaPieceBytes = 256 << 10;
+
+constexpr uint64_t kMagic = 0x32686d736e727274ull;  // "trrnshm2"
+// Read by the peers with process_vm_readv at set-up: if they can, single copy works.
+volatile uint64_t cma_probe = kMagic;
 
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -86,12 +108,13 @@ struct alignas(64) SlotHeader {
   int32_t dtype;        // c10::ScalarType
   uint32_t index;       // of this chunk in the message
   uint32_t count;       // chunks of the message (>= 1)
+  uint64_t remote;      // single copy: the message's address in the sender (0: data in the slot)
 };
 
 struct SegmentHeader {
   std::atomic<uint64_t> magic{0};  // set last by the creator
   uint32_t slots = 0;              // a power of two, so head % slots survives 2^32 wrap-around
-  uint32_t reserved = 0;
+  uint32_t cma = 0;  // 1: the receiver can read the sender's memory (single copy)
   uint64_t slot_bytes = 0;
   uint64_t data_offset = 0;  // of slot 0's payload, page-aligned
   uint64_t total_bytes = 0;  // of the segment
@@ -159,7 +182,60 @@ std::string what_of(const std::exception& e) {
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
-// Channel: one direction between this rank and a peer, and the thread that runs its ops
+// Reducing a chunk straight from its slot
+
+namespace {
+
+template <typename T>
+void reduce_plain(T* __restrict dst, const T* __restrict src, int64_t n, Reduce op) {
+  switch (op) {
+    case Reduce::Sum:
+      for (int64_t i = 0; i < n; ++i) dst[i] += src[i];
+      return;
+    case Reduce::Min:
+      for (int64_t i = 0; i < n; ++i) dst[i] = src[i] < dst[i] ? src[i] : dst[i];
+      return;
+    case Reduce::Max:
+      for (int64_t i = 0; i < n; ++i) dst[i] = src[i] > dst[i] ? src[i] : dst[i];
+      return;
+    case Reduce::None: return;
+  }
+}
+
+// dst[0..bytes) = op(dst, src) as elements of `dtype`. float32/float64/int32/int64 are plain
+// loops (vectorised by the compiler, no allocation); the rest goes through ATen on views of the
+// two buffers. NaN follows ATen for Min/Max only on the ATen path; the plain loops keep dst's
+// element when either is NaN and the comparison is false (as std::min does).
+void reduce_bytes(void* dst, const void* src, int64_t bytes, c10::ScalarType dtype, Reduce op) {
+  const int64_t n = bytes / static_cast<int64_t>(c10::elementSize(dtype));
+  switch (dtype) {
+    case c10::kFloat: return reduce_plain(static_cast<float*>(dst), static_cast<const float*>(src), n, op);
+    case c10::kDouble: return reduce_plain(static_cast<double*>(dst), static_cast<const double*>(src), n, op);
+    case c10::kInt: return reduce_plain(static_cast<int32_t*>(dst), static_cast<const int32_t*>(src), n, op);
+    case c10::kLong: return reduce_plain(static_cast<int64_t*>(dst), static_cast<const int64_t*>(src), n, op);
+    default: break;
+  }
+  const auto opts = at::TensorOptions().dtype(dtype);
+  at::Tensor d = at::from_blob(dst, {n}, opts);
+  const at::Tensor s = at::from_blob(const_cast<void*>(src), {n}, opts);
+  switch (op) {
+    case Reduce::Sum: d.add_(s); return;
+    case Reduce::Min: at::minimum_out(d, d, s); return;
+    case Reduce::Max: at::maximum_out(d, d, s); return;
+    case Reduce::None: return;
+  }
+}
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Channel: one direction between this rank and a peer, and its queue of ops
 
 struct Transport::Channel {
   bool is_send = false;
@@ -174,14 +250,23 @@ struct Transport::Channel {
   char* data = nullptr;
   uint32_t slots = 0;
   uint64_t slot_bytes = 0;
-  uint32_t position = 0;  // this side's copy of head (sender) or tail (receiver); thread-owned
+  // This side's copy of head (sender) or tail (receiver); only the thread holding the
+  // transport's progress_mu_ touches it.
+  uint32_t position = 0;
 
-  std::mutex mu;
-  std::condition_variable cv;
-  std::deque<Op> queue;
-  bool stopping = false;
-  std::atomic<bool> aborted{false};  // this rank's communicator failed
-  std::thread thread;
+  bool cma = false;           // single copy for messages of at least cma_min bytes
+  uint64_t cma_min = 0;
+  uint64_t cma_piece = 0;
+  std::vector<char> staging;  // a recv's piece to reduce from (single copy)
+
+  std::mutex mu;          // guards queue (posting threads push, the progressing thread pops)
+  std::deque<Op> queue;   // front: the op in progress; deque keeps its address across pushes
+  std::atomic<int> queued{0};
+  Op* current = nullptr;  // the progressing thread's cache of &queue.front()
+  // Single-copy sends whose slot is published, until the receiver has read them (released the
+  // slot). Only the progressing thread touches it.
+  std::deque<Op> inflight;
+  std::string waiting_text;  // for messages
 
   ~Channel() {
     if (base) munmap(base, length);
@@ -195,63 +280,58 @@ struct Transport::Channel {
     data = static_cast<char*>(b) + header->data_offset;
     slots = header->slots;
     slot_bytes = header->slot_bytes;
+    cma = header->cma != 0;
+    cma_min = env_u64("TRAINRUN_SHM_CMA_MIN", kDefaultCmaMinBytes);
+    cma_piece = env_u64("TRAINRUN_SHM_CMA_PIECE", kDefaultCmaPieceBytes);
+    waiting_text = (is_send ? "for " + peer_name + " to receive" : "for " + peer_name + " to send");
   }
 
-  void loop() {
-    for (;;) {
-      Op op;
-      {
-        std::unique_lock<std::mutex> lk(mu);
-        cv.wait(lk, [this] { return stopping || !queue.empty(); });
-        if (queue.empty()) return;
-        op = std::move(queue.front());
-        queue.pop_front();
-      }
-      std::exception_ptr error;
-      try {
-        if (aborted) throw Error(op.text + " failed: the communicator was aborted");
-        is_send ? run_send(op) : run_recv(op);
-      } catch (const std::exception& e) {
-        error = std::make_exception_ptr(Error(what_of(e)));
-      }
-      auto done = std::move(op.done);
-      op.tensor.reset();  // the caller may free the buffer once done() has run
-      done(error);
-    }
+  // The op in progress. Only the progressing thread pops, and a push never moves the elements
+  // of a deque, so the front is cached until popped and the lock is taken only to find it.
+  Op* front() {
+    if (current) return current;
+    if (queued.load(std::memory_order_acquire) == 0) return nullptr;
+    std::lock_guard<std::mutex> g(mu);
+    current = queue.empty() ? nullptr : &queue.front();
+    return current;
+  }
+  Op pop() {
+    std::lock_guard<std::mutex> g(mu);
+    Op op = std::move(queue.front());
+    queue.pop_front();
+    current = nullptr;
+    queued.fetch_sub(1, std::memory_order_acq_rel);
+    return op;
+  }
+  void push(Op op) {
+    std::lock_guard<std::mutex> g(mu);
+    queue.push_back(std::move(op));
+    queued.fetch_add(1, std::memory_order_acq_rel);
   }
 
-  // Throws when waiting cannot go on: this rank aborted, the peer aborted or died, or the
-  // operation's deadline passed.
-  void check(const Op& op, const char* waiting_for, int round) {
-    if (aborted) throw Error(op.text + " failed: the communicator was aborted");
+  // Throws when waiting cannot go on: the peer aborted or died, or the op's deadline passed.
+  // `thorough` also reads the peer's process state (a zombie passes kill(pid, 0)).
+  void check(const Op& op, bool thorough) const {
     if (header->aborted.value.load(std::memory_order_acquire))
       throw Error(cat(op.text, " failed: ", peer_name,
                       " aborted its end of the shared-memory channel (its communicator failed)"));
-    if (!process_alive(peer_pid, round % 10 == 0))
+    if (!process_alive(peer_pid, thorough))
       throw Error(cat(op.text, " failed: ", peer_name, " (pid ", peer_pid,
-                      ") has exited while this rank waited ", waiting_for));
+                      ") has exited while this rank waited ", waiting_text));
     if (std::chrono::steady_clock::now() >= op.deadline)
-      throw Error(cat(op.text, " timed out after ", op.timeout_s, " s waiting ", waiting_for,
+      throw Error(cat(op.text, " timed out after ", op.timeout_s, " s waiting ", waiting_text,
                       " (shared memory)"));
   }
 
-  // Returns once c.value != expected: spins, then sleeps on the futex in short rounds.
-  void wait_while(Counter& c, uint32_t expected, const Op& op, const char* waiting_for) {
-    static const int spins = static_cast<int>(env_u64("TRAINRUN_SHM_SPINS", kDefaultSpins));
-    for (int i = 0; i < spins; ++i) {
-      if (c.value.load(std::memory_order_acquire) != expected) return;
-      cpu_relax();
-    }
-    for (int round = 0;; ++round) {
-      // Dekker with publish(): either this sees the new value, or publish() sees sleepers > 0
-      // and wakes; FUTEX_WAIT itself returns at once if the value has changed meanwhile.
-      c.sleepers.fetch_add(1, std::memory_order_seq_cst);
-      if (c.value.load(std::memory_order_seq_cst) == expected && !aborted)
-        futex_wait(&c.value, expected, kSleepNs);
-      c.sleepers.fetch_sub(1, std::memory_order_seq_cst);
-      if (c.value.load(std::memory_order_acquire) != expected) return;
-      check(op, waiting_for, round);
-    }
+  // The counter this side waits on when blocked (a send: for a free slot, or for the receiver
+  // to have read a single-copy message), and the value it waits to change from.
+  Counter& blocking_counter() { return is_send ? header->tail : header->head; }
+  uint32_t blocking_value() const {
+    return is_send ? header->tail.value.load(std::memory_order_acquire) : position;
+  }
+  // A single-copy send is complete once the receiver has released its slot.
+  bool acked(const Op& op) const {
+    return static_cast<int32_t>(header->tail.value.load(std::memory_order_acquire) - op.next) >= 0;
   }
 
   static void publish(Counter& c, uint32_t v) {
@@ -259,61 +339,292 @@ struct Transport::Channel {
     if (c.sleepers.load(std::memory_order_seq_cst)) futex_wake(&c.value);
   }
 
-  void run_send(const Op& op) {
-    const auto* src = static_cast<const char*>(op.tensor.data_ptr());
+  // Moves at most one chunk of `op`. Returns -1: blocked (nothing to do now), 0: moved a chunk,
+  // 1: the op is complete, 2: a single-copy send is published and waits for the receiver.
+  // Throws on a mismatched message.
+  int step(Op& op) { return is_send ? step_send(op) : step_recv(op); }
+  void read_remote(const Op& op, char* dst, uint64_t src, int64_t len) const;
+
+  int step_send(Op& op) {
     const int64_t bytes = static_cast<int64_t>(op.tensor.nbytes());
-    const uint32_t count =
-        bytes == 0 ? 1 : static_cast<uint32_t>((bytes + slot_bytes - 1) / slot_bytes);
-    const std::string waiting = "for " + peer_name + " to receive";
-    for (uint32_t i = 0; i < count; ++i) {
-      const uint32_t h = position;
-      // Full when the receiver has released exactly h - slots.
-      wait_while(header->tail, h - slots, op, waiting.c_str());
-      const uint32_t s = h & (slots - 1);
-      const int64_t off = static_cast<int64_t>(i) * static_cast<int64_t>(slot_bytes);
-      const int64_t len = std::min<int64_t>(static_cast<int64_t>(slot_bytes), bytes - off);
-      slot_headers[s] = SlotHeader{bytes, off, len, op.tag,
-                                   static_cast<int32_t>(op.tensor.scalar_type()), i, count};
-      if (len > 0) std::memcpy(data + static_cast<size_t>(s) * slot_bytes, src + off, len);
+    if (op.count == 0)
+      op.count = bytes == 0 ? 1 : static_cast<uint32_t>((bytes + slot_bytes - 1) / slot_bytes);
+    const uint32_t h = position;
+    // Full when the receiver has released exactly h - slots.
+    if (header->tail.value.load(std::memory_order_acquire) == h - slots) return -1;
+    const uint32_t s = h & (slots - 1);
+    if (cma && static_cast<uint64_t>(bytes) >= cma_min) {
+      slot_headers[s] = SlotHeader{bytes, 0, bytes, op.tag,
+                                   static_cast<int32_t>(op.tensor.scalar_type()), 0, 1,
+                                   reinterpret_cast<uint64_t>(op.tensor.data_ptr())};
       position = h + 1;
       publish(header->head, position);
+      op.count = 1;
+      op.next = position;  // acked() once tail reaches it
+      return 2;
     }
+    const uint32_t i = op.next;
+    const int64_t off = static_cast<int64_t>(i) * static_cast<int64_t>(slot_bytes);
+    const int64_t len = std::min<int64_t>(static_cast<int64_t>(slot_bytes), bytes - off);
+    slot_headers[s] = SlotHeader{bytes, off, len, op.tag,
+                                 static_cast<int32_t>(op.tensor.scalar_type()), i, op.count, 0};
+    if (len > 0)
+      std::memcpy(data + static_cast<size_t>(s) * slot_bytes,
+                  static_cast<const char*>(op.tensor.data_ptr()) + off, len);
+    position = h + 1;
+    publish(header->head, position);
+    return ++op.next == op.count ? 1 : 0;
   }
 
-  void run_recv(const Op& op) {
-    auto* dst = static_cast<char*>(op.tensor.data_ptr());
-    const int64_t bytes = static_cast<int64_t>(op.tensor.nbytes());
-    const auto dtype = op.tensor.scalar_type();
-    const std::string waiting = "for " + peer_name + " to send";
-    uint32_t t = position;
-    wait_while(header->head, t, op, waiting.c_str());
-    const SlotHeader first = slot_headers[t & (slots - 1)];
-    TR_CHECK(first.index == 0, op.text, " failed: the shared-memory channel from ", peer_name,
-             " is out of step (chunk ", first.index, " of ", first.count,
-             " where a message starts)");
-    if (first.tag != op.tag || first.total_bytes != bytes || first.dtype != static_cast<int32_t>(dtype)) {
-      const auto their = static_cast<c10::ScalarType>(first.dtype);
-      const int64_t esize = static_cast<int64_t>(c10::elementSize(their));
-      throw Error(cat(op.text, " failed: the next message ", peer_name, " sent to ", self_name,
-                      " is ", v1::dtype_name(their), " x ", first.total_bytes / esize, ", ",
-                      first.total_bytes, " B, tag ", first.tag, ", where this recv expects ",
-                      v1::dtype_name(dtype), " x ", op.tensor.numel(), ", ", bytes, " B, tag ",
-                      op.tag, ". Between two ranks of one machine, send/recv go through shared "
-                      "memory and are matched in posting order: the n-th recv from a peer must "
-                      "match the n-th send of that peer to this rank in tag, dtype and size"));
+  int step_recv(Op& op) {
+    const uint32_t t = position;
+    if (header->head.value.load(std::memory_order_acquire) == t) return -1;
+    const uint32_t s = t & (slots - 1);
+    const SlotHeader h = slot_headers[s];
+    if (op.count == 0) {
+      const int64_t bytes = static_cast<int64_t>(op.tensor.nbytes());
+      const auto dtype = op.tensor.scalar_type();
+      TR_CHECK(h.index == 0, op.text, " failed: the shared-memory channel from ", peer_name,
+               " is out of step (chunk ", h.index, " of ", h.count, " where a message starts)");
+      if (h.tag != op.tag || h.total_bytes != bytes || h.dtype != static_cast<int32_t>(dtype)) {
+        const auto their = static_cast<c10::ScalarType>(h.dtype);
+        const int64_t esize = static_cast<int64_t>(c10::elementSize(their));
+        throw Error(cat(op.text, " failed: the next message ", peer_name, " sent to ", self_name,
+                        " is ", v1::dtype_name(their), " x ", h.total_bytes / esize, ", ",
+                        h.total_bytes, " B, tag ", h.tag, ", where this recv expects ",
+                        v1::dtype_name(dtype), " x ", op.tensor.numel(), ", ", bytes, " B, tag ",
+                        op.tag, ". Between two ranks of one machine, send/recv go through shared "
+                        "memory and are matched in posting order: the n-th recv from a peer must "
+                        "match the n-th send of that peer to this rank in tag, dtype and size"));
+      }
+      op.count = h.count;
     }
-    const std::string rest = "for " + peer_name + " to send the rest of the message";
-    for (uint32_t i = 0; i < first.count; ++i) {
-      if (i) wait_while(header->head, t, op, rest.c_str());
-      const uint32_t s = t & (slots - 1);
-      const SlotHeader& h = slot_headers[s];
-      if (h.len > 0) std::memcpy(dst + h.offset, data + static_cast<size_t>(s) * slot_bytes, h.len);
-      ++t;
-      position = t;
-      publish(header->tail, t);
+    if (h.remote != 0) {
+      // Single copy: one piece per step, straight from the sender's memory; the slot is
+      // released (the sender's op completes) after the last piece.
+      const int64_t done = static_cast<int64_t>(op.piece);
+      const int64_t len = std::min<int64_t>(static_cast<int64_t>(cma_piece), h.len - done);
+      char* dst = static_cast<char*>(op.tensor.data_ptr()) + done;
+      if (op.reduce == Reduce::None) {
+        read_remote(op, dst, h.remote + done, len);
+      } else {
+        if (staging.size() < static_cast<size_t>(len)) staging.resize(len);
+        read_remote(op, staging.data(), h.remote + done, len);
+        reduce_bytes(dst, staging.data(), len, op.tensor.scalar_type(), op.reduce);
+      }
+      op.piece += len;
+      if (static_cast<int64_t>(op.piece) < h.len) return 0;
+    } else if (h.len > 0) {
+      char* dst = static_cast<char*>(op.tensor.data_ptr()) + h.offset;
+      const char* src = data + static_cast<size_t>(s) * slot_bytes;
+      if (op.reduce == Reduce::None)
+        std::memcpy(dst, src, h.len);
+      else
+        reduce_bytes(dst, src, h.len, op.tensor.scalar_type(), op.reduce);
     }
+    position = t + 1;
+    publish(header->tail, position);
+    return ++op.next == op.count ? 1 : 0;
   }
 };
+
+void Transport::Channel::read_remote(const Op& op, char* dst, uint64_t src, int64_t len) const {
+  while (len > 0) {
+    iovec local{dst, static_cast<size_t>(len)};
+    iovec remote{reinterpret_cast<void*>(src), static_cast<size_t>(len)};
+    const ssize_t n = process_vm_readv(static_cast<pid_t>(peer_pid), &local, 1, &remote, 1, 0);
+    if (n <= 0)
+      throw Error(cat(op.text, " failed: reading ", peer_name, "'s memory (pid ", peer_pid,
+                      ", single copy) failed: ", n < 0 ? std::strerror(errno) : "nothing read"));
+    dst += n;
+    src += static_cast<uint64_t>(n);
+    len -= n;
+  }
+}
+
+struct Transport::Finished {
+  Op op;
+  std::exception_ptr error;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Progress
+
+bool Transport::pass(std::vector<Finished>& finished, bool check_liveness, int round) {
+  bool moved = false;
+  for (Channel* c : channels_) {
+    if (!c->inflight.empty()) {
+      Op& f = c->inflight.front();
+      std::exception_ptr error;
+      bool acked = false;
+      try {
+        if (aborted_.load(std::memory_order_relaxed))
+          throw Error(f.text + " failed: the communicator was aborted");
+        acked = c->acked(f);
+        if (!acked && check_liveness) c->check(f, round % 10 == 0);
+      } catch (const std::exception& e) {
+        error = std::make_exception_ptr(Error(what_of(e)));
+      }
+      if (acked || error) {
+        moved = true;
+        finished.push_back({std::move(f), error});
+        c->inflight.pop_front();
+      }
+    }
+    Op* op = c->front();
+    if (!op) continue;
+    int r = -1;
+    std::exception_ptr error;
+    try {
+      if (aborted_.load(std::memory_order_relaxed))
+        throw Error(op->text + " failed: the communicator was aborted");
+      r = c->step(*op);
+      if (r < 0 && check_liveness) c->check(*op, round % 10 == 0);
+    } catch (const std::exception& e) {
+      error = std::make_exception_ptr(Error(what_of(e)));
+    }
+    if (r < 0 && !error) continue;
+    moved = true;
+    if (r == 1 || error) finished.push_back({c->pop(), error});
+    else if (r == 2) c->inflight.push_back(c->pop());
+  }
+  return moved;
+}
+
+bool Transport::progress(bool check_liveness, int round) {
+  std::unique_lock<std::mutex> lk(progress_mu_, std::try_to_lock);
+  if (!lk.owns_lock()) return false;
+  std::vector<Finished> finished;
+  bool moved = false;
+  // Passes until nothing moves or an op ends (its waiter may want to act on it at once).
+  while (pass(finished, check_liveness, round)) {
+    moved = true;
+    check_liveness = false;
+    if (!finished.empty()) break;
+  }
+  lk.unlock();
+  for (auto& f : finished) {
+    pending_.fetch_sub(1, std::memory_order_acq_rel);
+    auto done = std::move(f.op.done);
+    f.op.tensor.reset();  // the caller may free the buffer once done() has run
+    done(f.error);
+  }
+  return moved;
+}
+
+// Sleeps until the counter the channel of the oldest queued op waits on changes, or `ns` pass
+// (500 us at most when several channels have ops: the oldest op is what a waiter usually waits
+// for, but not always).
+void Transport::sleep_on_blocked(long ns) {
+  Channel* pick = nullptr;
+  uint32_t expected = 0;
+  int busy = 0;
+  {
+    std::unique_lock<std::mutex> lk(progress_mu_, std::try_to_lock);
+    if (lk.owns_lock()) {
+      uint64_t oldest = UINT64_MAX;
+      for (Channel* c : channels_) {
+        const Op* op = !c->inflight.empty() ? &c->inflight.front() : c->front();
+        if (!op) continue;
+        ++busy;
+        if (op->seq < oldest) {
+          oldest = op->seq;
+          pick = c;
+          expected = c->blocking_value();
+        }
+      }
+    }
+  }
+  if (!pick) {
+    // Nothing queued here (the op is still with gloo-cpu's worker) or another thread is
+    // copying: wait for the next post instead.
+    posted_sleepers_.fetch_add(1, std::memory_order_seq_cst);
+    const uint32_t p = posted_.load(std::memory_order_seq_cst);
+    timespec ts{0, std::min<long>(ns, 200'000)};
+    syscall(SYS_futex, reinterpret_cast<uint32_t*>(&posted_), FUTEX_WAIT_PRIVATE, p, &ts,
+            nullptr, 0);
+    posted_sleepers_.fetch_sub(1, std::memory_order_seq_cst);
+    return;
+  }
+  if (busy > 1) ns = std::min<long>(ns, 500'000);
+  Counter& c = pick->blocking_counter();
+  // Dekker with publish(): either this sees the new value, or publish() sees sleepers > 0.
+  c.sleepers.fetch_add(1, std::memory_order_seq_cst);
+  if (c.value.load(std::memory_order_seq_cst) == expected && !aborted_)
+    futex_wait(&c.value, expected, ns);
+  c.sleepers.fetch_sub(1, std::memory_order_seq_cst);
+}
+
+void Transport::wait_until(const std::function<bool()>& done,
+                           std::chrono::steady_clock::time_point deadline) {
+  static const int64_t spin_ns =
+      static_cast<int64_t>(env_u64("TRAINRUN_SHM_SPIN_US", kDefaultSpinNs / 1000)) * 1000;
+  static const int64_t yield_ns =
+      static_cast<int64_t>(env_u64("TRAINRUN_SHM_YIELD_US", kDefaultYieldNs / 1000)) * 1000;
+  waiting_.fetch_add(1, std::memory_order_acq_rel);
+  int64_t idle_since = 0;  // 0: the last poll moved something
+  int64_t idle = 0;        // ns since then, read every 16 polls
+  int polls = 0, round = 0;
+  while (!done()) {
+    // Liveness (deadlines, a dead or aborted peer) is checked once polling is over.
+    if (idle_since != 0 && (++polls & 15) == 0) idle = now_ns() - idle_since;
+    const bool sleepy = idle >= yield_ns;
+    if (progress(sleepy, round)) {
+      idle_since = idle = 0;
+      continue;
+    }
+    if (idle_since == 0) {
+      idle_since = now_ns();
+      polls = 0;
+    }
+    if (!sleepy) {
+      if (idle < spin_ns) cpu_relax();
+      else sched_yield();
+      continue;
+    }
+    if (std::chrono::steady_clock::now() >= deadline) break;
+    sleep_on_blocked(kSleepNs);
+    ++round;
+  }
+  last_wait_ns_.store(now_ns(), std::memory_order_release);
+  waiting_.fetch_sub(1, std::memory_order_acq_rel);
+}
+
+void Transport::background() {
+  // Idle (nothing pending for 100 ticks): sleeps until post() wakes it. Otherwise ticks every
+  // millisecond without being woken, so that a busy communicator pays no wake-up per post; on
+  // each tick it drives the ops if no thread has been waiting on them for a millisecond.
+  int quiet_ticks = 0;
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lk(bg_mu_);
+      if (pending_.load() == 0 && (quiet_ticks >= 100 || bg_stopping_)) {
+        if (bg_stopping_) return;
+        bg_idle_.store(true);
+        bg_cv_.wait(lk, [&] { return bg_stopping_ || pending_.load() > 0; });
+        bg_idle_.store(false);
+        quiet_ticks = 0;
+        continue;
+      }
+      bg_cv_.wait_for(lk, std::chrono::milliseconds(1));
+      if (pending_.load() == 0) {
+        ++quiet_ticks;
+        continue;
+      }
+      quiet_ticks = 0;
+      if (!(bg_stopping_ && aborted_) &&
+          (waiting_.load() > 0 ||
+           now_ns() - last_wait_ns_.load(std::memory_order_acquire) < 1'000'000))
+        continue;
+    }
+    // Drive until nothing is pending or a waiter takes over.
+    int round = 0;
+    while (pending_.load() > 0 && waiting_.load() == 0) {
+      if (progress(true, round++)) continue;
+      sleep_on_blocked(1'000'000);
+    }
+  }
+}
 
 // ---------------------------------------------------------------------------------------------
 // Set-up
@@ -343,8 +654,14 @@ std::string random_id() {
 
 void Transport::publish(c10d::Store& store, const std::string& prefix, int rank, bool enabled) {
   if (rank == 0) set_string(store, prefix + "shm/id", random_id());
+  // Where Yama restricts ptrace to descendants (ptrace_scope 1), let the launcher's other
+  // children (this rank's peers on this machine) read this process's memory for single copy.
+  // Harmless where Yama is absent (EINVAL) or stricter (the peers fall back to two copies).
+  if (enabled) prctl(PR_SET_PTRACER, static_cast<unsigned long>(getppid()), 0, 0, 0);
   set_string(store, prefix + "shm/who/" + std::to_string(rank),
-             enabled ? cat(machine_identity(), '\t', getpid()) : std::string("off"));
+             enabled ? cat(machine_identity(), '\t', getpid(), '\t',
+                           reinterpret_cast<uintptr_t>(&cma_probe))
+                     : std::string("off"));
 }
 
 Transport::Transport(std::shared_ptr<c10d::Store> store, Config config)
@@ -371,18 +688,49 @@ Transport::Transport(std::shared_ptr<c10d::Store> store, Config config)
 
   const std::string mine = get(prefix + "shm/who/" + std::to_string(rank), rank);
   if (mine == "off") return;
-  const std::string machine = mine.substr(0, mine.rfind('\t'));
+  // "host \t boot id \t pid namespace \t pid \t probe address"
+  auto parse = [](const std::string& who, std::string& machine, int64_t& pid, uint64_t& probe) {
+    const auto b = who.rfind('\t');
+    if (b == std::string::npos || b == 0) return false;
+    const auto a = who.rfind('\t', b - 1);
+    if (a == std::string::npos) return false;
+    machine = who.substr(0, a);
+    pid = std::atoll(who.c_str() + a + 1);
+    probe = std::strtoull(who.c_str() + b + 1, nullptr, 10);
+    return true;
+  };
+  std::string machine;
+  int64_t my_pid = 0;
+  uint64_t my_probe = 0;
+  if (!parse(mine, machine, my_pid, my_probe)) return;
   const std::string id = get(prefix + "shm/id", 0);
   std::vector<int64_t> pid(size, 0);
+  std::vector<uint64_t> probe(size, 0);
   std::vector<int> local;
   for (int p = 0; p < size; ++p) {
     if (p == rank) continue;
     const std::string who = get(prefix + "shm/who/" + std::to_string(p), p);
-    const auto cut = who.rfind('\t');
-    if (who == "off" || cut == std::string::npos || who.substr(0, cut) != machine) continue;
-    pid[p] = std::atoll(who.c_str() + cut + 1);
+    std::string theirs;
+    if (who == "off" || !parse(who, theirs, pid[p], probe[p]) || theirs != machine) continue;
     local.push_back(p);
   }
+  // Single copy from peer p works if this rank can read p's probe (same user, no ptrace
+  // restriction in the way, no seccomp filter refusing process_vm_readv).
+  const char* cma_env = std::getenv("TRAINRUN_SHM_CMA");
+  const bool cma_wanted = !(cma_env && std::string(cma_env) == "0");
+  std::string cma_off;  // why single copy is off for some peer (the first reason)
+  auto cma_from = [&](int p) {
+    if (!cma_wanted) return false;
+    uint64_t value = 0;
+    iovec local_iov{&value, sizeof(value)};
+    iovec remote_iov{reinterpret_cast<void*>(probe[p]), sizeof(value)};
+    const ssize_t n = process_vm_readv(static_cast<pid_t>(pid[p]), &local_iov, 1, &remote_iov, 1, 0);
+    if (n == static_cast<ssize_t>(sizeof(value)) && value == kMagic) return true;
+    if (cma_off.empty())
+      cma_off = n < 0 ? cat("process_vm_readv from ", config_.peer_name(p), ": ", std::strerror(errno))
+                      : cat("process_vm_readv from ", config_.peer_name(p), " read the wrong bytes");
+    return false;
+  };
   if (local.empty()) return;
 
   const uint64_t slot_bytes = env_u64("TRAINRUN_SHM_SLOT_BYTES", kDefaultSlotBytes);
@@ -436,6 +784,7 @@ Transport::Transport(std::shared_ptr<c10d::Store> store, Config config)
       h->total_bytes = length;
       h->sender = config_.global_ranks[p];
       h->receiver = config_.global_ranks[rank];
+      h->cma = cma_from(p) ? 1 : 0;
       for (uint64_t s = 0; s < slots; ++s) new (reinterpret_cast<SlotHeader*>(h + 1) + s) SlotHeader{};
       h->magic.store(kMagic, std::memory_order_release);
       c->attach(b, length);
@@ -501,6 +850,14 @@ Transport::Transport(std::shared_ptr<c10d::Store> store, Config config)
         fallbacks.push_back(cat("recv from ", config_.peer_name(p), ": ", theirs));
     }
   }
+  for (int p = 0; p < size; ++p)
+    for (auto* side : {&out_, &in_})
+      if ((*side)[p]) channels_.push_back((*side)[p].get());
+  if (!cma_off.empty())
+    std::cerr << config_.backend << ": group " << config_.group << ": "
+              << config_.peer_name(rank) << ": single copy is unavailable (" << cma_off
+              << "); messages of " << (kDefaultCmaMinBytes >> 20)
+              << " MiB and more take two copies through shared memory" << std::endl;
   for (const auto& f : fallbacks)
     std::cerr << config_.backend << ": group " << config_.group << ": "
               << config_.peer_name(rank) << ": " << f << "; using TCP for this direction"
@@ -515,6 +872,12 @@ bool Transport::can_send(int peer) const {
 bool Transport::can_recv(int peer) const {
   return peer >= 0 && peer < static_cast<int>(in_.size()) && in_[peer];
 }
+int Transport::single_copy_peers() const {
+  int n = 0;
+  for (const auto& c : out_) n += c && c->cma;
+  return n;
+}
+
 int Transport::peers() const {
   int n = 0;
   for (size_t p = 0; p < out_.size(); ++p) n += out_[p] && in_[p];
@@ -523,42 +886,46 @@ int Transport::peers() const {
 
 void Transport::post(bool is_send, int peer, Op op) {
   Channel& c = is_send ? *out_.at(peer) : *in_.at(peer);
-  {
-    std::lock_guard<std::mutex> g(c.mu);
-    c.queue.push_back(std::move(op));
-    if (!c.thread.joinable()) c.thread = std::thread([&c] { c.loop(); });
+  op.seq = next_seq_.fetch_add(1, std::memory_order_relaxed);
+  c.push(std::move(op));
+  pending_.fetch_add(1, std::memory_order_acq_rel);
+  if (!bg_started_.load(std::memory_order_acquire) || bg_idle_.load()) {
+    std::lock_guard<std::mutex> g(bg_mu_);
+    if (!bg_.joinable() && !bg_stopping_) {
+      bg_ = std::thread([this] { background(); });
+      bg_started_.store(true, std::memory_order_release);
+    }
+    bg_cv_.notify_one();
   }
-  c.cv.notify_one();
+  posted_.fetch_add(1, std::memory_order_seq_cst);
+  if (posted_sleepers_.load(std::memory_order_seq_cst))
+    syscall(SYS_futex, reinterpret_cast<uint32_t*>(&posted_), FUTEX_WAKE_PRIVATE, INT_MAX,
+            nullptr, nullptr, 0);
 }
 
 void Transport::abort() {
-  for (auto* side : {&out_, &in_})
-    for (auto& c : *side) {
-      if (!c) continue;
-      {
-        std::lock_guard<std::mutex> g(c->mu);
-        c->aborted = true;
-      }
-      c->cv.notify_all();
-      // The peer's thread of this channel sleeps on one of these two words, as may this
-      // rank's own: both wake and see the flag.
-      c->header->aborted.value.store(1, std::memory_order_seq_cst);
-      futex_wake(&c->header->head.value);
-      futex_wake(&c->header->tail.value);
-    }
+  aborted_ = true;
+  for (Channel* c : channels_) {
+    // The peer's thread may sleep on either word of this channel, as may this rank's own
+    // waiters: all wake and see the flag.
+    c->header->aborted.value.store(1, std::memory_order_seq_cst);
+    futex_wake(&c->header->head.value);
+    futex_wake(&c->header->tail.value);
+  }
+  posted_.fetch_add(1, std::memory_order_release);
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(&posted_), FUTEX_WAKE_PRIVATE, INT_MAX, nullptr,
+          nullptr, 0);
+  std::lock_guard<std::mutex> g(bg_mu_);
+  bg_cv_.notify_all();
 }
 
 void Transport::stop() {
-  for (auto* side : {&out_, &in_})
-    for (auto& c : *side) {
-      if (!c) continue;
-      {
-        std::lock_guard<std::mutex> g(c->mu);
-        c->stopping = true;
-      }
-      c->cv.notify_all();
-      if (c->thread.joinable()) c->thread.join();
-    }
+  {
+    std::lock_guard<std::mutex> g(bg_mu_);
+    bg_stopping_ = true;
+  }
+  bg_cv_.notify_all();
+  if (bg_.joinable()) bg_.join();
 }
 
 }  // namespace trainrun::plugins::shm

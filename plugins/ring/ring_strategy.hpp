@@ -76,7 +76,7 @@ std::string timeline_path_for_rank(const std::string& path, const std::string& r
 
 /// The `ring` strategy. Options: fusion_threshold_mb (128), cycle_time_ms (1), op
 /// ("average" | "sum"), compression ("none" | "fp16" | "bf16"), hierarchical (false),
-/// find_unused_parameters (false), chunk_kb (512), timeline (""), timeline_max_steps (100).
+/// find_unused_parameters (false), chunk_kb (4096), timeline (""), timeline_max_steps (100).
 class RingStrategy final : public Strategy, public StepMetricsSource,
                            public CheckpointableStrategy {
  public:

@@ -484,4 +484,19 @@ class FinalStateDictConsumer {
   virtual void on_final_state_dict(const std::vector<NamedTensor>& state) = 0;
 };
 
+/// ABI 1.5. A Communicator whose recv can combine the message into the destination instead of
+/// overwriting it: `tensor` = op(tensor, message), element-wise. The ring all-reduce's
+/// reduce-scatter (trainrun/ring.hpp) uses it when present, so that a transport which receives
+/// through a staging area (gloo-cpu's shared memory) reduces straight from it and saves a copy
+/// of every received byte; without it the ring receives into a buffer and reduces after.
+/// Matched with the peer's send exactly as recv is (tag, dtype, size). Found with
+/// dynamic_cast. `op` is Sum, Min or Max; Avg throws Error (sum, then divide). Same errors as
+/// recv.
+class RecvReduceCommunicator {
+ public:
+  virtual ~RecvReduceCommunicator() = default;
+  virtual std::shared_ptr<Work> recv_reduce(at::Tensor& tensor, ReduceOp op,
+                                            const PointToPointOptions& opts) = 0;
+};
+
 }  // namespace trainrun::v1

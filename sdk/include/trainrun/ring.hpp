@@ -18,7 +18,9 @@
 // step s+1 as soon as it has been received and reduced at step s, so the transfer of one chunk
 // overlaps the reduction of the previous one and the next step starts before this one ends.
 // Both sides post their messages to a peer in the same order with one tag, which every
-// backend's point-to-point matching (FIFO per peer and tag) pairs correctly.
+// backend's point-to-point matching (FIFO per peer and tag) pairs correctly. A communicator
+// with the RecvReduceCommunicator capability reduces each received chunk into the tensor
+// itself (gloo-cpu from its shared-memory slot), which saves the staging copy.
 #include <ATen/ATen.h>
 
 #include <algorithm>
@@ -35,7 +37,7 @@ namespace trainrun::v1::ring {
 /// Options of all_reduce.
 struct Options {
   ReduceOp op = ReduceOp::Sum;      ///< Sum, Avg (sum, then divided by N), Min or Max
-  int64_t chunk_bytes = 512 << 10;  ///< pipelining unit in bytes (rounded to whole elements)
+  int64_t chunk_bytes = 4 << 20;  ///< pipelining unit in bytes (rounded to whole elements)
   int tag = 0x7269;                 ///< point-to-point tag used for every message
   double timeout_s = 0;             ///< per message; 0 = the communicator's default
 };
@@ -88,84 +90,90 @@ inline void all_reduce(Communicator& comm, at::Tensor& tensor, const Options& op
     return t.slice(0, cb, ce);
   };
 
-  // --- reduce-scatter ------------------------------------------------------------------------
-  // Receives land in a scratch buffer (two steps' worth, so step s+1 can be posted while step
-  // s is still being reduced), then are reduced into the tensor.
-  const int64_t max_seg = (n + N - 1) / N + 1;
-  at::Tensor scratch = at::empty({2, max_seg}, flat.options());
   std::deque<std::shared_ptr<Work>> sends;
-  auto recv_view = [&](int step, int seg, int64_t c) {
+  auto send_chunk = [&](int seg, int64_t c) { sends.push_back(comm.send(chunk_view(flat, seg, c), to_right)); };
+  // All-gather step s receives segment r - s in place.
+  auto post_gather_recvs = [&](int step) {
+    const int recv_seg = mod(r - step);
+    std::vector<std::shared_ptr<Work>> out;
+    for (int64_t c = 0; c < chunks_of(recv_seg); ++c) {
+      at::Tensor v = chunk_view(flat, recv_seg, c);
+      out.push_back(comm.recv(v, from_left));
+    }
+    return out;
+  };
+
+  // --- reduce-scatter ------------------------------------------------------------------------
+  // A communicator with RecvReduceCommunicator reduces each chunk into the tensor as it
+  // arrives. Otherwise receives land in a scratch buffer (two steps' worth, so step s+1 can be
+  // posted while step s is still being reduced) and are reduced here.
+  auto* rr = dynamic_cast<RecvReduceCommunicator*>(&comm);
+  const ReduceOp pairwise = opts.op == ReduceOp::Avg ? ReduceOp::Sum : opts.op;
+  at::Tensor scratch;
+  if (!rr) scratch = at::empty({2, (n + N - 1) / N + 1}, flat.options());
+  auto scratch_view = [&](int step, int seg, int64_t c) {
     auto [b, e] = detail_ring::segment(n, N, seg);
     const int64_t cb = c * chunk, ce = std::min(e - b, cb + chunk);
     return scratch[step % 2].slice(0, cb, ce);
   };
-  // Step 0 sends can all go at once; every later send waits for its chunk's reduction.
-  auto post_step = [&](int step, bool post_sends) {
-    const int send_seg = mod(r - step), recv_seg = mod(r - step - 1);
-    std::vector<std::shared_ptr<Work>> recvs;
-    const int64_t rc = chunks_of(recv_seg);
-    for (int64_t c = 0; c < rc; ++c) {
-      at::Tensor v = recv_view(step, recv_seg, c);
-      recvs.push_back(comm.recv(v, from_left));
+  // Step s receives segment r - s - 1 and sends segment r - s.
+  auto post_reduce_recvs = [&](int step) {
+    const int recv_seg = mod(r - step - 1);
+    std::vector<std::shared_ptr<Work>> out;
+    for (int64_t c = 0; c < chunks_of(recv_seg); ++c) {
+      if (rr) {
+        at::Tensor acc = chunk_view(flat, recv_seg, c);
+        out.push_back(rr->recv_reduce(acc, pairwise, from_left));
+      } else {
+        at::Tensor v = scratch_view(step, recv_seg, c);
+        out.push_back(comm.recv(v, from_left));
+      }
     }
-    if (post_sends) {
-      const int64_t sc = chunks_of(send_seg);
-      for (int64_t c = 0; c < sc; ++c) sends.push_back(comm.send(chunk_view(flat, send_seg, c), to_right));
-    }
-    return recvs;
+    return out;
   };
-  std::vector<std::shared_ptr<Work>> recvs = post_step(0, true);
+  std::vector<std::shared_ptr<Work>> recvs = post_reduce_recvs(0);
+  // Step 0 sends can all go at once; every later send waits for its chunk's reduction.
+  for (int64_t c = 0; c < chunks_of(r); ++c) send_chunk(r, c);
   for (int step = 0; step < N - 1; ++step) {
     const int recv_seg = mod(r - step - 1);
-    const bool more = step + 1 < N - 1;
-    // The next step's receives go out before this step's reductions, so the left neighbour
-    // never waits for a posted buffer.
-    std::vector<std::shared_ptr<Work>> next = more ? post_step(step + 1, false) : std::vector<std::shared_ptr<Work>>{};
+    const bool last = step + 1 == N - 1;
+    // The next receives go out before this step's are awaited, so the left neighbour never
+    // waits for a posted buffer: the next step's, or after the last step the all-gather's
+    // first. None of them touches what a send in flight reads (segment r - s - 2 differs from
+    // r - s and r - s - 1 when N > 2; N == 2 has one step; all-gather step 0 receives
+    // segment r, which step 0 sent and every rank has reduced from before it sends again).
+    std::vector<std::shared_ptr<Work>> next = last ? post_gather_recvs(0) : post_reduce_recvs(step + 1);
     for (int64_t c = 0; c < static_cast<int64_t>(recvs.size()); ++c) {
       recvs[c]->wait();
       at::Tensor acc = chunk_view(flat, recv_seg, c);
-      detail_ring::reduce_into(acc, recv_view(step, recv_seg, c), opts.op);
-      // This chunk is what the next step sends (send_seg(step+1) == recv_seg(step)).
-      if (more) sends.push_back(comm.send(acc, to_right));
-      else if (opts.op == ReduceOp::Avg) {
+      if (!rr) detail_ring::reduce_into(acc, scratch_view(step, recv_seg, c), opts.op);
+      if (last && opts.op == ReduceOp::Avg) {
         if (at::isIntegralType(acc.scalar_type(), /*includeBool=*/true)) acc.div_(N, "trunc");
         else acc.div_(N);
       }
+      // The next step sends this chunk; after the last step it is final (this rank's segment
+      // r + 1), and all-gather step 0 sends it at once, overlapping the rest of the reduction.
+      send_chunk(recv_seg, c);
     }
-    // Bound the sends in flight (and the scratch half they no longer need) to one step.
+    // Bound the sends in flight to about two steps.
     while (sends.size() > static_cast<size_t>(2 * (chunks_of(recv_seg) + 1))) {
       sends.front()->wait();
       sends.pop_front();
     }
     recvs = std::move(next);
   }
-  for (auto& w : sends) w->wait();
-  sends.clear();
 
   // --- all-gather ----------------------------------------------------------------------------
   // Received chunks land in place; each is forwarded as soon as it arrives.
-  auto post_gather_recvs = [&](int step) {
-    const int recv_seg = mod(r - step);
-    std::vector<std::shared_ptr<Work>> out;
-    const int64_t rc = chunks_of(recv_seg);
-    for (int64_t c = 0; c < rc; ++c) {
-      at::Tensor v = chunk_view(flat, recv_seg, c);
-      out.push_back(comm.recv(v, from_left));
-    }
-    return out;
-  };
-  {
-    const int own = mod(r + 1);
-    const int64_t sc = chunks_of(own);
-    for (int64_t c = 0; c < sc; ++c) sends.push_back(comm.send(chunk_view(flat, own, c), to_right));
-  }
   for (int step = 0; step < N - 1; ++step) {
     const int recv_seg = mod(r - step);
-    std::vector<std::shared_ptr<Work>> got = post_gather_recvs(step);
-    for (int64_t c = 0; c < static_cast<int64_t>(got.size()); ++c) {
-      got[c]->wait();
-      if (step + 1 < N - 1) sends.push_back(comm.send(chunk_view(flat, recv_seg, c), to_right));
+    const bool more = step + 1 < N - 1;
+    std::vector<std::shared_ptr<Work>> next = more ? post_gather_recvs(step + 1) : std::vector<std::shared_ptr<Work>>{};
+    for (int64_t c = 0; c < static_cast<int64_t>(recvs.size()); ++c) {
+      recvs[c]->wait();
+      if (more) send_chunk(recv_seg, c);
     }
+    recvs = std::move(next);
   }
   for (auto& w : sends) w->wait();
 }
