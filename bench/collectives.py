@@ -3,13 +3,15 @@
 memcpy, measured in the same run on this machine.
 
     bench/collectives.py [--nproc 2] [--sizes 4K:256M] [--iters 20] [--warmup 5] [--ops all]
+                         [--repeat 1]
 
 Runs `trainrun bench collectives` for gloo-cpu and mpi (nccl-tests columns: time, algbw, busbw
 and a correctness check per row), the SDK's ring all-reduce (`--algo ring`, the `ring`
 strategy's algorithm) over gloo-cpu's send/recv with shared memory and over plain TCP
 (`shm = false`) and over mpi's send/recv, then bench/collectives_ref.c under mpiexec for the
 references, and prints one all-reduce table with the ratios, plus the other operations' tables
-as measured.
+as measured. --repeat K runs the all-reduce measurements K times in rounds (every column once
+per round, so a noisy moment hits all of them alike) and reports each column's median.
 Needs the build (scripts/test or scripts/run builds it) and the mpich package (mpicc, mpiexec).
 """
 import argparse
@@ -60,57 +62,73 @@ def main():
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--ops", default="all")
+    ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--build", default=os.environ.get("TRAINRUN_BUILD_DIR", os.path.join(ROOT, "build")))
     a = ap.parse_args()
     trainrun = os.path.join(a.build, "bin", "trainrun")
     first, last = (size_bytes(s) for s in a.sizes.split(":"))
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
 
-    results = {}
-    for backend in ("gloo-cpu", "mpi"):
-        out = run([trainrun, "bench", "collectives", "--backend", backend, "--nproc", str(a.nproc),
-                   "--op", a.ops, "--sizes", a.sizes, "--iters", str(a.iters),
-                   "--warmup", str(a.warmup), "--set", "accelerator.threads=1"], env=env)
-        results[backend] = parse_table(out)
-        print(re.sub(r"^\[rank 0\] ", "", out, flags=re.M).rstrip())
-        print()
-
-    rings = {"ring-shm": ["--backend", "gloo-cpu"],
-             "ring-tcp": ["--backend", "gloo-cpu", "--set", "accelerator.shm=false"],
-             "ring-mpi": ["--backend", "mpi"]}
-    for name, args in rings.items():
-        out = run([trainrun, "bench", "collectives", *args, "--algo", "ring", "--nproc",
-                   str(a.nproc), "--op", "allreduce", "--sizes", a.sizes, "--iters", str(a.iters),
-                   "--warmup", str(a.warmup), "--set", "accelerator.threads=1"], env=env)
-        results[name] = parse_table(out)
-
     ref_bin = os.path.join(a.build, "bench", "collectives_ref")
     os.makedirs(os.path.dirname(ref_bin), exist_ok=True)
     run(["mpicc", "-O2", "-o", ref_bin, os.path.join(ROOT, "bench", "collectives_ref.c")])
-    ref = {}
-    for line in run(["mpiexec", "-n", str(a.nproc), ref_bin, str(first), str(last), str(a.iters),
-                     str(a.warmup)], env=env).splitlines():
-        f = line.split()
-        if len(f) == 4:
-            ref[int(f[0])] = (float(f[1]), float(f[2]), float(f[3]))
+    rings = {"ring-shm": ["--backend", "gloo-cpu"],
+             "ring-tcp": ["--backend", "gloo-cpu", "--set", "accelerator.shm=false"],
+             "ring-mpi": ["--backend", "mpi"]}
+    common = ["--nproc", str(a.nproc), "--sizes", a.sizes, "--iters", str(a.iters),
+              "--warmup", str(a.warmup), "--set", "accelerator.threads=1"]
 
+    # rounds[k][column] = {size: (busbw, check)}
+    rounds = []
+    for k in range(max(1, a.repeat)):
+        cols = {}
+        for backend in ("gloo-cpu", "mpi"):
+            # The first round times every operation (its tables are printed); later rounds
+            # only the all-reduce.
+            ops = a.ops if k == 0 else "allreduce"
+            out = run([trainrun, "bench", "collectives", "--backend", backend, "--op", ops, *common],
+                      env=env)
+            if k == 0:
+                print(re.sub(r"^\[rank 0\] ", "", out, flags=re.M).rstrip())
+                print()
+            cols[backend] = {r[0]: (r[3], r[4]) for r in parse_table(out).get("allreduce", [])}
+        for name, args in rings.items():
+            out = run([trainrun, "bench", "collectives", *args, "--algo", "ring", "--op",
+                       "allreduce", *common], env=env)
+            cols[name] = {r[0]: (r[3], r[4]) for r in parse_table(out).get("allreduce", [])}
+        ref, mem = {}, {}
+        for line in run(["mpiexec", "-n", str(a.nproc), ref_bin, str(first), str(last),
+                         str(a.iters), str(a.warmup)], env=env).splitlines():
+            f = line.split()
+            if len(f) == 4:
+                ref[int(f[0])] = (float(f[2]), "ok")
+                mem[int(f[0])] = (float(f[3]), "ok")
+        cols["MPICH"], cols["memcpy"] = ref, mem
+        rounds.append(cols)
+
+    def median(xs):
+        xs = sorted(xs)
+        return xs[len(xs) // 2] if len(xs) % 2 else 0.5 * (xs[len(xs) // 2 - 1] + xs[len(xs) // 2])
+
+    names = ["gloo-cpu", "mpi", "ring-shm", "ring-tcp", "ring-mpi", "MPICH", "memcpy"]
+    sizes = sorted(set.intersection(*(set(c) for r in rounds for c in r.values())))
+    how = f"median of {len(rounds)} rounds" if len(rounds) > 1 else "same run"
     print(f"# all-reduce float32 sum, {a.nproc} ranks: busbw (GB/s) and ratios to MPICH's "
-          f"MPI_Allreduce and to one core's memcpy (same run)")
-    hdr = ["size(B)", "gloo-cpu", "mpi", "ring-shm", "ring-tcp", "ring-mpi", "MPICH", "memcpy",
-           "gloo/MPICH", "mpi/MPICH", "shm/MPICH", "tcp/gloo", "gloo/memcpy", "checks"]
+          f"MPI_Allreduce and to one core's memcpy ({how})")
+    hdr = ["size(B)", *names, "gloo/MPICH", "mpi/MPICH", "shm/MPICH", "tcp/gloo", "gloo/memcpy",
+           "checks"]
     print("".join(f"{h:>12}" for h in hdr))
-    cols = {k: {r[0]: r for r in results[k].get("allreduce", [])}
-            for k in ("gloo-cpu", "mpi", "ring-shm", "ring-tcp", "ring-mpi")}
-    for size in sorted(ref):
-        if any(size not in c for c in cols.values()):
-            continue
-        g, m = cols["gloo-cpu"][size][3], cols["mpi"][size][3]
-        rs, rt, rm = (cols[k][size][3] for k in ("ring-shm", "ring-tcp", "ring-mpi"))
-        _, mb, cp = ref[size]
-        checks = "ok" if all(c[size][4] == "ok" for c in cols.values()) else "FAIL"
-        row = [size, g, m, rs, rt, rm, mb, cp, g / mb, m / mb, rs / mb, rt / g, g / cp]
-        print(f"{row[0]:>12}" + "".join(f"{v:>12.3f}" for v in row[1:]) + f"{checks:>12}")
-
+    for size in sizes:
+        v = {n: median([r[n][size][0] for r in rounds]) for n in names}
+        checks = "ok" if all(r[n][size][1] == "ok" for r in rounds for n in names) else "FAIL"
+        row = [size, *(v[n] for n in names), v["gloo-cpu"] / v["MPICH"], v["mpi"] / v["MPICH"],
+               v["ring-shm"] / v["MPICH"], v["ring-tcp"] / v["gloo-cpu"], v["gloo-cpu"] / v["memcpy"]]
+        print(f"{row[0]:>12}" + "".join(f"{x:>12.3f}" for x in row[1:]) + f"{checks:>12}")
+    if len(rounds) > 1:
+        print(f"# shm/MPICH per round: " + "; ".join(
+            f"{size >> 10} KiB " + " ".join(f"{r['ring-shm'][size][0] / r['MPICH'][size][0]:.2f}"
+                                            for r in rounds)
+            for size in sizes if size >= 1 << 20))
 
 if __name__ == "__main__":
     main()

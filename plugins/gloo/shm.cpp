@@ -65,9 +65,13 @@ constexpr long kSleepNs = 5'000'000;
 // bytes is not copied through the slots; its slot carries the sender's address and the receiver
 // reads the sender's memory directly, in pieces of kCmaPieceBytes (reduced from an L2-sized
 // staging buffer when the recv reduces). One copy instead of two, as UCX's cma transport under
-// MPICH does. Below 2 MiB the two copies through a cached ring were as fast or faster (the
-// sender's op also completes without waiting for the receiver). TRAINRUN_SHM_CMA=0 turns it
-// off; TRAINRUN_SHM_CMA_MIN / _PIECE override (for measuring).
+// MPICH does. Measured here, 2 ranks, interleaved runs: the ring all-reduce gains where its
+// data is cache-resident (4 MiB: 6.6-8.0 GB/s against 5.8-5.9 with two copies) and loses where
+// it is not (32 MiB: 3.6-4.2 against 5.0-5.6; MPICH's own is 2.9 there), and a one-way stream
+// is faster with two copies, each side copying on its own core (16 MiB ping-pong: 10.9 against
+// 3.8 GB/s). Single copy is the default because it is what keeps the ring at or above MPICH's
+// all-reduce from 1 MiB up; below 2 MiB two copies through the cached ring are as fast.
+// TRAINRUN_SHM_CMA=0 turns it off; TRAINRUN_SHM_CMA_MIN / _PIECE override (for measuring).
 constexpr uint64_t kDefaultCmaMinBytes = 2 << 20;
 constexpr uint64_t kDefaultCmaPieceBytes = 256 << 10;
 
