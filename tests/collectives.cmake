@@ -41,6 +41,11 @@ foreach(backend gloo-cpu mpi)
   set_tests_properties(collectives_fusion_ring.${backend} PROPERTIES TIMEOUT 120
     ENVIRONMENT "OMP_NUM_THREADS=1;OPENBLAS_NUM_THREADS=1")
 endforeach()
+# A chunk below 1 KiB is refused before any rank starts (it once ran with 4-byte chunks).
+add_test(NAME collectives_ring_bad_chunk
+  COMMAND ${_tr} bench collectives --backend gloo-cpu --nproc 2 --algo ring --chunk 0)
+set_tests_properties(collectives_ring_bad_chunk PROPERTIES TIMEOUT 30
+  PASS_REGULAR_EXPRESSION "--chunk 0: the ring's chunk must be at least 1K")
 
 # The user's own mpiexec, without the trainrun launcher.
 find_program(_mpiexec NAMES mpiexec.hydra mpiexec)

@@ -602,6 +602,21 @@ int run_bench_command(int argc, char** argv) {
     std::cerr << "trainrun bench: error: " << e.what() << "\n" << opts << std::endl;
     return 2;
   }
+  if (a.algo == "ring") {
+    int64_t chunk = 0;
+    try {
+      chunk = core::parse_size(a.chunk);
+    } catch (const std::exception& e) {
+      std::cerr << "trainrun bench: error: --chunk " << a.chunk << ": " << e.what() << std::endl;
+      return 2;
+    }
+    if (chunk < 1024) {
+      std::cerr << "trainrun bench: error: --chunk " << a.chunk
+                << ": the ring's chunk must be at least 1K (as the strategy's chunk_kb >= 1)"
+                << std::endl;
+      return 2;
+    }
+  }
   // The matrix covers everything unless narrowed explicitly.
   if (a.verify) {
     if (vm["op"].defaulted()) a.op = "all";
@@ -611,7 +626,8 @@ int run_bench_command(int argc, char** argv) {
   // positional = {"bench", "collectives"}
   if (vm.count("help") || positional.size() < 2 || positional[1] != "collectives") {
     std::cout << "usage: trainrun bench collectives --backend gloo-cpu|mpi --nproc N "
-                 "[--op allreduce] [--sizes 4K:256M] [--verify]\n\n"
+                 "[--op allreduce] [--sizes 4K:256M] [--iters 20] [--warmup 5] [--verify] "
+                 "[--algo native|ring] [--chunk 4M] [--fusion K] [--set accelerator.KEY=VALUE]\n\n"
               << opts << std::endl;
     return vm.count("help") ? 0 : 2;
   }
