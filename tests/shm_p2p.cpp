@@ -25,6 +25,7 @@
 #include <torch/torch.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
@@ -173,6 +174,26 @@ int check(GlooCommunicator& c, bool shm) {
         ring_recv_reduce(c, count, t, op, "recv_reduce " + std::to_string(static_cast<int>(op)) +
                                               " " + v1::dtype_name(t) + " x " + std::to_string(count));
   ring_recv_reduce(c, 9'000'001, torch::kFloat, v1::ReduceOp::Sum, "recv_reduce float32 x 9000001");
+  // NaN on either side wins under min/max, as ATen's minimum/maximum (the ring's reduction
+  // without recv_reduce) have it: through the slots (7) and by single copy (600001, 2.4 MB).
+  for (auto op : {v1::ReduceOp::Min, v1::ReduceOp::Max})
+    for (int64_t count : {7L, 600001L}) {
+      const int left = (r + n - 1) % n;
+      auto with_nan = [&](int rank) {
+        auto t = pattern(rank, count, torch::kFloat);
+        t.index_put_({torch::arange(rank % 2, count, 3)}, std::nanf(""));
+        return t;
+      };
+      auto acc = with_nan(r), mine = acc.clone();
+      auto ws = c.send(with_nan(r), {(r + 1) % n, 14, 0});
+      auto wr = c.recv_reduce(acc, op, {left, 14, 0});
+      ws->wait();
+      wr->wait();
+      const auto want = op == v1::ReduceOp::Min ? at::minimum(mine, with_nan(left))
+                                                : at::maximum(mine, with_nan(left));
+      expect(at::allclose(acc, want, 0, 0, /*equal_nan=*/true), r,
+             "recv_reduce NaN " + std::to_string(static_cast<int>(op)) + " x " + std::to_string(count));
+    }
   expect(error_of([&] {
            auto t = torch::zeros({4});
            c.recv_reduce(t, v1::ReduceOp::Avg, {(r + n - 1) % n, 12, 0});

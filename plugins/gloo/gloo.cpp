@@ -634,12 +634,9 @@ struct GlooCommunicator::Impl {
           std::lock_guard<std::mutex> g(state_mu);
           reaping = nullptr;
         }
-        if (!error && reduce != shm::Reduce::None) {
-          at::Tensor out = tensor;
-          if (reduce == shm::Reduce::Sum) out.add_(target);
-          else if (reduce == shm::Reduce::Min) at::minimum_out(out, out, target);
-          else at::maximum_out(out, out, target);
-        }
+        if (!error && reduce != shm::Reduce::None)
+          shm::reduce_bytes(tensor.data_ptr(), target.data_ptr(),
+                            static_cast<int64_t>(tensor.nbytes()), tensor.scalar_type(), reduce);
         complete(*work, error);
       });
     });

@@ -196,20 +196,22 @@ void reduce_plain(T* __restrict dst, const T* __restrict src, int64_t n, Reduce 
     case Reduce::Sum:
       for (int64_t i = 0; i < n; ++i) dst[i] += src[i];
       return;
+    // A NaN on either side wins, as ATen's minimum/maximum (the TCP path and the ring's own
+    // reduction) have it; x != x is true only for NaN, never for integers.
     case Reduce::Min:
-      for (int64_t i = 0; i < n; ++i) dst[i] = src[i] < dst[i] ? src[i] : dst[i];
+      for (int64_t i = 0; i < n; ++i) dst[i] = (src[i] < dst[i] || src[i] != src[i]) ? src[i] : dst[i];
       return;
     case Reduce::Max:
-      for (int64_t i = 0; i < n; ++i) dst[i] = src[i] > dst[i] ? src[i] : dst[i];
+      for (int64_t i = 0; i < n; ++i) dst[i] = (src[i] > dst[i] || src[i] != src[i]) ? src[i] : dst[i];
       return;
     case Reduce::None: return;
   }
 }
 
-// dst[0..bytes) = op(dst, src) as elements of `dtype`. float32/float64/int32/int64 are plain
-// loops (vectorised by the compiler, no allocation); the rest goes through ATen on views of the
-// two buffers. NaN follows ATen for Min/Max only on the ATen path; the plain loops keep dst's
-// element when either is NaN and the comparison is false (as std::min does).
+}  // namespace
+
+// float32/float64/int32/int64 are plain loops (vectorised by the compiler, no allocation); the
+// rest goes through ATen on views of the two buffers.
 void reduce_bytes(void* dst, const void* src, int64_t bytes, c10::ScalarType dtype, Reduce op) {
   const int64_t n = bytes / static_cast<int64_t>(c10::elementSize(dtype));
   switch (dtype) {
@@ -229,6 +231,8 @@ void reduce_bytes(void* dst, const void* src, int64_t bytes, c10::ScalarType dty
     case Reduce::None: return;
   }
 }
+
+namespace {
 
 int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -544,9 +548,7 @@ void Transport::sleep_on_blocked(long ns) {
     // copying: wait for the next post instead.
     posted_sleepers_.fetch_add(1, std::memory_order_seq_cst);
     const uint32_t p = posted_.load(std::memory_order_seq_cst);
-    timespec ts{0, std::min<long>(ns, 200'000)};
-    syscall(SYS_futex, reinterpret_cast<uint32_t*>(&posted_), FUTEX_WAIT_PRIVATE, p, &ts,
-            nullptr, 0);
+    futex_wait(&posted_, p, std::min<long>(ns, 200'000));
     posted_sleepers_.fetch_sub(1, std::memory_order_seq_cst);
     return;
   }
@@ -902,9 +904,7 @@ void Transport::post(bool is_send, int peer, Op op) {
     bg_cv_.notify_one();
   }
   posted_.fetch_add(1, std::memory_order_seq_cst);
-  if (posted_sleepers_.load(std::memory_order_seq_cst))
-    syscall(SYS_futex, reinterpret_cast<uint32_t*>(&posted_), FUTEX_WAKE_PRIVATE, INT_MAX,
-            nullptr, nullptr, 0);
+  if (posted_sleepers_.load(std::memory_order_seq_cst)) futex_wake(&posted_);
 }
 
 void Transport::abort() {
@@ -917,8 +917,7 @@ void Transport::abort() {
     futex_wake(&c->header->tail.value);
   }
   posted_.fetch_add(1, std::memory_order_release);
-  syscall(SYS_futex, reinterpret_cast<uint32_t*>(&posted_), FUTEX_WAKE_PRIVATE, INT_MAX, nullptr,
-          nullptr, 0);
+  futex_wake(&posted_);
   std::lock_guard<std::mutex> g(bg_mu_);
   bg_cv_.notify_all();
 }

@@ -67,6 +67,11 @@ namespace trainrun::plugins::shm {
 /// What a recv does with each arriving chunk: copy it, or combine it into the destination.
 enum class Reduce : int8_t { None, Sum, Min, Max };
 
+/// dst[0 .. bytes) = op(dst, src), element-wise as `dtype` (op None: nothing). Min/Max let a
+/// NaN on either side win, as ATen's minimum/maximum do. No allocation for float32, float64,
+/// int32 and int64; other dtypes go through ATen views of the two buffers.
+void reduce_bytes(void* dst, const void* src, int64_t bytes, c10::ScalarType dtype, Reduce op);
+
 /// One send or recv to run on a channel.
 struct Op {
   at::Tensor tensor;  ///< kept alive until done() is called
@@ -136,7 +141,6 @@ class Transport {
  private:
   struct Channel;
   struct Finished;
-  enum class Blocked { No, Recv, Send };
   // One pass over every channel, one slot each; returns whether anything moved. Requires
   // progress_mu_. Fills `finished` with the ops that ended.
   bool pass(std::vector<Finished>& finished, bool check_liveness, int round);
