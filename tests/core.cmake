@@ -40,4 +40,4 @@ set_tests_properties(e2e_torchscript PROPERTIES TIMEOUT 180 SKIP_RETURN_CODE 77)
 # and 2 local ranks, the BLAS probe's refusal, library defaults, OMP_NUM_THREADS.
 add_test(NAME cpu_runtime
   COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cpu_runtime.sh ${_tr} ${_jobs}/mlp-small.toml ${_work}/cpu_runtime)
-set_tests_properties(cpu_runtime PROPERTIES TIMEOUT 240)
+set_tests_properties(cpu_runtime PROPERTIES TIMEOUT 420)

@@ -57,19 +57,49 @@ else
   echo "(no AVX2 on this CPU: the explicit-kernel runs are skipped)"
 fi
 
-echo "== a kernel that fails the probe is refused, with what to do instead, and the run goes on"
+# What "auto" must run comes from this machine: the best kernel for its CPU flags, the kernel its
+# OpenBLAS picks by itself, and whether its OpenBLAS runs the best one (the probe command).
+probe_corename() { OPENBLAS_CORETYPE=$1 "$tr" blas-probe | awk '$1 == "corename" {print $2}'; }
+best=$($check best)
+own=$("$tr" blas-probe | awk '$1 == "corename" {print $2}')
+runs_best=0
+[ -n "$best" ] && [ "$(probe_corename "$best")" = "$best" ] && runs_best=1
+auto_core=$($check auto_kernel "$own" "$runs_best")
+echo "this machine: best kernel for the CPU '${best:-none}', OpenBLAS's own pick $own," \
+     "runs the best: $runs_best => auto runs $auto_core"
+[ "$default_core" = "$auto_core" ] || fail "the auto run used kernel $default_core, expected $auto_core"
+
+echo "== a kernel that fails the probe is refused; the run uses what auto decides, and goes on"
 # OpenBLAS 0.3.21 (Debian 12) has no SapphireRapids kernel: asked for it, it runs another, which
 # the probe catches (a name trainrun does not know at all is a job-file error, checked below).
-for n in 1 2; do
-  extra=(); [ "$n" = 2 ] && extra=("${ddp[@]}")
-  run "$work/bad$n.log" "$tr" "${base[@]}" "${extra[@]}" --set trainer.run_dir="$work/bad$n" \
-    --set launch.blas_coretype=SapphireRapids
-  expect_in "$work/bad$n.log" "warning: \[launch\] blas_coretype: kernel $default_core kept: OpenBLAS did not take OPENBLAS_CORETYPE=SapphireRapids"
-  expect_in "$work/bad$n.log" "set \[launch\] blas_coretype to another kernel, or \"auto\""
-  $check kernel "$work/bad$n" "$n" "$default_core"
+# refused <label> <auto's kernel> [environment...]: 1 rank (re-exec) and 2 ranks (launcher).
+refused() {
+  local label=$1 want=$2; shift 2
+  for n in 1 2; do
+    extra=(); [ "$n" = 2 ] && extra=("${ddp[@]}")
+    run "$work/bad-$label$n.log" env "$@" "$tr" "${base[@]}" "${extra[@]}" \
+      --set trainer.run_dir="$work/bad-$label$n" --set launch.blas_coretype=SapphireRapids
+    expect_in "$work/bad-$label$n.log" "warning: \[launch\] blas_coretype: kernel $want \(.*\), as \"auto\" decides, because blas_coretype \"SapphireRapids\" was refused: OpenBLAS did not take OPENBLAS_CORETYPE=SapphireRapids"
+    expect_in "$work/bad-$label$n.log" "set \[launch\] blas_coretype to another kernel, or \"auto\""
+    $check kernel "$work/bad-$label$n" "$n" "$want"
+  done
+  [ "$(grep -c "blas_coretype: kernel" "$work/bad-${label}2.log")" = 1 ] ||
+    fail "the refusal should be reported once (by the launcher), not once per rank"
+}
+refused machine "$auto_core"
+# Both kinds of machine on this one: OpenBLAS's own pick stood in for (a test-only variable;
+# a user's OPENBLAS_CORETYPE is a different path, checked above with "Haswell"): the SSE
+# fallback of a CPU this OpenBLAS does not recognise, and the best kernel of one it does.
+picks=(Prescott)
+[ "$runs_best" = 1 ] && picks+=("$best")
+for pick in "${picks[@]}"; do
+  want=$($check auto_kernel "$pick" "$runs_best")
+  echo "== OpenBLAS's own pick $pick (simulated): auto runs $want, and so does a refused kernel"
+  sim=(OPENBLAS_CORETYPE="$pick" TRAINRUN_TEST_OPENBLAS_OWN_CORETYPE="$pick")
+  run "$work/auto-$pick.log" env "${sim[@]}" "$tr" "${base[@]}" --set trainer.run_dir="$work/auto-$pick"
+  $check kernel "$work/auto-$pick" 1 "$want"
+  refused "$pick" "$want" "${sim[@]}"
 done
-[ "$(grep -c "blas_coretype: kernel" "$work/bad2.log")" = 1 ] ||
-  fail "the refusal should be reported once (by the launcher), not once per rank"
 rc=0
 "$tr" check "${base[@]}" --set launch.blas_coretype=NoSuchCore >"$work/unknown.log" 2>&1 || rc=$?
 cat "$work/unknown.log"

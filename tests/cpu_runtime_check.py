@@ -7,6 +7,11 @@ usage: cpu_runtime_check.py auto <run_dir> <ranks>        threads = auto, pin = 
        cpu_runtime_check.py threads <run_dir> <ranks> N   intra-op threads N on every rank
        cpu_runtime_check.py kernel <run_dir> <ranks> NAME every rank runs OpenBLAS kernel NAME
        cpu_runtime_check.py corename <run_dir>            prints rank 0's kernel
+       cpu_runtime_check.py best                          prints the best OpenBLAS kernel for
+                                                          this CPU's flags ("" without AVX)
+       cpu_runtime_check.py auto_kernel OWN RUNS_BEST     prints the kernel "auto" must run when
+                                                          OpenBLAS picks OWN by itself and this
+                                                          OpenBLAS runs the best kernel (1) or not
 """
 import json, math, os, sys
 
@@ -60,7 +65,45 @@ def ranks(run_dir, n, quiet=False):
     return out
 
 
+# OpenBLAS kernel names by vector ISA tier, as OPENBLAS_CORETYPE takes them.
+TIERS = {4: ["SkylakeX", "Cooperlake", "SapphireRapids"], 3: ["Haswell", "Zen"],
+         2: ["Sandybridge", "Bulldozer", "Piledriver", "Steamroller", "Excavator"],
+         1: ["Prescott", "Core2", "Penryn", "Dunnington", "Nehalem", "Atom", "Katmai",
+             "Coppermine", "Northwood", "Banias", "Opteron", "Opteron_SSE3", "Barcelona",
+             "Bobcat", "Nano", "Athlon"]}
+
+
+def tier(name):
+    for t, names in TIERS.items():
+        if name.lower() in (n.lower() for n in names):
+            return t
+    return 0
+
+
+def best_kernel():
+    """The best kernel for this CPU, from /proc/cpuinfo's flags (not from trainrun)."""
+    flags = set()
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                break
+    if {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd"} <= flags:
+        return "Cooperlake" if "avx512_bf16" in flags else "SkylakeX"
+    if {"avx2", "fma"} <= flags:
+        return "Haswell"
+    return "Sandybridge" if "avx" in flags else ""
+
+
 def main():
+    if sys.argv[1] == "best":
+        print(best_kernel())
+        return
+    if sys.argv[1] == "auto_kernel":
+        own, runs_best, best = sys.argv[2], sys.argv[3] == "1", best_kernel()
+        known = tier(own) > 0
+        print(best if known and best and runs_best and tier(own) < tier(best) else own)
+        return
     mode, run_dir = sys.argv[1], sys.argv[2]
     if mode == "corename":
         print(ranks(run_dir, 1, quiet=True)[0]["blas"]["corename"])

@@ -521,3 +521,99 @@ TEST_CASE("BLAS kernel: tiers, the best kernel for a CPU, and the decision table
   CHECK(core::decide_blas_kernel("Haswell", std::nullopt, none, "SkylakeX").warn);
   CHECK(!core::decide_blas_kernel("auto", std::nullopt, none, "SkylakeX").warn);
 }
+
+// The probe decides what a selected kernel becomes. The case from the field: OpenBLAS falls
+// back to Prescott on a CPU it does not recognise, and an explicit kernel this OpenBLAS lacks
+// must then run what "auto" runs (Cooperlake), not the SSE fallback.
+TEST_CASE("resolve_blas_kernel: a refused kernel falls back to what auto decides") {
+  v1::cpu::BlasInfo loaded;
+  loaded.openblas = true;
+  // A fake OpenBLAS that has every kernel but `missing`, and a CPU that runs up to Cooperlake.
+  std::vector<std::string> probed;
+  auto probe_without = [&probed](std::string missing) {
+    return [&probed, missing](const std::string& k) {
+      probed.push_back(k);
+      core::BlasProbe p;
+      p.ok = k != missing;
+      p.corename = p.ok ? k : "Cooperlake";
+      if (!p.ok) p.message = "OpenBLAS did not take OPENBLAS_CORETYPE=" + k;
+      return p;
+    };
+  };
+  SUBCASE("OpenBLAS picked Prescott: the explicit kernel is refused, auto's Cooperlake runs") {
+    loaded.corename = "Prescott";
+    const auto c = core::resolve_blas_kernel("SapphireRapids", std::nullopt, loaded, "Cooperlake",
+                                             probe_without("SapphireRapids"));
+    CHECK(c.select);
+    CHECK(c.coretype == "Cooperlake");
+    CHECK(c.warn);
+    CHECK(probed == std::vector<std::string>{"SapphireRapids", "Cooperlake"});
+    CHECK(c.note.rfind("kernel Cooperlake (auto: OpenBLAS picked Prescott", 0) == 0);
+    CHECK(c.note.find("as \"auto\" decides, because blas_coretype \"SapphireRapids\" was refused: "
+                      "OpenBLAS did not take OPENBLAS_CORETYPE=SapphireRapids") != std::string::npos);
+  }
+  SUBCASE("OpenBLAS recognised the CPU: the refusal keeps its kernel, which is auto's") {
+    loaded.corename = "Cooperlake";
+    const auto c = core::resolve_blas_kernel("SapphireRapids", std::nullopt, loaded, "Cooperlake",
+                                             probe_without("SapphireRapids"));
+    CHECK(!c.select);
+    CHECK(c.warn);
+    CHECK(probed == std::vector<std::string>{"SapphireRapids"});
+    CHECK(c.note.rfind("kernel Cooperlake (auto: OpenBLAS's choice already uses", 0) == 0);
+  }
+  SUBCASE("auto's kernel refused as well: OpenBLAS's own stays, and the note says both") {
+    loaded.corename = "Prescott";
+    const auto c = core::resolve_blas_kernel(
+        "SapphireRapids", std::nullopt, loaded, "Cooperlake", [&](const std::string& k) {
+          probed.push_back(k);
+          core::BlasProbe p;
+          p.message = "refused " + k;
+          return p;
+        });
+    CHECK(!c.select);
+    CHECK(c.warn);
+    CHECK(c.note.rfind("kernel Prescott (OpenBLAS's own; \"auto\"'s Cooperlake was refused too: "
+                       "refused Cooperlake)", 0) == 0);
+    CHECK(c.note.find("refused SapphireRapids") != std::string::npos);
+  }
+  SUBCASE("the user's OPENBLAS_CORETYPE is what auto keeps") {
+    loaded.corename = "Haswell";
+    const auto c = core::resolve_blas_kernel("SapphireRapids", std::string("Haswell"), loaded,
+                                             "Cooperlake", probe_without("SapphireRapids"));
+    CHECK(!c.select);
+    CHECK(c.note.rfind("kernel Haswell (OPENBLAS_CORETYPE=Haswell from the environment)", 0) == 0);
+  }
+  SUBCASE("auto refused: the loaded kernel is kept, with what to do") {
+    loaded.corename = "Prescott";
+    const auto c = core::resolve_blas_kernel("auto", std::nullopt, loaded, "Cooperlake",
+                                             probe_without("Cooperlake"));
+    CHECK(!c.select);
+    CHECK(c.warn);
+    CHECK(c.note.rfind("kernel Prescott kept: OpenBLAS did not take OPENBLAS_CORETYPE=Cooperlake", 0) == 0);
+    CHECK(c.note.find("set OPENBLAS_CORETYPE=NAME") != std::string::npos);
+  }
+  SUBCASE("an accepted kernel is taken as decided, probed once") {
+    loaded.corename = "Prescott";
+    const auto c = core::resolve_blas_kernel("Haswell", std::nullopt, loaded, "Cooperlake",
+                                             probe_without("none"));
+    CHECK(c.select);
+    CHECK(c.coretype == "Haswell");
+    CHECK(probed == std::vector<std::string>{"Haswell"});
+  }
+}
+
+TEST_CASE("user_coretype_env: a test's stand-in for OpenBLAS's own pick is not the user's") {
+  const char* saved = std::getenv("OPENBLAS_CORETYPE");
+  const std::string keep = saved ? saved : "";
+  setenv("OPENBLAS_CORETYPE", "Prescott", 1);
+  unsetenv("TRAINRUN_TEST_OPENBLAS_OWN_CORETYPE");
+  CHECK(core::user_coretype_env() == std::optional<std::string>("Prescott"));
+  setenv("TRAINRUN_TEST_OPENBLAS_OWN_CORETYPE", "prescott", 1);
+  CHECK(!core::user_coretype_env());
+  setenv("TRAINRUN_TEST_OPENBLAS_OWN_CORETYPE", "Haswell", 1);
+  CHECK(core::user_coretype_env() == std::optional<std::string>("Prescott"));
+  unsetenv("TRAINRUN_TEST_OPENBLAS_OWN_CORETYPE");
+  unsetenv("OPENBLAS_CORETYPE");
+  CHECK(!core::user_coretype_env());
+  if (saved) setenv("OPENBLAS_CORETYPE", keep.c_str(), 1);
+}

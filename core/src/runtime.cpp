@@ -283,31 +283,53 @@ BlasProbe probe_blas_kernel(const std::string& coretype) {
   return r;
 }
 
-namespace {
-// Probes the chosen kernel; a refusal turns the choice into "keep the loaded kernel", with a
-// note that says why and what to do instead.
-void refuse_if_probe_fails(BlasChoice& choice, const std::string& option,
-                           const v1::cpu::BlasInfo& loaded) {
-  const BlasProbe probe = probe_blas_kernel(choice.coretype);
-  if (probe.ok) return;
+BlasChoice resolve_blas_kernel(const std::string& option, const std::optional<std::string>& env,
+                               const v1::cpu::BlasInfo& loaded, const std::string& best,
+                               const std::function<BlasProbe(const std::string&)>& probe) {
+  BlasChoice choice = decide_blas_kernel(option, env, loaded, best);
+  if (!choice.select) return choice;
+  const BlasProbe tried = probe(choice.coretype);
+  if (tried.ok) return choice;
   choice.warn = true;
-  choice.note = "kernel " + loaded.corename + " kept: " + probe.message +
-                (option == "auto"
-                     ? "; to choose a kernel yourself set OPENBLAS_CORETYPE=NAME before starting "
-                       "trainrun"
-                     : "; set [launch] blas_coretype to another kernel, or \"auto\"");
-  choice.select = false;
+  if (option == "auto") {
+    choice.select = false;
+    choice.note = "kernel " + loaded.corename + " kept: " + tried.message +
+                  "; to choose a kernel yourself set OPENBLAS_CORETYPE=NAME before starting trainrun";
+    return choice;
+  }
+  // On exactly the CPUs where the kernel matters, OpenBLAS's own pick is its SSE fallback:
+  // keeping it after a refusal would run several times slower than "auto".
+  BlasChoice fallback = decide_blas_kernel("auto", env, loaded, best);
+  if (fallback.select) {
+    const BlasProbe again = probe(fallback.coretype);
+    if (!again.ok) {
+      fallback.select = false;
+      fallback.note = "kernel " + loaded.corename + " (OpenBLAS's own; \"auto\"'s " +
+                      fallback.coretype + " was refused too: " + again.message + ")";
+    }
+  }
+  choice.select = fallback.select;
+  choice.coretype = fallback.coretype;
+  choice.note = fallback.note + ", as \"auto\" decides, because blas_coretype \"" + option +
+                "\" was refused: " + tried.message +
+                "; set [launch] blas_coretype to another kernel, or \"auto\"";
+  return choice;
 }
-}  // namespace
+
+std::optional<std::string> user_coretype_env() {
+  const char* e = std::getenv("OPENBLAS_CORETYPE");
+  if (!e || !*e) return std::nullopt;
+  const char* own = std::getenv("TRAINRUN_TEST_OPENBLAS_OWN_CORETYPE");
+  if (own && same_kernel(own, e)) return std::nullopt;
+  return std::string(e);
+}
 
 void select_blas_kernel(const JobConfig& job, char** argv, bool launching) {
   if (std::getenv("TRAINRUN_BLAS_CHOICE")) return;
   const std::string option = job.launch.get_string("blas_coretype");
-  std::optional<std::string> env;
-  if (const char* e = std::getenv("OPENBLAS_CORETYPE"); e && *e) env = e;
   const v1::cpu::BlasInfo loaded = v1::cpu::blas_info();
-  BlasChoice choice = decide_blas_kernel(option, env, loaded, best_blas_kernel(cpu_features()));
-  if (choice.select) refuse_if_probe_fails(choice, option, loaded);
+  const BlasChoice choice = resolve_blas_kernel(option, user_coretype_env(), loaded,
+                                                best_blas_kernel(cpu_features()), probe_blas_kernel);
   if (choice.warn) log_warn("[launch] blas_coretype: " + choice.note);
   setenv("TRAINRUN_BLAS_CHOICE", choice.note.c_str(), 1);
   if (!choice.select) return;
@@ -351,15 +373,12 @@ std::vector<std::string> check_runtime_lines(const JobConfig& job,
   const v1::cpu::BlasInfo loaded = v1::cpu::blas_info();
   lines.push_back(libtorch_build_text() + " | " +
                   (loaded.openblas ? loaded.config : std::string("BLAS: not OpenBLAS")));
-  std::optional<std::string> env;
-  if (const char* e = std::getenv("OPENBLAS_CORETYPE"); e && *e) env = e;
-  const std::string option = job.launch.get_string("blas_coretype");
-  BlasChoice choice = decide_blas_kernel(option, env, loaded, best_blas_kernel(cpu_features()));
-  if (choice.select) {
-    refuse_if_probe_fails(choice, option, loaded);
-    if (choice.select) choice.note += " [probe ok]";
-  }
-  lines.push_back("BLAS " + choice.note + (choice.warn ? " (warning)" : ""));
+  const BlasChoice choice =
+      resolve_blas_kernel(job.launch.get_string("blas_coretype"), user_coretype_env(), loaded,
+                          best_blas_kernel(cpu_features()), probe_blas_kernel);
+  // A kernel that is still selected passed its probe.
+  lines.push_back("BLAS " + choice.note + (choice.select ? " [probe ok]" : "") +
+                  (choice.warn ? " (warning)" : ""));
   const auto& opts = job.accelerator.options;
   const int local = static_cast<int>(job.launch.get_int("nproc_per_node"));
   if (opts.has("threads") && opts.has("blas_threads") && opts.has("pin")) {

@@ -12,6 +12,7 @@
 // (`trainrun blas-probe`), which must report that kernel and compute a small sgemm that matches
 // a double-precision reference; a kernel that is refused, unknown or crashes (SIGILL) is never
 // used.
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -76,6 +77,21 @@ struct BlasProbe {
 
 /// Runs `trainrun blas-probe` with OPENBLAS_CORETYPE = coretype (timeout 60 s) and checks it.
 BlasProbe probe_blas_kernel(const std::string& coretype);
+
+/// The whole decision: decide_blas_kernel, then `probe` on the kernel it selects. An explicit
+/// kernel that the probe refuses falls back to what "auto" decides (probed in turn), so a
+/// refused choice never runs a slower kernel than "auto" would; the note (a warning) names the
+/// kernel the run uses and why. A refused "auto" choice keeps the kernel OpenBLAS loaded.
+/// `probe` is probe_blas_kernel in the product; tests pass their own.
+BlasChoice resolve_blas_kernel(const std::string& option, const std::optional<std::string>& env,
+                               const v1::cpu::BlasInfo& loaded, const std::string& best,
+                               const std::function<BlasProbe(const std::string&)>& probe);
+
+/// OPENBLAS_CORETYPE as the user set it (nullopt when unset or empty). For tests only,
+/// TRAINRUN_TEST_OPENBLAS_OWN_CORETYPE=NAME says that an OPENBLAS_CORETYPE equal to NAME stands
+/// for the kernel OpenBLAS would pick by itself on this machine, not for the user's choice: it
+/// lets one machine exercise both the CPUs OpenBLAS recognises and those where it falls back.
+std::optional<std::string> user_coretype_env();
 
 /// Body of `trainrun blas-probe`: prints "corename NAME" and "max_rel_err E" for a 96x80 by
 /// 80x64 sgemm against a double reference; returns 0, or 1 when OpenBLAS is absent.
