@@ -467,11 +467,3 @@ void DdpStrategy::check_setup(const char* what) const {
 }
 
 }  // namespace trainrun::plugins
-
-// The unit tests compile this file into their binary; each plugin's entry symbol has the same
-// name, so the tests leave it out.
-#ifndef TRAINRUN_NO_PLUGIN_ENTRY
-TRAINRUN_PLUGIN("ddp", "0.1.0",
-                trainrun::v1::component<trainrun::v1::Strategy, trainrun::plugins::DdpStrategy>(
-                    "ddp", "data parallel: gradients averaged in buckets overlapped with backward"))
-#endif

@@ -238,10 +238,3 @@ void FsdpStrategy::add_step_metrics(std::map<std::string, double>& extra) {
 }
 
 }  // namespace trainrun::plugins
-
-#ifndef TRAINRUN_NO_PLUGIN_ENTRY
-TRAINRUN_PLUGIN("fsdp", "0.1.0",
-                trainrun::v1::component<trainrun::v1::Strategy, trainrun::plugins::FsdpStrategy>(
-                    "fsdp", "fully sharded data parallel (PyTorch FSDP): FULL_SHARD, "
-                            "SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD or auto"))
-#endif

@@ -1028,14 +1028,3 @@ std::string GlooAccelerator::describe() const {
 }
 
 }  // namespace trainrun::plugins
-
-// The unit tests compile this file into one binary with the other plugins; each plugin's entry
-// symbol has the same name, so the tests leave it out.
-#ifndef TRAINRUN_NO_PLUGIN_ENTRY
-TRAINRUN_PLUGIN("gloo-cpu", "0.1.0",
-                trainrun::v1::component<trainrun::v1::Accelerator,
-                                        trainrun::plugins::GlooAccelerator>(
-                    "gloo-cpu",
-                    "the host CPU with a Gloo (TCP) communicator across processes: all-reduce, "
-                    "reduce-scatter, all-gather, broadcast, send/recv, barrier, sub-groups"))
-#endif

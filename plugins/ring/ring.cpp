@@ -837,10 +837,3 @@ void RingStrategy::add_step_metrics(std::map<std::string, double>& extra) {
 }
 
 }  // namespace trainrun::plugins
-
-#ifndef TRAINRUN_NO_PLUGIN_ENTRY
-TRAINRUN_PLUGIN("ring", "0.1.0",
-                trainrun::v1::component<trainrun::v1::Strategy, trainrun::plugins::RingStrategy>(
-                    "ring", "data parallel, Horovod-style: negotiated, fused ring all-reduce of "
-                            "gradients over send/recv"))
-#endif

@@ -183,10 +183,3 @@ void ZeroStrategy::add_step_metrics(std::map<std::string, double>& extra) {
 }
 
 }  // namespace trainrun::plugins
-
-#ifndef TRAINRUN_NO_PLUGIN_ENTRY
-TRAINRUN_PLUGIN("zero", "0.1.0",
-                trainrun::v1::component<trainrun::v1::Strategy, trainrun::plugins::ZeroStrategy>(
-                    "zero", "ZeRO data parallelism, stages 1-3: optimizer state, gradients and "
-                            "parameters sharded across ranks (DeepSpeed's zero_optimization)"))
-#endif
