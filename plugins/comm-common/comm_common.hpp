@@ -11,8 +11,9 @@
 //    stall_warning_s, prints which ranks have not arrived, with host, pid and their progress;
 //  - tensor preconditions and the Work object both backends return.
 #include <torch/csrc/distributed/c10d/Store.hpp>
+#include <trainrun/error_text.hpp>
 #include <trainrun/interfaces.hpp>
-#include <trainrun/strategy_helpers.hpp>
+#include <trainrun/types.hpp>
 
 #include <atomic>
 #include <condition_variable>

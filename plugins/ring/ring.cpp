@@ -3,6 +3,7 @@
 #include <trainrun/plugin.hpp>
 #include <trainrun/replicas.hpp>
 #include <trainrun/ring.hpp>
+#include <trainrun/ring_all_gather.hpp>
 #include <trainrun/strategy_helpers.hpp>
 
 #include <ATen/ATen.h>
@@ -103,31 +104,6 @@ std::string json_escape(const std::string& s) {
   return o;
 }
 
-// Segment j of n elements cut into `parts` (the ring's own cut, see <trainrun/ring.hpp>).
-std::pair<int64_t, int64_t> segment(int64_t n, int parts, int j) {
-  return {n * j / parts, n * (j + 1) / parts};
-}
-
-// Ring all-gather of segments in place: rank l of `comm` holds segment l of `flat` (cut as
-// segment()); after L-1 steps every rank holds all of them. Step s: send segment (l - s) to
-// the right, receive segment (l - s - 1) from the left: what was received is sent next.
-void ring_all_gather_segments(Communicator& comm, at::Tensor& flat, int tag) {
-  const int L = comm.world_size(), l = comm.rank();
-  if (L == 1) return;
-  const int64_t n = flat.numel();
-  auto mod = [L](int x) { return ((x % L) + L) % L; };
-  PointToPointOptions to_right{(l + 1) % L, tag, 0}, from_left{(l + L - 1) % L, tag, 0};
-  for (int s = 0; s < L - 1; ++s) {
-    auto [sb, se] = segment(n, L, mod(l - s));
-    auto [rb, re] = segment(n, L, mod(l - s - 1));
-    std::shared_ptr<Work> recv, send;
-    at::Tensor rv = flat.slice(0, rb, re);
-    if (re > rb) recv = comm.recv(rv, from_left);
-    if (se > sb) send = comm.send(flat.slice(0, sb, se), to_right);
-    if (recv) recv->wait();
-    if (send) send->wait();
-  }
-}
 
 }  // namespace
 
@@ -705,10 +681,10 @@ void RingStrategy::all_reduce(at::Tensor& wire, ReduceOp op) {
     o.op = ReduceOp::Sum;
     ring::all_reduce(*local_comm_, wire, o);
     const int L = local_comm_->world_size();
-    auto [b, e] = segment(wire.numel(), L, local_comm_->rank());
+    auto [b, e] = ring::segment(wire.numel(), L, local_comm_->rank());
     at::Tensor shard = wire.slice(0, b, e);
     if (e > b) ring::all_reduce(*cross_comm_, shard, o);
-    ring_all_gather_segments(*local_comm_, wire, kGatherTag);
+    ring::all_gather_segments(*local_comm_, wire, kGatherTag);
     if (op == ReduceOp::Avg) wire.div_(world_size_);
   } catch (const std::exception& e) {
     TR_FAIL(kName, ": rank ", rank_, ": ring all-reduce of a fused buffer (", wire.numel(), " ",
