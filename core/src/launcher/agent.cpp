@@ -48,7 +48,7 @@
 #include <set>
 #include <sstream>
 
-#include "trainrun/core/trainer.hpp"
+#include "trainrun/core/run_dir.hpp"
 #include "output.hpp"
 
 extern char** environ;
