@@ -4,10 +4,12 @@
 
 #include <trainrun/error.hpp>
 
+#include <charconv>
 #include <cstdlib>
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace fs = std::filesystem;
 
