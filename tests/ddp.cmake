@@ -3,14 +3,9 @@
 # gloo-cpu over loopback, against `single` (DESIGN invariant 1) and with bad input.
 find_package(doctest REQUIRED)
 
-add_executable(unit_ddp ${CMAKE_CURRENT_SOURCE_DIR}/unit_ddp.cpp
-                        ${PROJECT_SOURCE_DIR}/plugins/ddp/ddp.cpp)
+add_executable(unit_ddp ${CMAKE_CURRENT_SOURCE_DIR}/unit_ddp.cpp)
 target_include_directories(unit_ddp PRIVATE ${PROJECT_SOURCE_DIR}/plugins)
-target_link_libraries(unit_ddp PRIVATE TrainrunSDK::sdk torch doctest::doctest)
-target_compile_definitions(unit_ddp PRIVATE
-  TRAINRUN_NO_PLUGIN_ENTRY
-  TRAINRUN_BUILD_TORCH_VERSION="${Torch_VERSION}"
-  TRAINRUN_BUILD_COMPILER_ID="x")
+target_link_libraries(unit_ddp PRIVATE ddp-objects doctest::doctest)
 trainrun_use_pch(unit_ddp)
 foreach(suite ddp_buckets ddp_reducer)
   add_test(NAME unit_ddp.${suite} COMMAND unit_ddp --test-suite=${suite})

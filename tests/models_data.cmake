@@ -1,15 +1,10 @@
-# Unit tests of the models and data plugins. Plugins are MODULE libraries, so their component
-# files (not the entry files) are compiled into the test executable.
+# Unit tests of the models and data plugins. Plugins are MODULE libraries, so the test links
+# their component objects (<plugin>-objects, compiled once for plugin and test), not the entry
+# files.
 find_package(doctest REQUIRED)
 
-add_executable(unit_models_data
-  ${CMAKE_CURRENT_LIST_DIR}/unit_models_data.cpp
-  ${PROJECT_SOURCE_DIR}/plugins/models/models.cpp
-  ${PROJECT_SOURCE_DIR}/plugins/data/data.cpp)
-target_link_libraries(unit_models_data PRIVATE TrainrunSDK::sdk doctest::doctest z)
-target_compile_definitions(unit_models_data PRIVATE
-  TRAINRUN_BUILD_TORCH_VERSION="${Torch_VERSION}"
-  TRAINRUN_BUILD_COMPILER_ID="${CMAKE_CXX_COMPILER_ID}-${CMAKE_CXX_COMPILER_VERSION}")
+add_executable(unit_models_data ${CMAKE_CURRENT_LIST_DIR}/unit_models_data.cpp)
+target_link_libraries(unit_models_data PRIVATE models-objects data-objects doctest::doctest)
 trainrun_use_pch(unit_models_data)
 
 # One CTest entry per doctest suite, so a failure names the area.

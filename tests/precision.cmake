@@ -1,19 +1,14 @@
 # Precision (issue 8): doctest units of the precision plugin's reduced-precision components,
 # the dynamic loss scaler, the optimizer's master weights and the SDK's activation
-# checkpointing (the plugin sources compiled in, the CPU memory tracker installed as in
+# checkpointing (the plugins' component objects linked in, the CPU memory tracker installed as in
 # trainrun's main); end-to-end runs (an inf injected on one rank, clipping, checkpointing);
 # and the strategy x precision matrix composed from TOML alone.
 find_package(doctest REQUIRED)
 
-add_executable(unit_precision ${CMAKE_CURRENT_SOURCE_DIR}/unit_precision.cpp
-  ${PROJECT_SOURCE_DIR}/plugins/precision/precision.cpp
-  ${PROJECT_SOURCE_DIR}/plugins/precision/mixed.cpp
-  ${PROJECT_SOURCE_DIR}/plugins/precision/loss_scaler.cpp
-  ${PROJECT_SOURCE_DIR}/plugins/optim/optim.cpp
-  ${PROJECT_SOURCE_DIR}/plugins/models/models.cpp)
+add_executable(unit_precision ${CMAKE_CURRENT_SOURCE_DIR}/unit_precision.cpp)
 target_include_directories(unit_precision PRIVATE ${PROJECT_SOURCE_DIR}/plugins)
-target_link_libraries(unit_precision PRIVATE trainrun_core doctest::doctest)
-target_compile_definitions(unit_precision PRIVATE TRAINRUN_NO_PLUGIN_ENTRY)
+target_link_libraries(unit_precision PRIVATE precision-objects optim-objects models-objects
+  trainrun_core doctest::doctest)
 trainrun_use_pch(unit_precision)
 foreach(suite loss_scaler precision_mixed master_weights activation_checkpointing)
   add_test(NAME unit_precision.${suite} COMMAND unit_precision --test-suite=${suite})

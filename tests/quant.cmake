@@ -1,17 +1,12 @@
 # Quantization and adapters (issue 9): doctest units of the quant plugin's kernels (NF4, double
-# quantization, int8), the SDK's trainrun::v1::Linear and the lora plugin, compiled from the
-# plugins' sources as the other unit tests do.
+# quantization, int8), the SDK's trainrun::v1::Linear and the lora plugin, linked from the
+# plugins' component objects as the other unit tests are.
 find_package(doctest REQUIRED)
 find_package(nlohmann_json 3 REQUIRED)
 
-add_executable(unit_quant ${CMAKE_CURRENT_LIST_DIR}/unit_quant.cpp
-  ${PROJECT_SOURCE_DIR}/plugins/quant/quant.cpp
-  ${PROJECT_SOURCE_DIR}/plugins/lora/lora.cpp)
+add_executable(unit_quant ${CMAKE_CURRENT_LIST_DIR}/unit_quant.cpp)
 target_include_directories(unit_quant PRIVATE ${PROJECT_SOURCE_DIR}/plugins)
-target_link_libraries(unit_quant PRIVATE TrainrunSDK::sdk doctest::doctest nlohmann_json::nlohmann_json)
-target_compile_definitions(unit_quant PRIVATE TRAINRUN_NO_PLUGIN_ENTRY
-  TRAINRUN_BUILD_TORCH_VERSION="${Torch_VERSION}"
-  TRAINRUN_BUILD_COMPILER_ID="${CMAKE_CXX_COMPILER_ID}-${CMAKE_CXX_COMPILER_VERSION}")
+target_link_libraries(unit_quant PRIVATE quant-objects lora-objects doctest::doctest)
 trainrun_use_pch(unit_quant)
 foreach(suite nf4 int8 linear lora)
   add_test(NAME unit_quant.${suite} COMMAND unit_quant --test-suite=${suite})
@@ -33,12 +28,9 @@ endforeach()
 
 # bench/quant.cpp: quantized forward throughput vs a float32 Linear (default 4096x4096); the test
 # only runs it small, so that it keeps building and running.
-add_executable(bench_quant ${PROJECT_SOURCE_DIR}/bench/quant.cpp ${PROJECT_SOURCE_DIR}/plugins/quant/quant.cpp)
+add_executable(bench_quant ${PROJECT_SOURCE_DIR}/bench/quant.cpp)
 target_include_directories(bench_quant PRIVATE ${PROJECT_SOURCE_DIR}/plugins)
-target_link_libraries(bench_quant PRIVATE TrainrunSDK::sdk)
-target_compile_definitions(bench_quant PRIVATE TRAINRUN_NO_PLUGIN_ENTRY
-  TRAINRUN_BUILD_TORCH_VERSION="${Torch_VERSION}"
-  TRAINRUN_BUILD_COMPILER_ID="${CMAKE_CXX_COMPILER_ID}-${CMAKE_CXX_COMPILER_VERSION}")
+target_link_libraries(bench_quant PRIVATE quant-objects)
 trainrun_use_pch(bench_quant)
 add_test(NAME bench_quant_smoke COMMAND bench_quant 512 64 3)
 set_tests_properties(bench_quant_smoke PROPERTIES TIMEOUT 60 PASS_REGULAR_EXPRESSION "int8, threshold 6.*ratio"

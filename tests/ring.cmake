@@ -5,14 +5,9 @@
 # line is in tests/equivalence.cmake.
 find_package(doctest REQUIRED)
 
-add_executable(unit_ring ${CMAKE_CURRENT_SOURCE_DIR}/unit_ring.cpp
-                         ${PROJECT_SOURCE_DIR}/plugins/ring/ring.cpp)
+add_executable(unit_ring ${CMAKE_CURRENT_SOURCE_DIR}/unit_ring.cpp)
 target_include_directories(unit_ring PRIVATE ${PROJECT_SOURCE_DIR}/plugins)
-target_link_libraries(unit_ring PRIVATE TrainrunSDK::sdk torch doctest::doctest)
-target_compile_definitions(unit_ring PRIVATE
-  TRAINRUN_NO_PLUGIN_ENTRY
-  TRAINRUN_BUILD_TORCH_VERSION="${Torch_VERSION}"
-  TRAINRUN_BUILD_COMPILER_ID="x")
+target_link_libraries(unit_ring PRIVATE ring-objects doctest::doctest)
 trainrun_use_pch(unit_ring)
 add_test(NAME unit_ring COMMAND unit_ring)
 set_tests_properties(unit_ring PROPERTIES TIMEOUT 60)

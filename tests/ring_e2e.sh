@@ -48,9 +48,13 @@ case $case in
     ;;
   compression)  # 16-bit buffers on the wire: close to single, not equal
     single single
-    ring fp16 --set strategy.compression=fp16
+    ring fp16 --set strategy.gradient_compression=fp16
     compare single fp16 1e-3 1e-2
     metrics fp16 "m['comm_bytes'] == 203560 // 2"
+    # The option's old name still works, with a warning, and does the same.
+    ring fp16old --set strategy.compression=fp16
+    grep -q "option 'compression' is deprecated" "$work/fp16old.log" || fail "no deprecation warning"
+    metrics fp16old "m['comm_bytes'] == 203560 // 2"
     ring bf16 --set strategy.compression=bf16
     compare single bf16 1e-2 0.2
     ;;

@@ -1,5 +1,5 @@
 // Unit tests of the "models" (mlp, cnn, gpt, torchscript) and "data" (idx, text) plugins.
-// The plugins' component files are compiled into this executable; components are created
+// The plugins' component objects are linked into this executable; components are created
 // through their table entries (declare_options + create), as the host creates them.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>

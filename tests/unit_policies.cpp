@@ -1,6 +1,6 @@
 // Unit tests of the policy plugins: optim (sgd, adamw, schedules), cpu (accelerator and local
 // communicator), single (strategy), precision (fp32) and callbacks (metrics, progress).
-// The plugin sources are compiled into this binary with TRAINRUN_NO_PLUGIN_ENTRY.
+// The plugins' component objects (not their entry symbols) are linked into this binary.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 

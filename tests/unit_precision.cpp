@@ -2,7 +2,7 @@
 // fp16-mixed, auto), the dynamic loss scaler (DeepSpeed's update_scale against tables of
 // overflow/clean sequences), the optimizer's float32 master weights, and the SDK's activation
 // checkpointing on the gpt (gradients equal, dropout replayed, peak activation memory). The
-// plugin sources are compiled in (TRAINRUN_NO_PLUGIN_ENTRY); the CPU memory tracker is
+// plugins' component objects are linked in; the CPU memory tracker is
 // installed first thing in main(), as trainrun's own main does.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>

@@ -92,6 +92,7 @@ tr::Options ring_options(double threshold_mb, const std::string& timeline = "") 
   return tr::Options({{"fusion_threshold_mb", threshold_mb},
                       {"cycle_time_ms", 60000.0},
                       {"op", std::string("average")},
+                      {"gradient_compression", std::string("none")},
                       {"compression", std::string("none")},
                       {"hierarchical", false},
                       {"find_unused_parameters", false},

@@ -300,6 +300,65 @@ TEST_SUITE("sharding_engine") {
   }
 }
 
+TEST_SUITE("sharding_plan") {
+  using trainrun::v1::sharding::GroupSpec;
+  using trainrun::v1::sharding::plan_groups;
+  using trainrun::v1::sharding::RuntimeOptions;
+
+  std::vector<std::vector<size_t>> params_of(const std::vector<GroupSpec>& specs) {
+    std::vector<std::vector<size_t>> out;
+    for (const auto& s : specs) out.push_back(s.params);
+    return out;
+  }
+
+  TEST_CASE("buckets: reverse registration order, bucket_elements each") {
+    RuntimeOptions o;
+    o.grouping = RuntimeOptions::Grouping::Buckets;
+    o.bucket_elements = 10;
+    // Reverse order 3, 2, 1, 0: 20 alone (over the cap), then 4 + 4, then 4 (4 + 4 + 4 > 10).
+    const auto specs = plan_groups({4, 4, 4, 20}, {}, {}, o);
+    REQUIRE(specs.size() == 3);
+    CHECK(params_of(specs) == std::vector<std::vector<size_t>>{{3}, {2, 1}, {0}});
+    CHECK(specs[0].label == "bucket 0");
+    CHECK(specs[2].label == "bucket 2");
+    CHECK((specs[0].keep && !specs[0].root && specs[0].first_unit == -1));
+  }
+
+  TEST_CASE("units: one group per unit, last unit first, then root and persistent") {
+    RuntimeOptions o;
+    o.persistence_threshold = 3;
+    // 0, 1 in unit a; 2 in unit b; 3 used by both (tied) -> root; 4 in no unit -> root;
+    // 5 below the threshold -> persistent, whatever unit it is in.
+    const auto specs = plan_groups({10, 10, 10, 10, 10, 2}, {0, 0, 1, -2, -1, 1}, {"a", "b"}, o);
+    REQUIRE(specs.size() == 4);
+    CHECK(params_of(specs) == std::vector<std::vector<size_t>>{{2}, {0, 1}, {3, 4}, {5}});
+    CHECK(specs[0].label == "unit b");
+    CHECK((specs[0].first_unit == 1 && specs[0].last_unit == 1 && !specs[0].keep));
+    CHECK(specs[1].label == "unit a");
+    CHECK((specs[2].label == "root group" && specs[2].root && !specs[2].keep));
+    CHECK((specs[3].label == "persistent group" && specs[3].keep && !specs[3].root));
+  }
+
+  TEST_CASE("units smaller than min_unit_params merge with the next ones (forward order)") {
+    RuntimeOptions o;
+    o.min_unit_params = 15;
+    o.keep_full = true;  // NO_SHARD: every group stays gathered
+    const auto specs = plan_groups({10, 10, 10}, {0, 1, 2}, {"a", "b", "c"}, o);
+    // a + b reach 20 >= 15; c alone (10) is what is left and still gets its group.
+    REQUIRE(specs.size() == 2);
+    CHECK(params_of(specs) == std::vector<std::vector<size_t>>{{2}, {0, 1}});
+    CHECK(specs[0].label == "unit c");
+    CHECK(specs[1].label == "units a..b");
+    CHECK((specs[1].first_unit == 0 && specs[1].last_unit == 1));
+    CHECK((specs[0].keep && specs[1].keep));
+  }
+
+  TEST_CASE("an owner list of the wrong length is refused") {
+    RuntimeOptions o;
+    CHECK_THROWS_AS(plan_groups({1, 2}, {0}, {"a"}, o), trainrun::v1::Error);
+  }
+}
+
 TEST_SUITE("zero_strategy") {
   TEST_CASE("stage 3 frees unit parameters between uses and keeps the unsharded gradients") {
     for (int64_t persistence : {int64_t{0}, int64_t{10}}) {

@@ -6,16 +6,11 @@
 # accumulation 1 and 4, tied weights, an odd parameter count) are in tests/equivalence.cmake.
 find_package(doctest REQUIRED)
 
-add_executable(unit_zero ${CMAKE_CURRENT_SOURCE_DIR}/unit_zero.cpp
-                         ${PROJECT_SOURCE_DIR}/plugins/zero/zero.cpp)
+add_executable(unit_zero ${CMAKE_CURRENT_SOURCE_DIR}/unit_zero.cpp)
 target_include_directories(unit_zero PRIVATE ${PROJECT_SOURCE_DIR}/plugins)
-target_link_libraries(unit_zero PRIVATE TrainrunSDK::sdk torch doctest::doctest)
-target_compile_definitions(unit_zero PRIVATE
-  TRAINRUN_NO_PLUGIN_ENTRY
-  TRAINRUN_BUILD_TORCH_VERSION="${Torch_VERSION}"
-  TRAINRUN_BUILD_COMPILER_ID="x")
+target_link_libraries(unit_zero PRIVATE zero-objects doctest::doctest)
 trainrun_use_pch(unit_zero)
-foreach(suite sharding_layout sharding_engine zero_strategy)
+foreach(suite sharding_layout sharding_engine sharding_plan zero_strategy)
   add_test(NAME unit_zero.${suite} COMMAND unit_zero --test-suite=${suite})
   set_tests_properties(unit_zero.${suite} PROPERTIES TIMEOUT 60)
 endforeach()

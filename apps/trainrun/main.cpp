@@ -177,18 +177,19 @@ int main(int argc, char** argv) {
       const std::string a = argv[i];
       if (a == "--max-shard-size" && i + 1 < argc) {
         const std::string v = argv[++i];
-        char* end = nullptr;
-        const double n = std::strtod(v.c_str(), &end);
-        const std::string unit(end);
-        const double mult = unit == "" || unit == "B" ? 1 : unit == "KB" ? 1e3 : unit == "MB" ? 1e6
-                          : unit == "GB" ? 1e9 : unit == "KiB" ? 1024.0 : unit == "MiB" ? 1048576.0
-                          : unit == "GiB" ? 1073741824.0 : -1;
-        if (mult < 0 || !(n > 0)) {
+        // The job file's size syntax (core::parse_size), and a shard needs at least a byte.
+        int64_t n = 0;
+        try {
+          n = core::parse_size(v);
+        } catch (const std::invalid_argument&) {
+          n = 0;
+        }
+        if (n <= 0) {
           std::cerr << "trainrun consolidate: --max-shard-size '" << v
                     << "': give bytes, optionally with KB/MB/GB/KiB/MiB/GiB" << std::endl;
           return 2;
         }
-        max_shard = static_cast<int64_t>(n * mult);
+        max_shard = n;
       } else if (a == "-h" || a == "--help") {
         std::cout << "usage: trainrun consolidate <checkpoint dir> <out dir> [--max-shard-size 5GB]\n"
                      "Writes <out>/model.safetensors (or model-0000k-of-0000n.safetensors and "

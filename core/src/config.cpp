@@ -94,29 +94,6 @@ double parse_duration(const std::string& text_in) {
   return total;
 }
 
-size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    cur[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j)
-      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1])});
-    std::swap(prev, cur);
-  }
-  return prev[b.size()];
-}
-
-std::string closest(const std::string& word, const std::vector<std::string>& candidates) {
-  std::string best;
-  size_t best_d = std::numeric_limits<size_t>::max();
-  for (const auto& c : candidates) {
-    size_t d = edit_distance(lower(word), lower(c));
-    if (d < best_d) best_d = d, best = c;
-  }
-  size_t limit = std::max<size_t>(2, word.size() / 3);
-  return best_d <= limit ? best : "";
-}
-
 std::string batch_layout_error(int64_t global, int64_t micro, int64_t world) {
   if (micro == 0 && global % world != 0)
     return "[trainer] global_batch_size " + std::to_string(global) +
@@ -546,6 +523,24 @@ const SectionSpec kSections[] = {
 };
 }  // namespace
 
+namespace {
+// [launch] blas_coretype: a misspelt kernel would otherwise only be found by the probe, after
+// the job has started. Throws ConfigError with the key's place and the closest known name.
+void check_blas_coretype(const std::string& k, const toml::table& root, const std::string& file) {
+  if (k == "auto" || k == "off" || !canonical_kernel(k).empty()) return;
+  const auto* launch_table = root.get_as<toml::table>("launch");
+  const toml::node* n = launch_table ? launch_table->get("blas_coretype") : nullptr;
+  std::vector<std::string> names = {"auto", "off"};
+  std::stringstream ks(known_kernels());
+  for (std::string item; std::getline(ks, item, ',');) names.push_back(item.substr(item.find_first_not_of(' ')));
+  const std::string hint = closest(k, names);
+  throw ConfigError((n ? where(n->source(), file) : file) + ": [launch] blas_coretype: '" + k +
+                    "' is not an OpenBLAS kernel name trainrun knows" +
+                    (hint.empty() ? "" : " (did you mean '" + hint + "'?)") +
+                    "; use \"auto\", \"off\" or one of: " + known_kernels());
+}
+}  // namespace
+
 JobConfig JobFile::validate(const Registry& registry) const {
   const auto& root = impl_->root;
   const std::string& file = impl_->path;
@@ -575,20 +570,7 @@ JobConfig JobFile::validate(const Registry& registry) const {
   };
   job.trainer = validate_table(table_or_empty("trainer"), trainer_schema(), "[trainer]", file, "");
   job.launch = validate_table(table_or_empty("launch"), launch_schema(), "[launch]", file, "");
-  // A misspelt kernel would otherwise only be found by the probe, after the job has started.
-  if (const std::string& k = job.launch.get_string("blas_coretype");
-      k != "auto" && k != "off" && canonical_kernel(k).empty()) {
-    const auto* launch_table = root.get_as<toml::table>("launch");
-    const toml::node* n = launch_table ? launch_table->get("blas_coretype") : nullptr;
-    std::vector<std::string> names = {"auto", "off"};
-    std::stringstream ks(known_kernels());
-    for (std::string item; std::getline(ks, item, ',');) names.push_back(item.substr(item.find_first_not_of(' ')));
-    const std::string hint = closest(k, names);
-    throw ConfigError((n ? where(n->source(), file) : file) + ": [launch] blas_coretype: '" + k +
-                      "' is not an OpenBLAS kernel name trainrun knows" +
-                      (hint.empty() ? "" : " (did you mean '" + hint + "'?)") +
-                      "; use \"auto\", \"off\" or one of: " + known_kernels());
-  }
+  check_blas_coretype(job.launch.get_string("blas_coretype"), root, file);
   validate_table(table_or_empty("plugins"), plugins_schema(), "[plugins]", file, "");
 
   // The batch layout depends only on the job, so `trainrun check` catches a bad one too.

@@ -18,7 +18,7 @@
 #include <iostream>
 #include <sstream>
 
-#include "trainrun/core/config.hpp"
+#include "trainrun/core/spelling.hpp"
 #include "trainrun/core/log.hpp"
 
 namespace fs = std::filesystem;
@@ -86,6 +86,37 @@ void Registry::load_search_path(const std::vector<std::string>& entries) {
   }
 }
 
+namespace {
+// Step 1 of Registry::load: whether `file` exports the entry symbol, read from its ELF tables
+// without loading (or running) it. Returns why it is not a plugin, or "" when it may be one.
+std::string probe_entry_symbol(const std::string& file) {
+  {
+    std::ifstream f(file, std::ios::binary);
+    char magic[4] = {};
+    if (!f.read(magic, sizeof(magic)) || std::memcmp(magic, "\x7f" "ELF", 4) != 0) {
+      std::error_code ec;
+      const auto size = fs::file_size(file, ec);
+      return "not a loadable shared object: not an ELF file (" +
+             (ec ? std::string("unreadable") : std::to_string(size) + " bytes") + ")";
+    }
+  }
+  bool has_entry = false;
+  try {
+    boost::dll::library_info info(fs::path(file), /*throw_if_not_native=*/true);
+    auto symbols = info.symbols();
+    has_entry =
+        std::find(symbols.begin(), symbols.end(), TRAINRUN_PLUGIN_ENTRY_NAME) != symbols.end();
+  } catch (const std::exception& e) {
+    return std::string("not a loadable shared object: truncated or corrupt ELF file (") +
+           e.what() + ")";
+  }
+  if (!has_entry)
+    return std::string("not a trainrun plugin: it exports no '") + TRAINRUN_PLUGIN_ENTRY_NAME +
+           "' symbol";
+  return "";
+}
+}  // namespace
+
 void Registry::load_file(const std::string& file) { load(file, true); }
 
 void Registry::load(const std::string& file_in, bool explicit_file) {
@@ -107,29 +138,7 @@ void Registry::load(const std::string& file_in, bool explicit_file) {
   };
 
   // 1. The entry symbol, read from the ELF tables without loading (or running) the file.
-  {
-    std::ifstream f(file, std::ios::binary);
-    char magic[4] = {};
-    if (!f.read(magic, sizeof(magic)) || std::memcmp(magic, "\x7f" "ELF", 4) != 0) {
-      std::error_code ec;
-      const auto size = fs::file_size(file, ec);
-      return fail("not a loadable shared object: not an ELF file (" +
-                  (ec ? std::string("unreadable") : std::to_string(size) + " bytes") + ")");
-    }
-  }
-  bool has_entry = false;
-  try {
-    boost::dll::library_info info(fs::path(file), /*throw_if_not_native=*/true);
-    auto symbols = info.symbols();
-    has_entry =
-        std::find(symbols.begin(), symbols.end(), TRAINRUN_PLUGIN_ENTRY_NAME) != symbols.end();
-  } catch (const std::exception& e) {
-    return fail(std::string("not a loadable shared object: truncated or corrupt ELF file (") +
-                e.what() + ")");
-  }
-  if (!has_entry)
-    return fail(std::string("not a trainrun plugin: it exports no '") +
-                TRAINRUN_PLUGIN_ENTRY_NAME + "' symbol");
+  if (const std::string why = probe_entry_symbol(file); !why.empty()) return fail(why);
 
   // 2. Load. RTLD_LOCAL keeps each plugin's symbols to itself; RTLD_NOW reports a missing
   // dependency here rather than at the first call.

@@ -267,18 +267,3 @@ bool CheckpointCallback::should_save(int64_t step, double elapsed_s, CheckpointR
 
 
 }  // namespace trainrun::plugins
-
-// The unit tests compile this file into one binary with the other plugins; each plugin's entry
-// symbol has the same name, so the tests leave it out.
-#ifndef TRAINRUN_NO_PLUGIN_ENTRY
-TRAINRUN_PLUGIN("callbacks", "0.1.0",
-                trainrun::v1::component<trainrun::v1::Callback,
-                                        trainrun::plugins::MetricsCallback>(
-                    "metrics", "writes <run_dir>/metrics.jsonl, one JSON object per logged step"),
-                trainrun::v1::component<trainrun::v1::Callback,
-                                        trainrun::plugins::ProgressCallback>(
-                    "progress", "single-line progress bar with ETA on a terminal (rank 0)"),
-                trainrun::v1::component<trainrun::v1::Callback,
-                                        trainrun::plugins::CheckpointCallback>(
-                    "checkpoint", "when to write checkpoints (steps, minutes, signal, end) and how many to keep"))
-#endif

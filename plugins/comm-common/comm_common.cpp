@@ -27,11 +27,6 @@ std::chrono::milliseconds millis(double seconds) {
   return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000.0));
 }
 
-std::string what_of(const std::exception& e) {
-  if (const auto* c = dynamic_cast<const c10::Error*>(&e)) return c->what_without_backtrace();
-  return e.what();
-}
-
 // Fields of a status record are separated by the ASCII unit separator: op texts contain spaces,
 // commas and parentheses, never this.
 constexpr char kSep = '\x1f';

@@ -1,6 +1,6 @@
 #pragma once
-// Shared by the collective backends (gloo-cpu, mpi, later nccl); compiled into each backend
-// plugin, not part of the SDK ABI.
+// Shared by the collective backends (gloo-cpu, mpi, later nccl); the static library
+// trainrun_comm_common that each backend plugin links, not part of the SDK ABI.
 //  - rendezvous through c10d's TCPStore (LibTorch's own key-value store, as torchrun uses it);
 //  - per-group sequence numbers and the cross-rank collective-order check: every collective is
 //    fingerprinted (op, reduce op/root, dtype, element count) and compared through the store
@@ -11,8 +11,9 @@
 //    stall_warning_s, prints which ranks have not arrived, with host, pid and their progress;
 //  - tensor preconditions and the Work object both backends return.
 #include <torch/csrc/distributed/c10d/Store.hpp>
+#include <trainrun/error_text.hpp>
 #include <trainrun/interfaces.hpp>
-#include <trainrun/strategy_helpers.hpp>
+#include <trainrun/types.hpp>
 
 #include <atomic>
 #include <condition_variable>

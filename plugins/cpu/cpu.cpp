@@ -118,12 +118,3 @@ std::string CpuAccelerator::describe() const {
 }
 
 }  // namespace trainrun::plugins
-
-// The unit tests compile this file into one binary with the other plugins; each plugin's entry
-// symbol has the same name, so the tests leave it out.
-#ifndef TRAINRUN_NO_PLUGIN_ENTRY
-TRAINRUN_PLUGIN("cpu", "0.1.0",
-                trainrun::v1::component<trainrun::v1::Accelerator,
-                                        trainrun::plugins::CpuAccelerator>(
-                    "cpu", "the host CPU with a single-process (local) communicator"))
-#endif

@@ -1,15 +1,9 @@
 #include "ddp.hpp"
 
-#include <trainrun/plugin.hpp>
-#include <trainrun/replicas.hpp>
 #include <trainrun/strategy_helpers.hpp>
 
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
-#include <torch/csrc/autograd/function.h>
-#include <torch/csrc/autograd/utils/lambda_post_hook.h>
-#include <torch/csrc/autograd/variable.h>
-#include <torch/nn/module.h>
 
 #include <algorithm>
 #include <chrono>
@@ -79,9 +73,6 @@ constexpr double kMiB = 1024.0 * 1024.0;
 
 using Clock = std::chrono::steady_clock;
 
-
-
-
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -100,83 +91,38 @@ void DdpStrategy::declare_options(OptionSchema& s) {
   s.boolean("find_unused_parameters", false,
             "allow parameters that get no gradient in a step: they contribute zeros, and one "
             "that no rank used keeps no gradient (costs one extra small all-reduce per step)");
-  s.choice("gradient_compression", "none", {"none", "fp16", "bf16"},
-           "dtype of float32/float64 gradient buckets on the wire (PyTorch's fp16/bf16 "
-           "compress hooks); restored to the parameters' dtype afterwards");
+  GradientCompression::declare(
+      s, "dtype of float32/float64 gradient buckets on the wire (PyTorch's fp16/bf16 "
+         "compress hooks); restored to the parameters' dtype afterwards");
 }
 
 DdpStrategy::DdpStrategy(const Options& o, const RunContext& ctx)
-    : cap_bytes_(std::max<int64_t>(1, static_cast<int64_t>(o.get_double("bucket_cap_mb") * kMiB))),
+    : ReplicatedStrategy(kName, "ddp", ctx),
+      cap_bytes_(std::max<int64_t>(1, static_cast<int64_t>(o.get_double("bucket_cap_mb") * kMiB))),
       first_cap_bytes_(
           std::max<int64_t>(1, static_cast<int64_t>(o.get_double("first_bucket_mb") * kMiB))),
       overlap_(o.get_bool("overlap")),
       find_unused_(o.get_bool("find_unused_parameters")),
-      compression_(o.get_string("gradient_compression")),
-      rank_(ctx.rank),
-      world_size_(ctx.world_size) {
-  if (compression_ == "fp16") wire_dtype_ = c10::ScalarType::Half;
-  if (compression_ == "bf16") wire_dtype_ = c10::ScalarType::BFloat16;
-}
-
-DdpStrategy::~DdpStrategy() {
-  for (size_t i = 0; i < accumulators_.size() && i < hook_keys_.size(); ++i)
-    accumulators_[i]->del_post_hook(hook_keys_[i]);
-}
+      compression_(GradientCompression::from_options(o, ctx.rank)) {}
 
 void DdpStrategy::setup(Model& model, Accelerator& accelerator, const TrainPlan&) {
-  TR_CHECK(model_ == nullptr, kName, ": setup() called twice");
-  model_ = &model;
-  device_ = accelerator.device();
-  comm_ = &accelerator.communicator();
-  TR_CHECK(comm_->world_size() == world_size_ && comm_->rank() == rank_, kName,
-           ": the accelerator's communicator is rank ", comm_->rank(), " of ",
-           comm_->world_size(), ", but this process is rank ", rank_, " of ", world_size_);
-  if (!device_.is_cpu()) {
-    // As `single`: only an nn::Module can be moved without the model's help, and to() keeps
-    // the parameter objects, so names and optimizer identity survive.
-    torch::nn::Module* m = model.module();
-    TR_CHECK(m != nullptr, kName, ": the model is not a torch::nn::Module, so it cannot be "
-             "moved to ", device_);
-    m->to(device_);
-  }
-  params_ = model.named_parameters();
-  std::vector<NamedTensor> buffers = model.named_buffers();
-
-  // Before any other collective: a model that differs across ranks would otherwise fail later
-  // with a size mismatch far from the cause (or silently train garbage). Then rank 0's initial
-  // values everywhere, so every replica starts identical even when model construction is not
-  // seeded alike (PyTorch's DDP does the same in its constructor).
-  trainrun::v1::replicate_from_rank0(*comm_, device_, kName, params_, buffers);
-
-  trainable_.clear();
-  for (const auto& p : params_)
-    if (p.tensor.requires_grad()) trainable_.push_back(p);
-  TR_CHECK(!trainable_.empty(), kName, ": the model has no parameter with requires_grad (",
-           params_.size(), " parameters, all frozen)");
+  // Rank 0's initial values everywhere, so every replica starts identical even when model
+  // construction is not seeded alike (PyTorch's DDP does the same in its constructor).
+  prepare(model, accelerator);
   // A tensor registered twice (tied weights) has one gradient: communicate it once.
   grads_.clear();
-  std::vector<const void*> seen;
-  for (const auto& p : trainable_) {
-    const void* impl = p.tensor.unsafeGetTensorImpl();
-    if (std::find(seen.begin(), seen.end(), impl) != seen.end()) continue;
-    seen.push_back(impl);
+  for (const auto& p : distinct()) {
     GradSlot s;
     s.name = p.name;
     s.param = p.tensor;
     grads_.push_back(std::move(s));
-  }
-  for (const auto& s : grads_) {
-    TR_CHECK(s.param.is_leaf(), kName, ": parameter '", s.name, "' is not a leaf tensor, so "
-             "its gradient cannot be observed");
-    TR_CHECK(s.param.layout() == c10::kStrided, kName, ": parameter '", s.name,
-             "' is not dense; ddp reduces dense gradients only");
   }
   // Gradients of a backward become ready roughly in reverse registration order (the last
   // layers first): the starting guess, replaced after the first step by what was observed.
   std::vector<size_t> order(grads_.size());
   std::iota(order.rbegin(), order.rend(), size_t{0});
   build_buckets(order);
-  install_hooks();
+  install_gradient_hooks([this](size_t i) { on_grad_ready(i); });
   std::lock_guard<std::mutex> g(mu_);
   reset_pass();
 }
@@ -205,29 +151,11 @@ void DdpStrategy::build_buckets(const std::vector<size_t>& order) {
     const at::Tensor& p0 = grads_[b.params.front()].param;
     b.flat = at::zeros({total}, p0.options().requires_grad(false));
     // Compression only where it shrinks the payload (float32/float64 buckets).
-    const bool compress = wire_dtype_ != c10::ScalarType::Undefined &&
-                          at::isFloatingType(p0.scalar_type()) &&
-                          p0.element_size() > c10::elementSize(wire_dtype_);
-    b.wire = compress ? at::zeros({total}, b.flat.options().dtype(wire_dtype_)) : b.flat;
+    b.wire = compression_.applies_to(p0.scalar_type())
+                 ? at::zeros({total}, b.flat.options().dtype(compression_.wire_dtype))
+                 : b.flat;
   }
   buckets_ = std::move(buckets);
-}
-
-void DdpStrategy::install_hooks() {
-  for (size_t i = 0; i < grads_.size(); ++i) {
-    auto acc = torch::autograd::impl::grad_accumulator(grads_[i].param);
-    TR_CHECK(acc != nullptr, kName, ": parameter '", grads_[i].name,
-             "' has no gradient accumulator");
-    // A post-hook runs after the accumulator added this backward's gradient to .grad (a tensor
-    // hook would run before), so .grad is final for this backward when it fires.
-    hook_keys_.push_back(acc->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
-        [this, i](const torch::autograd::variable_list& outputs,
-                  const torch::autograd::variable_list&) {
-          on_grad_ready(i);
-          return outputs;
-        })));
-    accumulators_.push_back(std::move(acc));
-  }
 }
 
 void DdpStrategy::reset_pass() {
@@ -292,14 +220,9 @@ void DdpStrategy::launch_ready_buckets_locked(bool from_backward) {
 void DdpStrategy::launch_locked(Bucket& b) {
   torch::NoGradGuard no_grad;
   AllReduceOptions opts;
-  if (b.wire.is_same(b.flat)) {
-    opts.op = ReduceOp::Avg;
-  } else {
-    // fp16/bf16 compression as PyTorch's compress hooks: divide before the sum (in the full
-    // dtype, so no precision is lost there and the 16-bit sum cannot overflow), then cast.
-    b.wire.copy_(b.flat.div(static_cast<double>(world_size_)));
-    opts.op = ReduceOp::Sum;
-  }
+  opts.op = ReduceOp::Avg;
+  if (!b.wire.is_same(b.flat))
+    opts.op = GradientCompression::fill_wire(b.wire, b.flat, opts.op, world_size_);
   b.work = comm_->all_reduce(b.wire, opts);
   cur_bytes_ += static_cast<int64_t>(b.wire.nbytes());
 }
@@ -322,14 +245,7 @@ void DdpStrategy::finish_gradient_sync() {
   if (!missing.empty() && !find_unused_) {
     // Raised before waiting for anything: the peers' matching all-reduces fail when this
     // process ends, instead of every rank waiting for a bucket that never completes.
-    std::string names;
-    for (size_t k = 0; k < missing.size(); ++k) {
-      if (k == 20) {
-        names += detail::cat(" and ", missing.size() - 20, " more");
-        break;
-      }
-      names += (k ? ", " : "") + grads_[missing[k]].name;
-    }
+    const std::string names = missing_names(missing);
     sync_ = true;
     TR_CHECK_TYPED(ConfigError, false, kName, ": parameters that received no gradient this step: ",
                    names, ". Set [strategy] find_unused_parameters = true if the model does not "
@@ -409,41 +325,9 @@ void DdpStrategy::rebuild_buckets_locked() {
 // ---------------------------------------------------------------------------------------------
 // The rest of the Strategy interface
 
-std::vector<NamedTensor> DdpStrategy::optimizer_parameters() {
-  check_setup("optimizer_parameters");
-  return trainable_;
-}
-
 ModelOutput DdpStrategy::forward(const Batch& batch) {
   check_setup("forward");
   return model_->forward(batch_to_device(batch, device_));
-}
-
-double DdpStrategy::grad_norm() {
-  check_setup("grad_norm");
-  // The averaged gradients are identical on every rank, so the local norm is the global one.
-  return local_grad_norm(trainable_);
-}
-
-void DdpStrategy::zero_grad() {
-  check_setup("zero_grad");
-  // Undefined, not zeroed: the next backward must not add to a view of a bucket.
-  drop_grads(params_);
-}
-
-std::vector<CheckpointPiece> DdpStrategy::optimizer_parameter_pieces() {
-  check_setup("optimizer_parameter_pieces");
-  return replicated_optimizer_pieces(trainable_, rank_);
-}
-
-std::vector<CheckpointPiece> DdpStrategy::model_checkpoint_pieces() {
-  check_setup("model_checkpoint_pieces");
-  return replicated_checkpoint_pieces(params_, *model_, rank_);
-}
-
-std::vector<NamedTensor> DdpStrategy::full_state_dict() {
-  check_setup("full_state_dict");
-  return replicated_state_dict(params_, *model_);
 }
 
 void DdpStrategy::add_step_metrics(std::map<std::string, double>& extra) {
@@ -462,16 +346,4 @@ std::vector<std::vector<std::string>> DdpStrategy::bucket_layout() const {
   return out;
 }
 
-void DdpStrategy::check_setup(const char* what) const {
-  TR_CHECK(model_ != nullptr, kName, ": ", what, "() called before setup()");
-}
-
 }  // namespace trainrun::plugins
-
-// The unit tests compile this file into their binary; each plugin's entry symbol has the same
-// name, so the tests leave it out.
-#ifndef TRAINRUN_NO_PLUGIN_ENTRY
-TRAINRUN_PLUGIN("ddp", "0.1.0",
-                trainrun::v1::component<trainrun::v1::Strategy, trainrun::plugins::DdpStrategy>(
-                    "ddp", "data parallel: gradients averaged in buckets overlapped with backward"))
-#endif

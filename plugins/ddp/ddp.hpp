@@ -16,6 +16,7 @@
 //    at its averaged slot. After the first step the buckets are rebuilt once in the order the
 //    gradients actually arrived on rank 0 (broadcast, so every rank builds the same buckets).
 #include <trainrun/interfaces.hpp>
+#include <trainrun/replicated_strategy.hpp>
 
 #include <c10/core/ScalarType.h>
 
@@ -25,10 +26,6 @@
 #include <mutex>
 #include <string>
 #include <vector>
-
-namespace torch::autograd {
-struct Node;
-}
 
 namespace trainrun::plugins {
 
@@ -59,20 +56,14 @@ std::vector<std::vector<size_t>> assign_buckets(const std::vector<BucketItem>& o
 
 /// The `ddp` strategy. Options: bucket_cap_mb (25), first_bucket_mb (1), overlap (true),
 /// find_unused_parameters (false), gradient_compression ("none" | "fp16" | "bf16").
-class DdpStrategy final : public Strategy, public StepMetricsSource,
-                          public CheckpointableStrategy {
+class DdpStrategy final : public ReplicatedStrategy {
  public:
   static void declare_options(OptionSchema& schema);
   DdpStrategy(const Options& options, const RunContext& ctx);
-  /// Removes the gradient hooks: they point at this object and the model may outlive it.
-  ~DdpStrategy() override;
 
-  /// Moves the model to the device, checks that every rank holds the same parameters and
-  /// buffers (ConfigError naming the first difference), broadcasts rank 0's values, builds the
-  /// buckets and installs the gradient-ready hooks.
+  /// ReplicatedStrategy::prepare (same model on every rank, rank 0's values broadcast), then
+  /// builds the buckets and installs the gradient-ready hooks.
   void setup(Model& model, Accelerator& accelerator, const TrainPlan& plan) override;
-  /// Every trainable parameter: ddp replicates, so each rank updates all of them.
-  std::vector<NamedTensor> optimizer_parameters() override;
   /// The batch moved to the device and run through the model (as `single`).
   ModelOutput forward(const Batch& batch) override;
   /// sync = false: the coming backward only accumulates locally (no communication).
@@ -80,17 +71,6 @@ class DdpStrategy final : public Strategy, public StepMetricsSource,
   /// Launches the buckets not yet launched, waits for all, and leaves every trainable
   /// parameter's gradient averaged over the ranks (undefined for one no rank used).
   void finish_gradient_sync() override;
-  /// L2 norm of the averaged gradients; they are equal on every rank, so no communication.
-  double grad_norm() override;
-  /// Gradients become undefined (as `single`), so the next backward writes fresh ones.
-  void zero_grad() override;
-  /// Parameters and buffers; every rank holds the full model.
-  std::vector<NamedTensor> full_state_dict() override;
-  /// ABI 1.4 (checkpoints): replicated, so every tensor whole at offset 0, written by rank 0
-  /// and loaded on every rank from the same bytes (the replicas stay identical).
-  std::vector<CheckpointPiece> optimizer_parameter_pieces() override;
-  std::vector<CheckpointPiece> model_checkpoint_pieces() override;
-  void after_checkpoint_load() override {}
   /// comm_bytes, comm_exposed_s, buckets and buckets_overlapped of the step just finished.
   void add_step_metrics(std::map<std::string, double>& extra) override;
 
@@ -118,10 +98,8 @@ class DdpStrategy final : public Strategy, public StepMetricsSource,
     bool ready = false;  ///< its hook fired in the current sync backward
   };
 
-  void check_setup(const char* what) const;
   /// (Re)allocates the buckets for gradients expected in `order` (grads_ indices).
   void build_buckets(const std::vector<size_t>& order);
-  void install_hooks();
   /// Clears the per-step state before the next sync backward.
   void reset_pass();
   /// The hook body: called after parameter `i`'s gradient was accumulated.
@@ -139,23 +117,10 @@ class DdpStrategy final : public Strategy, public StepMetricsSource,
   int64_t first_cap_bytes_;
   bool overlap_;
   bool find_unused_;
-  c10::ScalarType wire_dtype_ = c10::ScalarType::Undefined;  ///< Undefined = no compression
-  std::string compression_;
-  int rank_;
-  int world_size_;
+  GradientCompression compression_;
 
-  Model* model_ = nullptr;
-  Communicator* comm_ = nullptr;
-  c10::Device device_{c10::kCPU};
-  std::vector<NamedTensor> params_;     ///< every parameter, trainable or frozen
-  std::vector<NamedTensor> trainable_;  ///< requires_grad, as registered (may repeat a tensor)
   std::vector<GradSlot> grads_;         ///< distinct trainable tensors, registration order
   std::vector<Bucket> buckets_;
-
-  // Hooks: the accumulators are kept alive (the variable only holds a weak_ptr), as
-  // PyTorch's reducer does, so the hooks survive between backwards.
-  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
-  std::vector<uintptr_t> hook_keys_;
 
   // State of the current step, guarded by mu_ (hooks may run on autograd's device threads).
   std::mutex mu_;

@@ -77,9 +77,8 @@ FsdpStrategy::FsdpStrategy(const Options& o, const RunContext& ctx)
                    world_size_);
 }
 
-void FsdpStrategy::setup(Model& model, Accelerator& accelerator, const TrainPlan&) {
-  Communicator& world = prepare(model, accelerator);
-  const std::vector<NamedTensor> params = model.named_parameters();
+sharding::ShardedStrategy::Plan FsdpStrategy::plan(Model& model, Communicator& world,
+                                                   const TrainPlan&) {
   // LibTorch 1.13 has no float16 matmul on CPU: fail here, naming the key, not in the first
   // forward.
   for (const auto& [key, value] : {std::pair<const char*, std::string>{"param_dtype", param_dtype_},
@@ -112,29 +111,13 @@ void FsdpStrategy::setup(Model& model, Accelerator& accelerator, const TrainPlan
   // Memory estimates per sharding strategy (the ZeRO formulas: NO_SHARD = stage 0,
   // SHARD_GRAD_OP keeps whole parameters between forward and backward ~ stage 2, FULL_SHARD =
   // stage 3 over the world, HYBRID_SHARD = stage 3 over the shard group).
-  std::set<const void*> seen;
-  int64_t psi = 0;
-  std::map<const void*, int64_t> numel_of;
-  for (const auto& p : params) {
-    if (!p.tensor.requires_grad() || !seen.insert(p.tensor.unsafeGetTensorImpl()).second) continue;
-    psi += p.tensor.numel();
-    numel_of[p.tensor.unsafeGetTensorImpl()] = p.tensor.numel();
-  }
-  int64_t largest_unit = model.units().empty() ? psi : 0;
-  for (Unit* u : model.units()) {
-    int64_t n = 0;
-    for (const auto& t : u->module().parameters(true)) {
-      auto it = numel_of.find(t.unsafeGetTensorImpl());
-      if (it != numel_of.end()) n += it->second;
-    }
-    largest_unit = std::max(largest_unit, n);
-  }
+  const sharding::ModelStatistics stats = sharding::model_statistics(model);
   largest_unit_bytes_ = static_cast<double>(c10::elementSize(dtype_of(param_dtype_))) *
-                        static_cast<double>(largest_unit);
+                        static_cast<double>(stats.largest_unit);
   auto estimate = [&](int n, int stage) {
-    memory::ZeroEstimateInputs in = memory::zero_inputs(mem, psi, n);
-    in.largest_unit_params = largest_unit;
-    in.prefetch_elems = backward_prefetch_ != "none" ? largest_unit : 0;
+    memory::ZeroEstimateInputs in = memory::zero_inputs(mem, stats.params, n);
+    in.largest_unit_params = stats.largest_unit;
+    in.prefetch_elems = backward_prefetch_ != "none" ? stats.largest_unit : 0;
     return memory::estimate_zero_stage(in, stage).total_bytes;
   };
   const double est_no = estimate(world_size_, 0), est_grad_op = estimate(world_size_, 2),
@@ -186,7 +169,25 @@ void FsdpStrategy::setup(Model& model, Accelerator& accelerator, const TrainPlan
   }
   if (rank_ == 0) std::cout << "  fsdp        " << reason << std::endl;
 
-  // Groups. c10d semantics: every rank creates every group, in the same order.
+  Plan p;
+  create_groups(world, group, p);
+  sharding::RuntimeOptions& ro = p.options;
+  ro.name = kName;
+  ro.grouping = sharding::RuntimeOptions::Grouping::Units;
+  ro.min_unit_params = min_num_params_;
+  ro.keep_full = strategy_ == "NO_SHARD";
+  ro.reshard_after_forward = strategy_ != "SHARD_GRAD_OP";
+  ro.forward_prefetch_elements = forward_prefetch_ ? 1 : 0;   // one unit ahead
+  ro.backward_prefetch_elements = backward_prefetch_ != "none" ? 1 : 0;
+  ro.backward_prefetch_post = backward_prefetch_ == "BACKWARD_POST";
+  ro.limit_all_gathers = limit_all_gathers_;
+  ro.param_dtype = dtype_of(param_dtype_);
+  ro.reduce_dtype = dtype_of(reduce_dtype_);
+  return p;
+}
+
+void FsdpStrategy::create_groups(Communicator& world, int group, Plan& p) {
+  // c10d semantics: every rank creates every group, in the same order.
   Communicator* shard = &world;
   Communicator* replicate = nullptr;
   if (strategy_ == "NO_SHARD" && world_size_ > 1) {
@@ -215,20 +216,8 @@ void FsdpStrategy::setup(Model& model, Accelerator& accelerator, const TrainPlan
     shard = shard_group_.get();
     replicate = replicate_group_.get();
   }
-
-  sharding::RuntimeOptions ro;
-  ro.name = kName;
-  ro.grouping = sharding::RuntimeOptions::Grouping::Units;
-  ro.min_unit_params = min_num_params_;
-  ro.keep_full = strategy_ == "NO_SHARD";
-  ro.reshard_after_forward = strategy_ != "SHARD_GRAD_OP";
-  ro.forward_prefetch_elements = forward_prefetch_ ? 1 : 0;   // one unit ahead
-  ro.backward_prefetch_elements = backward_prefetch_ != "none" ? 1 : 0;
-  ro.backward_prefetch_post = backward_prefetch_ == "BACKWARD_POST";
-  ro.limit_all_gathers = limit_all_gathers_;
-  ro.param_dtype = dtype_of(param_dtype_);
-  ro.reduce_dtype = dtype_of(reduce_dtype_);
-  runtime_ = std::make_unique<sharding::ShardedRuntime>(ro, model, *shard, replicate);
+  p.shard = shard;
+  p.replicate = replicate;
 }
 
 void FsdpStrategy::add_step_metrics(std::map<std::string, double>& extra) {
@@ -238,10 +227,3 @@ void FsdpStrategy::add_step_metrics(std::map<std::string, double>& extra) {
 }
 
 }  // namespace trainrun::plugins
-
-#ifndef TRAINRUN_NO_PLUGIN_ENTRY
-TRAINRUN_PLUGIN("fsdp", "0.1.0",
-                trainrun::v1::component<trainrun::v1::Strategy, trainrun::plugins::FsdpStrategy>(
-                    "fsdp", "fully sharded data parallel (PyTorch FSDP): FULL_SHARD, "
-                            "SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD or auto"))
-#endif

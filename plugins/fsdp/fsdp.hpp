@@ -38,12 +38,12 @@ class FsdpStrategy final : public sharding::ShardedStrategy {
   static void declare_options(OptionSchema& schema);
   FsdpStrategy(const Options& options, const RunContext& ctx);
 
-  /// Same model on every rank, rank 0's values broadcast, the strategy chosen ("auto"), shard
-  /// and replicate groups created (HYBRID_SHARD, NO_SHARD), flat parameters built, hooks set.
-  /// Throws ConfigError for a shard_group_size that does not divide the world size, when
-  /// "auto" finds nothing that fits (naming the smallest world size that would), or for
+  /// ShardedStrategy::setup's policy step: the strategy chosen ("auto"), buffers cast, shard
+  /// and replicate groups created (HYBRID_SHARD, NO_SHARD), the runtime options. Throws
+  /// ConfigError for a shard_group_size that does not divide the world size, when "auto" finds
+  /// nothing that fits (naming the smallest world size that would), or for
   /// param_dtype/buffer_dtype fp16 on CPU.
-  void setup(Model& model, Accelerator& accelerator, const TrainPlan& plan) override;
+  Plan plan(Model& model, Communicator& world, const TrainPlan& train) override;
   /// ShardedStrategy's (fsdp_gathers, fsdp_flat_bytes, fsdp_max_unit_full_bytes: peak bytes of
   /// gathered unit parameters this step) plus fsdp_unit_bytes (the largest unit).
   void add_step_metrics(std::map<std::string, double>& extra) override;
@@ -51,6 +51,9 @@ class FsdpStrategy final : public sharding::ShardedStrategy {
   const std::string& sharding_strategy() const { return strategy_; }
 
  private:
+  /// The shard and replicate groups of strategy_ with shard groups of `group` ranks, into `p`.
+  void create_groups(Communicator& world, int group, Plan& p);
+
   std::string requested_;
   int64_t min_num_params_;
   std::string backward_prefetch_;

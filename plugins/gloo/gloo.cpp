@@ -34,11 +34,14 @@
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <optional>
 #include <mutex>
 #include <thread>
 #include <type_traits>
 
 #include "comm_common.hpp"
+#include "reduce.hpp"
+#include "ring_reduce_scatter.hpp"
 #include "cpu_threads.hpp"
 #include "shm.hpp"
 
@@ -52,11 +55,6 @@ using Millis = std::chrono::milliseconds;
 
 Millis to_millis(double seconds) {
   return Millis(std::max<int64_t>(1, std::llround(seconds * 1000.0)));
-}
-
-std::string what_of(const std::exception& e) {
-  if (const auto* c = dynamic_cast<const c10::Error*>(&e)) return c->what_without_backtrace();
-  return e.what();
 }
 
 std::string join(const std::vector<int>& v) {
@@ -90,77 +88,6 @@ void dispatch(c10::ScalarType t, F&& f) {
   }
 }
 
-// The type a reduction computes in: float for the 16-bit floats (as ATen does on the CPU).
-template <class T>
-struct Compute {
-  using type = T;
-};
-template <>
-struct Compute<c10::Half> {
-  using type = float;
-};
-template <>
-struct Compute<c10::BFloat16> {
-  using type = float;
-};
-
-// Signed integer sums wrap (two's complement) as NCCL's do, instead of being undefined
-// behaviour; unsigned ones wrap anyway.
-struct SumOp {
-  template <class A>
-  static A apply(A a, A b) {
-    if constexpr (std::is_integral_v<A> && std::is_signed_v<A>) {
-      using U = std::make_unsigned_t<A>;
-      return static_cast<A>(static_cast<U>(a) + static_cast<U>(b));
-    } else {
-      return static_cast<A>(a + b);
-    }
-  }
-};
-// Min and max propagate NaN, as at::minimum / at::maximum do.
-struct MinOp {
-  template <class A>
-  static A apply(A a, A b) {
-    if constexpr (std::is_floating_point_v<A>) {
-      if (std::isnan(a)) return a;
-      if (std::isnan(b)) return b;
-    }
-    return b < a ? b : a;
-  }
-};
-struct MaxOp {
-  template <class A>
-  static A apply(A a, A b) {
-    if constexpr (std::is_floating_point_v<A>) {
-      if (std::isnan(a)) return a;
-      if (std::isnan(b)) return b;
-    }
-    return a < b ? b : a;
-  }
-};
-
-// Gloo's new-style reduction signature: c = a op b elementwise; c may alias a or b.
-template <class T, class Op>
-void reduce_into(void* c, const void* a, const void* b, size_t n) {
-  using A = typename Compute<T>::type;
-  auto* out = static_cast<T*>(c);
-  const auto* x = static_cast<const T*>(a);
-  const auto* y = static_cast<const T*>(b);
-  for (size_t i = 0; i < n; ++i)
-    out[i] = static_cast<T>(Op::apply(static_cast<A>(x[i]), static_cast<A>(y[i])));
-}
-
-template <class T>
-gloo::AllreduceOptions::Func allreduce_function(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::Min: return &reduce_into<T, MinOp>;
-    case ReduceOp::Max: return &reduce_into<T, MaxOp>;
-    case ReduceOp::Sum:
-    case ReduceOp::Avg: break;
-  }
-  return &reduce_into<T, SumOp>;
-}
-
 // Avg is a sum divided by the group size afterwards; integers truncate toward zero, as NCCL's
 // ncclAvg does for them.
 void divide_in_place(at::Tensor& t, int world_size) {
@@ -169,78 +96,6 @@ void divide_in_place(at::Tensor& t, int world_size) {
     t.div_(world_size, "trunc");
   else
     t.div_(world_size);
-}
-
-// ---------------------------------------------------------------------------------------------
-// reduce_scatter
-//
-// Not Gloo's ReduceScatterHalvingDoubling: its run() copies this rank's result to the start of
-// its buffer while a send it issued from that same region may still be queued in the I/O thread
-// (nothing orders the two), so the peer reduces overwritten values. Seen here at 2 ranks with
-// 1000003 float64 per rank (rank 0's last ~9000 elements wrong) and at 7 ranks with 1025 per
-// rank (every run); it also returns without waiting for its sends, so a freed buffer can be
-// read afterwards. The ring below runs on Gloo's unbound buffers, as its all-reduce does.
-//
-// Ring reduce-scatter of input = [size][len] into output = [len], this rank's chunk. In step s
-// rank r sends the partial sum of chunk (r - s - 1) to rank r + 1 and receives that of chunk
-// (r - s - 2) from rank r - 1, adds its own input chunk to it, and forwards the result in the
-// next step; the last chunk it receives is chunk r, summed over every rank, and goes straight
-// to the output. Each rank sends size - 1 chunks, (size - 1) / size of its input, the least a
-// reduce-scatter can (this is the first half of Gloo's ring all-reduce). As there, a chunk
-// travels in segments of at most 1 MiB with two in flight, so adding one segment overlaps
-// receiving the next. The input is only read;
-// the scratch (kept by the caller between calls, so its pages are not faulted in every time)
-// holds two incoming segments and, from 3 ranks on, two partial-sum chunks: one being sent
-// while the next is computed. Every send is complete before its step ends, so nothing is
-// written or freed while Gloo's I/O thread may still read it.
-constexpr size_t kSegmentBytes = size_t(1) << 20;
-
-template <class T>
-void ring_reduce_scatter(const std::shared_ptr<gloo::Context>& context, const T* input,
-                         T* output, size_t len, gloo::AllreduceOptions::Func reduce,
-                         uint64_t slot, Millis timeout, std::vector<unsigned char>& scratch) {
-  const int size = context->size;
-  const int rank = context->rank;
-  if (size == 1) {
-    if (output != input) std::memcpy(output, input, len * sizeof(T));
-    return;
-  }
-  const size_t seg = std::max<size_t>(1, std::min(len, kSegmentBytes / sizeof(T)));
-  const size_t segments = (len + seg - 1) / seg;
-  auto seg_len = [&](size_t j) { return std::min(seg, len - j * seg); };
-  const size_t partial_len = size > 2 ? 2 * len : 0;
-  scratch.resize(std::max(scratch.size(), (2 * seg + partial_len) * sizeof(T)));
-  T* incoming = reinterpret_cast<T*>(scratch.data());
-  T* partial = incoming + 2 * seg;
-
-  auto input_buf = context->createUnboundBuffer(const_cast<T*>(input), size * len * sizeof(T));
-  auto incoming_buf = context->createUnboundBuffer(incoming, 2 * seg * sizeof(T));
-  std::unique_ptr<gloo::transport::UnboundBuffer> partial_buf;
-  if (partial_len) partial_buf = context->createUnboundBuffer(partial, partial_len * sizeof(T));
-  auto chunk = [size](int c) { return static_cast<size_t>(((c % size) + size) % size); };
-  const int next = (rank + 1) % size;
-  const int prev = (rank + size - 1) % size;
-  auto post_recv = [&](size_t j) {
-    incoming_buf->recv(prev, slot, (j % 2) * seg * sizeof(T), seg_len(j) * sizeof(T));
-  };
-
-  for (int step = 0; step < size - 1; ++step) {
-    // Step 0 forwards this rank's own chunk; later steps the partial sum of the step before.
-    gloo::transport::UnboundBuffer* from = step == 0 ? input_buf.get() : partial_buf.get();
-    const size_t from_elem = step == 0 ? chunk(rank - 1) * len : ((step - 1) % 2) * len;
-    for (size_t j = 0; j < segments; ++j)
-      from->send(next, slot, (from_elem + j * seg) * sizeof(T), seg_len(j) * sizeof(T));
-    T* sum = step == size - 2 ? output : partial + (step % 2) * len;
-    const T* own = input + chunk(rank - step - 2) * len;
-    post_recv(0);
-    if (segments > 1) post_recv(1);
-    for (size_t j = 0; j < segments; ++j) {
-      incoming_buf->waitRecv(timeout);
-      reduce(sum + j * seg, own + j * seg, incoming + (j % 2) * seg, seg_len(j));
-      if (j + 2 < segments) post_recv(j + 2);
-    }
-    for (size_t j = 0; j < segments; ++j) from->waitSend(timeout);
-  }
 }
 
 constexpr uint8_t kReduceScatterSlotPrefix = 0x71;  // unused by Gloo's collectives (0x01-0x08)
@@ -544,8 +399,8 @@ struct GlooCommunicator::Impl {
   // A send, a recv, or (reduce != None) a recv that combines the message into `tensor`.
   std::shared_ptr<Work> point_to_point(bool is_send, const at::Tensor& tensor,
                                        const PointToPointOptions& opts,
-                                       shm::Reduce reduce = shm::Reduce::None) {
-    const char* op = is_send ? "send" : reduce == shm::Reduce::None ? "recv" : "recv_reduce";
+                                       std::optional<ReduceOp> reduce = std::nullopt) {
+    const char* op = is_send ? "send" : !reduce ? "recv" : "recv_reduce";
     comm::check_tensor(tensor, kBackend, op, "the");
     TR_CHECK(opts.peer >= 0 && opts.peer < size, kBackend, ": ", op, " in group ", name,
              ": peer rank ", opts.peer, " is not a rank of this group (world_size ", size, ")");
@@ -554,10 +409,9 @@ struct GlooCommunicator::Impl {
     throw_if_poisoned();
     const double timeout_s = resolve_timeout(opts.timeout_s);
     const int64_t bytes = tensor.numel() * static_cast<int64_t>(tensor.element_size());
-    const char* how = reduce == shm::Reduce::Sum ? "sum, "
-                      : reduce == shm::Reduce::Min ? "min, "
-                      : reduce == shm::Reduce::Max ? "max, "
-                                                   : "";
+    const char* how = !reduce ? "" : reduce == ReduceOp::Min ? "min, "
+                                   : reduce == ReduceOp::Max ? "max, "
+                                                             : "sum, ";
     const std::string text = detail::cat(
         kBackend, ": ", op, "(", how, comm::dtype_name(tensor.scalar_type()), " x ",
         tensor.numel(), ", ", bytes, " B) ", is_send ? "to " : "from ", peer_name(opts.peer),
@@ -595,7 +449,7 @@ struct GlooCommunicator::Impl {
 
     const uint64_t slot = point_to_point_slot(opts.tag, tensor.scalar_type(), bytes);
     // Over TCP a reducing recv lands in a staging tensor, combined on completion.
-    const at::Tensor target = reduce == shm::Reduce::None ? tensor : at::empty_like(tensor);
+    const at::Tensor target = !reduce ? tensor : at::empty_like(tensor);
     // Posted by the worker so that it follows the collectives issued before it; waited for on
     // the reaper so that the worker can post the matching half of an exchange meanwhile.
     worker.post([this, work, tensor, target, slot, peer, is_send, reduce, timeout, text] {
@@ -634,9 +488,9 @@ struct GlooCommunicator::Impl {
           std::lock_guard<std::mutex> g(state_mu);
           reaping = nullptr;
         }
-        if (!error && reduce != shm::Reduce::None)
-          shm::reduce_bytes(tensor.data_ptr(), target.data_ptr(),
-                            static_cast<int64_t>(tensor.nbytes()), tensor.scalar_type(), reduce);
+        if (!error && reduce)
+          comm::reduce_bytes(tensor.data_ptr(), target.data_ptr(),
+                             static_cast<int64_t>(tensor.nbytes()), tensor.scalar_type(), *reduce);
         complete(*work, error);
       });
     });
@@ -764,7 +618,7 @@ std::shared_ptr<Work> GlooCommunicator::all_reduce(at::Tensor& tensor,
                        using T = typename decltype(t)::type;
                        gloo::AllreduceOptions o(m.context);
                        o.setOutput<T>(tensor.data_ptr<T>(), tensor.numel());
-                       o.setReduceFunction(allreduce_function<T>(op));
+                       o.setReduceFunction(comm::reduce_function<T>(op));
                        o.setAlgorithm(algorithm);
                        o.setTag(tag);
                        o.setTimeout(timeout);
@@ -794,10 +648,10 @@ std::shared_ptr<Work> GlooCommunicator::reduce_scatter(const at::Tensor& input,
                      const at::Tensor source = overlap && !in_place ? input.clone() : input;
                      dispatch(input.scalar_type(), [&](auto t) {
                        using T = typename decltype(t)::type;
-                       ring_reduce_scatter<T>(m.context, source.data_ptr<T>(),
+                       gloo_ring::reduce_scatter<T>(m.context, source.data_ptr<T>(),
                                               output.data_ptr<T>(),
                                               static_cast<size_t>(output.numel()),
-                                              allreduce_function<T>(op),
+                                              comm::reduce_function<T>(op),
                                               gloo::Slot::build(kReduceScatterSlotPrefix, tag),
                                               timeout, m.reduce_scatter_scratch);
                      });
@@ -869,16 +723,9 @@ std::shared_ptr<Work> GlooCommunicator::recv(at::Tensor& tensor,
 
 std::shared_ptr<Work> GlooCommunicator::recv_reduce(at::Tensor& tensor, ReduceOp op,
                                                     const PointToPointOptions& opts) {
-  shm::Reduce r = shm::Reduce::Sum;
-  switch (op) {
-    case ReduceOp::Sum: r = shm::Reduce::Sum; break;
-    case ReduceOp::Min: r = shm::Reduce::Min; break;
-    case ReduceOp::Max: r = shm::Reduce::Max; break;
-    case ReduceOp::Avg:
-      TR_FAIL(kBackend, ": recv_reduce in group ", impl_->name,
-              ": Avg is not a pairwise reduction (sum, then divide by the number of ranks)");
-  }
-  return impl_->point_to_point(false, tensor, opts, r);
+  TR_CHECK(op != ReduceOp::Avg, kBackend, ": recv_reduce in group ", impl_->name,
+           ": Avg is not a pairwise reduction (sum, then divide by the number of ranks)");
+  return impl_->point_to_point(false, tensor, opts, op);
 }
 
 std::shared_ptr<Communicator> GlooCommunicator::new_group(const std::vector<int>& ranks) {
@@ -1028,14 +875,3 @@ std::string GlooAccelerator::describe() const {
 }
 
 }  // namespace trainrun::plugins
-
-// The unit tests compile this file into one binary with the other plugins; each plugin's entry
-// symbol has the same name, so the tests leave it out.
-#ifndef TRAINRUN_NO_PLUGIN_ENTRY
-TRAINRUN_PLUGIN("gloo-cpu", "0.1.0",
-                trainrun::v1::component<trainrun::v1::Accelerator,
-                                        trainrun::plugins::GlooAccelerator>(
-                    "gloo-cpu",
-                    "the host CPU with a Gloo (TCP) communicator across processes: all-reduce, "
-                    "reduce-scatter, all-gather, broadcast, send/recv, barrier, sub-groups"))
-#endif

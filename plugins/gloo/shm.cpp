@@ -1,8 +1,11 @@
 #include "shm.hpp"
 
+#include "reduce.hpp"
+
 #include <trainrun/error.hpp>
+#include <trainrun/error_text.hpp>
 #include <trainrun/interfaces.hpp>
-#include <trainrun/strategy_helpers.hpp>
+#include <trainrun/types.hpp>
 
 #include <c10/util/Exception.h>
 
@@ -36,6 +39,7 @@
 namespace trainrun::plugins::shm {
 
 using v1::Error;
+using v1::what_of;
 using v1::detail::cat;
 
 namespace {
@@ -178,59 +182,7 @@ void set_string(c10d::Store& store, const std::string& key, const std::string& v
   store.set(key, std::vector<uint8_t>(value.begin(), value.end()));
 }
 
-std::string what_of(const std::exception& e) {
-  if (const auto* c = dynamic_cast<const c10::Error*>(&e)) return c->what_without_backtrace();
-  return e.what();
-}
-
 }  // namespace
-
-// ---------------------------------------------------------------------------------------------
-// Reducing a chunk straight from its slot
-
-namespace {
-
-template <typename T>
-void reduce_plain(T* __restrict dst, const T* __restrict src, int64_t n, Reduce op) {
-  switch (op) {
-    case Reduce::Sum:
-      for (int64_t i = 0; i < n; ++i) dst[i] += src[i];
-      return;
-    // A NaN on either side wins, as ATen's minimum/maximum (the TCP path and the ring's own
-    // reduction) have it; x != x is true only for NaN, never for integers.
-    case Reduce::Min:
-      for (int64_t i = 0; i < n; ++i) dst[i] = (src[i] < dst[i] || src[i] != src[i]) ? src[i] : dst[i];
-      return;
-    case Reduce::Max:
-      for (int64_t i = 0; i < n; ++i) dst[i] = (src[i] > dst[i] || src[i] != src[i]) ? src[i] : dst[i];
-      return;
-    case Reduce::None: return;
-  }
-}
-
-}  // namespace
-
-// float32/float64/int32/int64 are plain loops (vectorised by the compiler, no allocation); the
-// rest goes through ATen on views of the two buffers.
-void reduce_bytes(void* dst, const void* src, int64_t bytes, c10::ScalarType dtype, Reduce op) {
-  const int64_t n = bytes / static_cast<int64_t>(c10::elementSize(dtype));
-  switch (dtype) {
-    case c10::kFloat: return reduce_plain(static_cast<float*>(dst), static_cast<const float*>(src), n, op);
-    case c10::kDouble: return reduce_plain(static_cast<double*>(dst), static_cast<const double*>(src), n, op);
-    case c10::kInt: return reduce_plain(static_cast<int32_t*>(dst), static_cast<const int32_t*>(src), n, op);
-    case c10::kLong: return reduce_plain(static_cast<int64_t*>(dst), static_cast<const int64_t*>(src), n, op);
-    default: break;
-  }
-  const auto opts = at::TensorOptions().dtype(dtype);
-  at::Tensor d = at::from_blob(dst, {n}, opts);
-  const at::Tensor s = at::from_blob(const_cast<void*>(src), {n}, opts);
-  switch (op) {
-    case Reduce::Sum: d.add_(s); return;
-    case Reduce::Min: at::minimum_out(d, d, s); return;
-    case Reduce::Max: at::maximum_out(d, d, s); return;
-    case Reduce::None: return;
-  }
-}
 
 namespace {
 
@@ -413,22 +365,22 @@ struct Transport::Channel {
       const int64_t done = static_cast<int64_t>(op.piece);
       const int64_t len = std::min<int64_t>(static_cast<int64_t>(cma_piece), h.len - done);
       char* dst = static_cast<char*>(op.tensor.data_ptr()) + done;
-      if (op.reduce == Reduce::None) {
+      if (!op.reduce) {
         read_remote(op, dst, h.remote + done, len);
       } else {
         if (staging.size() < static_cast<size_t>(len)) staging.resize(len);
         read_remote(op, staging.data(), h.remote + done, len);
-        reduce_bytes(dst, staging.data(), len, op.tensor.scalar_type(), op.reduce);
+        comm::reduce_bytes(dst, staging.data(), len, op.tensor.scalar_type(), *op.reduce);
       }
       op.piece += len;
       if (static_cast<int64_t>(op.piece) < h.len) return 0;
     } else if (h.len > 0) {
       char* dst = static_cast<char*>(op.tensor.data_ptr()) + h.offset;
       const char* src = data + static_cast<size_t>(s) * slot_bytes;
-      if (op.reduce == Reduce::None)
+      if (!op.reduce)
         std::memcpy(dst, src, h.len);
       else
-        reduce_bytes(dst, src, h.len, op.tensor.scalar_type(), op.reduce);
+        comm::reduce_bytes(dst, src, h.len, op.tensor.scalar_type(), *op.reduce);
     }
     position = t + 1;
     publish(header->tail, position);
@@ -656,6 +608,78 @@ std::string random_id() {
   return os.str();
 }
 
+// "host \t boot id \t pid namespace \t pid \t probe address", as publish() writes it.
+bool parse_who(const std::string& who, std::string& machine, int64_t& pid, uint64_t& probe) {
+  const auto b = who.rfind('\t');
+  if (b == std::string::npos || b == 0) return false;
+  const auto a = who.rfind('\t', b - 1);
+  if (a == std::string::npos) return false;
+  machine = who.substr(0, a);
+  pid = std::atoll(who.c_str() + a + 1);
+  probe = std::strtoull(who.c_str() + b + 1, nullptr, 10);
+  return true;
+}
+
+// Step 1 of the set-up, one receiving segment: created (exclusively), sized, its memory
+// reserved by posix_fallocate (so a full /dev/shm is a fallback to TCP now instead of a SIGBUS
+// at the first copy) and mapped. MAP_FAILED, with `status` saying why, when any of it fails
+// (the name is unlinked again if it was created).
+void* create_segment(const std::string& name, size_t length, std::string& status) {
+  const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  void* b = MAP_FAILED;
+  if (fd < 0) {
+    status = errno_text("shm_open", name);
+    return b;
+  }
+  int rc = 0;
+  if (ftruncate(fd, static_cast<off_t>(length)) != 0) {
+    status = errno_text("ftruncate", name);
+  } else if ((rc = posix_fallocate(fd, 0, static_cast<off_t>(length))) != 0) {
+    errno = rc;
+    status = errno_text("posix_fallocate", name) + " (is /dev/shm full?)";
+  } else {
+    b = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+    if (b == MAP_FAILED) status = errno_text("mmap", name);
+  }
+  close(fd);
+  if (b == MAP_FAILED) shm_unlink(name.c_str());
+  return b;
+}
+
+// Step 2 of the set-up, one sending segment the peer created: opened, checked to be the
+// channel to `sender` (magic, size), mapped, and unlinked (this rank maps it last). Its
+// address and length, or MAP_FAILED with `status` saying why.
+void* map_segment(const std::string& name, int sender, size_t& len, std::string& status) {
+  const int fd = shm_open(name.c_str(), O_RDWR, 0600);
+  struct stat st {};
+  void* out = MAP_FAILED;
+  if (fd < 0) {
+    status = errno_text("shm_open", name) + " (another /dev/shm than the peer's?)";
+  } else if (fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) < sizeof(SegmentHeader)) {
+    status = "segment " + name + " has the wrong size";
+  } else {
+    len = static_cast<size_t>(st.st_size);
+    void* b = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+    if (b == MAP_FAILED) {
+      status = errno_text("mmap", name);
+    } else {
+      auto* h = static_cast<SegmentHeader*>(b);
+      if (h->magic.load(std::memory_order_acquire) != kMagic || h->total_bytes != len ||
+          h->sender != sender) {
+        munmap(b, len);
+        status = "segment " + name + " is not the expected channel";
+      } else {
+        out = b;
+      }
+    }
+  }
+  if (fd >= 0) {
+    close(fd);
+    shm_unlink(name.c_str());
+  }
+  return out;
+}
+
 }  // namespace
 
 void Transport::publish(c10d::Store& store, const std::string& prefix, int rank, bool enabled) {
@@ -694,21 +718,10 @@ Transport::Transport(std::shared_ptr<c10d::Store> store, Config config)
 
   const std::string mine = get(prefix + "shm/who/" + std::to_string(rank), rank);
   if (mine == "off") return;
-  // "host \t boot id \t pid namespace \t pid \t probe address"
-  auto parse = [](const std::string& who, std::string& machine, int64_t& pid, uint64_t& probe) {
-    const auto b = who.rfind('\t');
-    if (b == std::string::npos || b == 0) return false;
-    const auto a = who.rfind('\t', b - 1);
-    if (a == std::string::npos) return false;
-    machine = who.substr(0, a);
-    pid = std::atoll(who.c_str() + a + 1);
-    probe = std::strtoull(who.c_str() + b + 1, nullptr, 10);
-    return true;
-  };
   std::string machine;
   int64_t my_pid = 0;
   uint64_t my_probe = 0;
-  if (!parse(mine, machine, my_pid, my_probe)) return;
+  if (!parse_who(mine, machine, my_pid, my_probe)) return;
   const std::string id = get(prefix + "shm/id", 0);
   std::vector<int64_t> pid(size, 0);
   std::vector<uint64_t> probe(size, 0);
@@ -717,7 +730,7 @@ Transport::Transport(std::shared_ptr<c10d::Store> store, Config config)
     if (p == rank) continue;
     const std::string who = get(prefix + "shm/who/" + std::to_string(p), p);
     std::string theirs;
-    if (who == "off" || !parse(who, theirs, pid[p], probe[p]) || theirs != machine) continue;
+    if (who == "off" || !parse_who(who, theirs, pid[p], probe[p]) || theirs != machine) continue;
     local.push_back(p);
   }
   // Single copy from peer p works if this rank can read p's probe (same user, no ptrace
@@ -765,23 +778,7 @@ Transport::Transport(std::shared_ptr<c10d::Store> store, Config config)
   for (int p : local) {
     auto c = make_channel(false, p);
     std::string status = "ok";
-    const int fd = shm_open(c->segment.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-    void* b = MAP_FAILED;
-    if (fd < 0) {
-      status = errno_text("shm_open", c->segment);
-    } else {
-      int rc = 0;
-      if (ftruncate(fd, static_cast<off_t>(length)) != 0) {
-        status = errno_text("ftruncate", c->segment);
-      } else if ((rc = posix_fallocate(fd, 0, static_cast<off_t>(length))) != 0) {
-        errno = rc;
-        status = errno_text("posix_fallocate", c->segment) + " (is /dev/shm full?)";
-      } else {
-        b = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
-        if (b == MAP_FAILED) status = errno_text("mmap", c->segment);
-      }
-      close(fd);
-    }
+    void* b = create_segment(c->segment, length, status);
     if (b != MAP_FAILED) {
       auto* h = new (b) SegmentHeader();
       h->slots = static_cast<uint32_t>(slots);
@@ -796,7 +793,6 @@ Transport::Transport(std::shared_ptr<c10d::Store> store, Config config)
       c->attach(b, length);
       in_[p] = std::move(c);
     } else {
-      if (fd >= 0) shm_unlink(c->segment.c_str());
       fallbacks.push_back(cat("recv from ", config_.peer_name(p), ": ", status));
     }
     set_string(st, pair_key("seg", p, rank), status);
@@ -811,32 +807,9 @@ Transport::Transport(std::shared_ptr<c10d::Store> store, Config config)
     if (theirs != "ok") {
       status = config_.peer_name(p) + " could not create it: " + theirs;
     } else {
-      const int fd = shm_open(c->segment.c_str(), O_RDWR, 0600);
-      struct stat st {};
-      if (fd < 0) {
-        status = errno_text("shm_open", c->segment) + " (another /dev/shm than the peer's?)";
-      } else if (fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) < sizeof(SegmentHeader)) {
-        status = "segment " + c->segment + " has the wrong size";
-      } else {
-        const size_t len = static_cast<size_t>(st.st_size);
-        void* b = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
-        if (b == MAP_FAILED) {
-          status = errno_text("mmap", c->segment);
-        } else {
-          auto* h = static_cast<SegmentHeader*>(b);
-          if (h->magic.load(std::memory_order_acquire) != kMagic || h->total_bytes != len ||
-              h->sender != config_.global_ranks[rank]) {
-            munmap(b, len);
-            status = "segment " + c->segment + " is not the expected channel";
-          } else {
-            c->attach(b, len);
-          }
-        }
-      }
-      if (fd >= 0) {
-        close(fd);
-        shm_unlink(c->segment.c_str());
-      }
+      size_t len = 0;
+      void* b = map_segment(c->segment, config_.global_ranks[rank], len, status);
+      if (b != MAP_FAILED) c->attach(b, len);
     }
     if (status == "ok")
       out_[p] = std::move(c);

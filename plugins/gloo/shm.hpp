@@ -47,6 +47,7 @@
 // and finally unlinks its own (a no-op when the sender did). A direction whose segment could
 // not be created or mapped uses TCP; both ends learn that from the store, so they agree.
 #include <torch/csrc/distributed/c10d/Store.hpp>
+#include <trainrun/interfaces.hpp>
 
 #include <ATen/ATen.h>
 
@@ -58,25 +59,20 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 namespace trainrun::plugins::shm {
 
-/// What a recv does with each arriving chunk: copy it, or combine it into the destination.
-enum class Reduce : int8_t { None, Sum, Min, Max };
-
-/// dst[0 .. bytes) = op(dst, src), element-wise as `dtype` (op None: nothing). Min/Max let a
-/// NaN on either side win, as ATen's minimum/maximum do. No allocation for float32, float64,
-/// int32 and int64; other dtypes go through ATen views of the two buffers.
-void reduce_bytes(void* dst, const void* src, int64_t bytes, c10::ScalarType dtype, Reduce op);
-
 /// One send or recv to run on a channel.
 struct Op {
   at::Tensor tensor;  ///< kept alive until done() is called
   int tag = 0;
-  Reduce reduce = Reduce::None;  ///< recv only
+  /// recv only: combine each arriving chunk into the destination with this op (comm-common's
+  /// reduce_bytes), or copy it (nullopt).
+  std::optional<v1::ReduceOp> reduce;
   std::chrono::steady_clock::time_point deadline;
   double timeout_s = 0;  ///< for messages
   std::string text;      ///< "gloo-cpu: recv(float32 x 7, 28 B) from rank 1, tag 7, in group world"

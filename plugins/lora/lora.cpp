@@ -244,10 +244,3 @@ void LoraCallback::on_train_end(const TrainSummary& summary) {
 }
 
 }  // namespace trainrun::lora
-
-#ifndef TRAINRUN_NO_PLUGIN_ENTRY
-TRAINRUN_PLUGIN("lora", "0.1.0",
-                trainrun::v1::component<trainrun::v1::Callback, trainrun::lora::LoraCallback>(
-                    "lora", "low-rank adapters on trainrun Linear layers (PEFT options and file "
-                    "layout); freezes the base model"))
-#endif

@@ -944,13 +944,3 @@ std::string MpiAccelerator::describe() const {
 }
 
 }  // namespace trainrun::plugins
-
-// The unit tests compile this file into one binary with the other plugins; each plugin's entry
-// symbol has the same name, so the tests leave it out.
-#ifndef TRAINRUN_NO_PLUGIN_ENTRY
-TRAINRUN_PLUGIN("mpi", "0.1.0",
-                trainrun::v1::component<trainrun::v1::Accelerator,
-                                        trainrun::plugins::MpiAccelerator>(
-                    "mpi", "the host CPU with collectives over MPI (MPICH); run the ranks with "
-                           "mpiexec"))
-#endif

@@ -235,13 +235,3 @@ void AdamW::step(int64_t step) {
 }
 
 }  // namespace trainrun::plugins
-
-// The unit tests compile this file into one binary with the other plugins; each plugin's entry
-// symbol has the same name, so the tests leave it out.
-#ifndef TRAINRUN_NO_PLUGIN_ENTRY
-TRAINRUN_PLUGIN("optim", "0.1.0",
-                trainrun::v1::component<trainrun::v1::Optimizer, trainrun::plugins::Sgd>(
-                    "sgd", "stochastic gradient descent with momentum/Nesterov (torch.optim.SGD)"),
-                trainrun::v1::component<trainrun::v1::Optimizer, trainrun::plugins::AdamW>(
-                    "adamw", "Adam with decoupled weight decay (torch.optim.AdamW)"))
-#endif

@@ -363,13 +363,3 @@ bool QuantPrecision::unscale_and_check(const std::vector<at::Tensor>& grads, Com
 }
 
 }  // namespace trainrun::quant
-
-#ifndef TRAINRUN_NO_PLUGIN_ENTRY
-TRAINRUN_PLUGIN("quant", "0.1.0",
-                trainrun::v1::component<trainrun::v1::Precision, trainrun::quant::Nf4Precision>(
-                    "quant-nf4", "frozen 4-bit NormalFloat base weights (QLoRA), blockwise absmax, "
-                    "optional double quantization; fp32 elsewhere"),
-                trainrun::v1::component<trainrun::v1::Precision, trainrun::quant::Int8Precision>(
-                    "quant-int8", "frozen row-wise int8 base weights with LLM.int8() outlier "
-                    "columns; fp32 elsewhere"))
-#endif

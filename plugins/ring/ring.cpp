@@ -1,16 +1,11 @@
 #include "ring_strategy.hpp"
 
-#include <trainrun/plugin.hpp>
-#include <trainrun/replicas.hpp>
 #include <trainrun/ring.hpp>
+#include <trainrun/ring_all_gather.hpp>
 #include <trainrun/strategy_helpers.hpp>
 
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
-#include <torch/csrc/autograd/function.h>
-#include <torch/csrc/autograd/utils/lambda_post_hook.h>
-#include <torch/csrc/autograd/variable.h>
-#include <torch/nn/module.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -103,31 +98,6 @@ std::string json_escape(const std::string& s) {
   return o;
 }
 
-// Segment j of n elements cut into `parts` (the ring's own cut, see <trainrun/ring.hpp>).
-std::pair<int64_t, int64_t> segment(int64_t n, int parts, int j) {
-  return {n * j / parts, n * (j + 1) / parts};
-}
-
-// Ring all-gather of segments in place: rank l of `comm` holds segment l of `flat` (cut as
-// segment()); after L-1 steps every rank holds all of them. Step s: send segment (l - s) to
-// the right, receive segment (l - s - 1) from the left: what was received is sent next.
-void ring_all_gather_segments(Communicator& comm, at::Tensor& flat, int tag) {
-  const int L = comm.world_size(), l = comm.rank();
-  if (L == 1) return;
-  const int64_t n = flat.numel();
-  auto mod = [L](int x) { return ((x % L) + L) % L; };
-  PointToPointOptions to_right{(l + 1) % L, tag, 0}, from_left{(l + L - 1) % L, tag, 0};
-  for (int s = 0; s < L - 1; ++s) {
-    auto [sb, se] = segment(n, L, mod(l - s));
-    auto [rb, re] = segment(n, L, mod(l - s - 1));
-    std::shared_ptr<Work> recv, send;
-    at::Tensor rv = flat.slice(0, rb, re);
-    if (re > rb) recv = comm.recv(rv, from_left);
-    if (se > sb) send = comm.send(flat.slice(0, sb, se), to_right);
-    if (recv) recv->wait();
-    if (send) send->wait();
-  }
-}
 
 }  // namespace
 
@@ -148,10 +118,11 @@ void RingStrategy::declare_options(OptionSchema& s) {
            "gradient reduction over ranks: average (what the trainer's loss normalisation "
            "expects; reproduces the single-process run) or sum (Horovod's op=Sum: gradients "
            "come out multiplied by the world size, so scale the learning rate down to match)");
-  s.choice("compression", "none", {"none", "fp16", "bf16"},
-           "dtype of float32/float64 fusion buffers on the wire (Horovod's Compression.fp16); "
-           "averages are divided by the world size before the cast so the 16-bit sum cannot "
-           "overflow, and restored to the gradients' dtype afterwards");
+  GradientCompression::declare(
+      s, "dtype of float32/float64 fusion buffers on the wire (Horovod's Compression.fp16); "
+         "averages are divided by the world size before the cast so the 16-bit sum cannot "
+         "overflow, and restored to the gradients' dtype afterwards",
+      /*deprecated_alias=*/"compression");
   s.boolean("hierarchical", false,
             "when the job spans several nodes: all-reduce within each node, then across nodes "
             "among the ranks with the same local rank (each a 1/local_world_size shard), then "
@@ -177,20 +148,17 @@ void RingStrategy::declare_options(OptionSchema& s) {
 }
 
 RingStrategy::RingStrategy(const Options& o, const RunContext& ctx)
-    : threshold_bytes_(static_cast<int64_t>(o.get_double("fusion_threshold_mb") * kMiB)),
+    : ReplicatedStrategy(kName, "ring", ctx),
+      threshold_bytes_(static_cast<int64_t>(o.get_double("fusion_threshold_mb") * kMiB)),
       cycle_(o.get_double("cycle_time_ms")),
       average_(o.get_string("op") == "average"),
-      compression_(o.get_string("compression")),
+      compression_(GradientCompression::from_options(o, ctx.rank, "compression")),
       hierarchical_(o.get_bool("hierarchical")),
       find_unused_(o.get_bool("find_unused_parameters")),
       chunk_bytes_(o.get_int("chunk_kb") * 1024),
       timeline_max_steps_(o.get_int("timeline_max_steps")),
-      rank_(ctx.rank),
-      world_size_(ctx.world_size),
       local_rank_(ctx.local_rank),
       local_world_size_(ctx.local_world_size) {
-  if (compression_ == "fp16") wire_dtype_ = c10::ScalarType::Half;
-  if (compression_ == "bf16") wire_dtype_ = c10::ScalarType::BFloat16;
   const std::string& tl = o.get_string("timeline");
   if (!tl.empty()) timeline_path_ = ring_strategy::timeline_path_for_rank(tl, ctx.run_dir, rank_);
 }
@@ -205,8 +173,7 @@ RingStrategy::~RingStrategy() {
   }
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
-  for (size_t i = 0; i < accumulators_.size() && i < hook_keys_.size(); ++i)
-    accumulators_[i]->del_post_hook(hook_keys_[i]);
+  hooks_.remove();
   try {
     if (timeline_dirty_) write_timeline();
   } catch (const std::exception& e) {
@@ -218,50 +185,27 @@ double RingStrategy::now_us() {
   return std::chrono::duration<double, std::micro>(Clock::now().time_since_epoch()).count();
 }
 
-void RingStrategy::check_setup(const char* what) const {
-  TR_CHECK(model_ != nullptr, kName, ": ", what, "() called before setup()");
+void RingStrategy::check_device(c10::Device device) const {
+  // The ring stages chunks in host tensors and reduces them with ATen on the calling thread;
+  // a device model would work the same way but is untested until a device backend exists.
+  TR_CHECK(device.is_cpu(), kName, ": runs on CPU accelerators only for now (device ", device,
+           ")");
+}
+
+void RingStrategy::check_parameter(const NamedTensor& p) const {
+  TR_CHECK(communicator_dtype(p.tensor.scalar_type()), kName, ": parameter '", p.name, "' is ",
+           dtype_name(p.tensor.scalar_type()), ", which the communicators do not reduce");
 }
 
 // ---------------------------------------------------------------------------------------------
 // Setup
 
 void RingStrategy::setup(Model& model, Accelerator& accelerator, const TrainPlan&) {
-  TR_CHECK(model_ == nullptr, kName, ": setup() called twice");
-  model_ = &model;
-  device_ = accelerator.device();
-  comm_ = &accelerator.communicator();
-  TR_CHECK(comm_->world_size() == world_size_ && comm_->rank() == rank_, kName,
-           ": the accelerator's communicator is rank ", comm_->rank(), " of ",
-           comm_->world_size(), ", but this process is rank ", rank_, " of ", world_size_);
-  // The ring stages chunks in host tensors and reduces them with ATen on the calling thread;
-  // a device model would work the same way but is untested until a device backend exists.
-  TR_CHECK(device_.is_cpu(), kName, ": runs on CPU accelerators only for now (device ",
-           device_, ")");
-  params_ = model.named_parameters();
-  std::vector<NamedTensor> buffers = model.named_buffers();
-  // Before any other collective: a model that differs across ranks would otherwise fail later
-  // with a size mismatch far from the cause. This is also the "order check" of the
-  // negotiation: identical tensor lists mean a tensor index names the same tensor on every
-  // rank, so the byte-per-tensor vote and the fusion order agree everywhere.
-  trainrun::v1::replicate_from_rank0(*comm_, device_, kName, params_, buffers);
-
-  trainable_.clear();
-  for (const auto& p : params_)
-    if (p.tensor.requires_grad()) trainable_.push_back(p);
-  TR_CHECK(!trainable_.empty(), kName, ": the model has no parameter with requires_grad (",
-           params_.size(), " parameters, all frozen)");
-  std::vector<const void*> seen;  // a tensor registered twice (tied weights) is reduced once
-  for (const auto& p : trainable_) {
-    const void* impl = p.tensor.unsafeGetTensorImpl();
-    if (std::find(seen.begin(), seen.end(), impl) != seen.end()) continue;
-    seen.push_back(impl);
-    TR_CHECK(p.tensor.is_leaf(), kName, ": parameter '", p.name, "' is not a leaf tensor, so "
-             "its gradient cannot be observed");
-    TR_CHECK(p.tensor.layout() == c10::kStrided, kName, ": parameter '", p.name,
-             "' is not dense; ring reduces dense gradients only");
-    TR_CHECK(communicator_dtype(p.tensor.scalar_type()), kName, ": parameter '", p.name,
-             "' is ", dtype_name(p.tensor.scalar_type()), ", which the communicators do not "
-             "reduce");
+  // The replica check is also the "order check" of the negotiation: identical tensor lists
+  // mean a tensor index names the same tensor on every rank, so the byte-per-tensor vote and
+  // the fusion order agree everywhere.
+  prepare(model, accelerator);
+  for (const auto& p : distinct()) {
     Slot s;
     s.name = p.name;
     s.param = p.tensor;
@@ -289,14 +233,12 @@ void RingStrategy::setup(Model& model, Accelerator& accelerator, const TrainPlan
     const int64_t cap = std::max(std::min(tl.first, threshold_bytes_ / esize), tl.second);
     auto opts = at::TensorOptions().dtype(dtype).device(device_);
     fusion_[dtype] = at::zeros({cap}, opts);
-    const bool compress = wire_dtype_ != c10::ScalarType::Undefined &&
-                          at::isFloatingType(dtype) &&
-                          esize > static_cast<int64_t>(c10::elementSize(wire_dtype_));
-    if (compress) wire_[dtype] = at::zeros({cap}, opts.dtype(wire_dtype_));
+    if (compression_.applies_to(dtype))
+      wire_[dtype] = at::zeros({cap}, opts.dtype(compression_.wire_dtype));
   }
 
   if (hierarchical_) setup_hierarchy();
-  install_hooks();
+  install_gradient_hooks([this](size_t i) { on_grad_ready(i); });
   thread_ = std::thread([this] { background_loop(); });
 }
 
@@ -336,23 +278,6 @@ void RingStrategy::setup_hierarchy() {
   }
   TR_CHECK(local_comm_ && cross_comm_, kName, ": rank ", rank_,
            ": new_group did not return this rank's node or cross-node group");
-}
-
-void RingStrategy::install_hooks() {
-  for (size_t i = 0; i < slots_.size(); ++i) {
-    auto acc = torch::autograd::impl::grad_accumulator(slots_[i].param);
-    TR_CHECK(acc != nullptr, kName, ": parameter '", slots_[i].name,
-             "' has no gradient accumulator");
-    // A post-hook runs after the accumulator added this backward's gradient to .grad, so .grad
-    // is final for this backward when it fires (a tensor hook would run before).
-    hook_keys_.push_back(acc->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
-        [this, i](const torch::autograd::variable_list& outputs,
-                  const torch::autograd::variable_list&) {
-          on_grad_ready(i);
-          return outputs;
-        })));
-    accumulators_.push_back(std::move(acc));
-  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -424,14 +349,7 @@ void RingStrategy::finish_gradient_sync() {
       missing.push_back(i);
   }
   if (!missing.empty() && !find_unused_) {
-    std::string names;
-    for (size_t k = 0; k < missing.size(); ++k) {
-      if (k == 20) {
-        names += detail::cat(" and ", missing.size() - 20, " more");
-        break;
-      }
-      names += (k ? ", " : "") + slots_[missing[k]].name;
-    }
+    const std::string names = missing_names(missing);
     // Tell the other ranks (their rounds would otherwise wait for these tensors until the
     // collective timeout), then raise this rank's own error.
     abort_ = true;
@@ -645,16 +563,9 @@ void RingStrategy::reduce_agreed(const std::vector<size_t>& agreed, int64_t roun
     at::Tensor wire;
     ReduceOp op = average_ ? ReduceOp::Avg : ReduceOp::Sum;
     if (w != wire_.end()) {
-      // Compression as Horovod's fp16 compressor and PyTorch's compress hooks: divide in the
-      // full dtype first (no precision lost there, and the 16-bit sum cannot overflow), cast,
-      // sum, cast back.
+      // Compression as Horovod's fp16 compressor: cast, sum, cast back.
       wire = w->second.narrow(0, 0, off);
-      if (average_) {
-        wire.copy_(flat.div(static_cast<double>(world_size_)));
-        op = ReduceOp::Sum;
-      } else {
-        wire.copy_(flat);
-      }
+      op = GradientCompression::fill_wire(wire, flat, op, world_size_);
     } else {
       wire = flat;
     }
@@ -705,10 +616,10 @@ void RingStrategy::all_reduce(at::Tensor& wire, ReduceOp op) {
     o.op = ReduceOp::Sum;
     ring::all_reduce(*local_comm_, wire, o);
     const int L = local_comm_->world_size();
-    auto [b, e] = segment(wire.numel(), L, local_comm_->rank());
+    auto [b, e] = ring::segment(wire.numel(), L, local_comm_->rank());
     at::Tensor shard = wire.slice(0, b, e);
     if (e > b) ring::all_reduce(*cross_comm_, shard, o);
-    ring_all_gather_segments(*local_comm_, wire, kGatherTag);
+    ring::all_gather_segments(*local_comm_, wire, kGatherTag);
     if (op == ReduceOp::Avg) wire.div_(world_size_);
   } catch (const std::exception& e) {
     TR_FAIL(kName, ": rank ", rank_, ": ring all-reduce of a fused buffer (", wire.numel(), " ",
@@ -766,7 +677,7 @@ void RingStrategy::write_timeline() {
     f << std::fixed;
     f << "{\"displayTimeUnit\":\"ms\",\"otherData\":{\"strategy\":\"ring\",\"rank\":" << rank_
       << ",\"world_size\":" << world_size_ << ",\"fusion_threshold_bytes\":" << threshold_bytes_
-      << ",\"cycle_time_ms\":" << cycle_.count() << ",\"compression\":\"" << compression_
+      << ",\"cycle_time_ms\":" << cycle_.count() << ",\"compression\":\"" << compression_.name
       << "\",\"hierarchical\":" << (local_comm_ ? "true" : "false") << "},\"traceEvents\":[\n";
     // Metadata: one process per rank, one thread (track) per tensor plus track 0 for the
     // negotiation rounds and fused buffers.
@@ -797,36 +708,6 @@ void RingStrategy::write_timeline() {
 // ---------------------------------------------------------------------------------------------
 // The rest of the Strategy interface
 
-std::vector<NamedTensor> RingStrategy::optimizer_parameters() {
-  check_setup("optimizer_parameters");
-  return trainable_;
-}
-
-double RingStrategy::grad_norm() {
-  check_setup("grad_norm");
-  return local_grad_norm(trainable_);
-}
-
-void RingStrategy::zero_grad() {
-  check_setup("zero_grad");
-  drop_grads(params_);
-}
-
-std::vector<CheckpointPiece> RingStrategy::optimizer_parameter_pieces() {
-  check_setup("optimizer_parameter_pieces");
-  return replicated_optimizer_pieces(trainable_, rank_);
-}
-
-std::vector<CheckpointPiece> RingStrategy::model_checkpoint_pieces() {
-  check_setup("model_checkpoint_pieces");
-  return replicated_checkpoint_pieces(params_, *model_, rank_);
-}
-
-std::vector<NamedTensor> RingStrategy::full_state_dict() {
-  check_setup("full_state_dict");
-  return replicated_state_dict(params_, *model_);
-}
-
 void RingStrategy::add_step_metrics(std::map<std::string, double>& extra) {
   extra["comm_bytes"] = static_cast<double>(last_.comm_bytes);
   extra["comm_exposed_s"] = last_.exposed_s;
@@ -837,10 +718,3 @@ void RingStrategy::add_step_metrics(std::map<std::string, double>& extra) {
 }
 
 }  // namespace trainrun::plugins
-
-#ifndef TRAINRUN_NO_PLUGIN_ENTRY
-TRAINRUN_PLUGIN("ring", "0.1.0",
-                trainrun::v1::component<trainrun::v1::Strategy, trainrun::plugins::RingStrategy>(
-                    "ring", "data parallel, Horovod-style: negotiated, fused ring all-reduce of "
-                            "gradients over send/recv"))
-#endif

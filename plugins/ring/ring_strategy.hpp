@@ -29,6 +29,7 @@
 //    shapes, dtypes, trainable; the first difference is an error naming the tensor and the
 //    ranks), then rank 0's values are broadcast, as ddp does.
 #include <trainrun/interfaces.hpp>
+#include <trainrun/replicated_strategy.hpp>
 
 #include <c10/core/ScalarType.h>
 
@@ -42,10 +43,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-namespace torch::autograd {
-struct Node;
-}
 
 namespace trainrun::plugins {
 
@@ -75,10 +72,10 @@ std::string timeline_path_for_rank(const std::string& path, const std::string& r
 }  // namespace ring_strategy
 
 /// The `ring` strategy. Options: fusion_threshold_mb (128), cycle_time_ms (1), op
-/// ("average" | "sum"), compression ("none" | "fp16" | "bf16"), hierarchical (false),
-/// find_unused_parameters (false), chunk_kb (4096), timeline (""), timeline_max_steps (100).
-class RingStrategy final : public Strategy, public StepMetricsSource,
-                           public CheckpointableStrategy {
+/// ("average" | "sum"), gradient_compression ("none" | "fp16" | "bf16"; `compression` is its
+/// deprecated name), hierarchical (false), find_unused_parameters (false), chunk_kb (4096),
+/// timeline (""), timeline_max_steps (100).
+class RingStrategy final : public ReplicatedStrategy {
  public:
   static void declare_options(OptionSchema& schema);
   RingStrategy(const Options& options, const RunContext& ctx);
@@ -86,21 +83,14 @@ class RingStrategy final : public Strategy, public StepMetricsSource,
   /// hooks and writes the timeline.
   ~RingStrategy() override;
 
+  /// ReplicatedStrategy::prepare (CPU only; same model on every rank, rank 0's values
+  /// broadcast), then the fusion buffers, the hierarchy's groups, the hooks and the thread.
+  /// The reduced gradients are identical on every rank (the ring's result is computed once per
+  /// segment and copied), so the base's local grad_norm is the global one.
   void setup(Model& model, Accelerator& accelerator, const TrainPlan& plan) override;
-  std::vector<NamedTensor> optimizer_parameters() override;
   ModelOutput forward(const Batch& batch) override;
   void before_backward(bool sync) override;
   void finish_gradient_sync() override;
-  /// The reduced gradients are identical on every rank (the ring's result is computed once
-  /// per segment and copied), so the local norm is the global one.
-  double grad_norm() override;
-  void zero_grad() override;
-  std::vector<NamedTensor> full_state_dict() override;
-  /// ABI 1.4 (checkpoints): replicated, so every tensor whole at offset 0, written by rank 0
-  /// and loaded on every rank from the same bytes (the replicas stay identical).
-  std::vector<CheckpointPiece> optimizer_parameter_pieces() override;
-  std::vector<CheckpointPiece> model_checkpoint_pieces() override;
-  void after_checkpoint_load() override {}
   /// comm_bytes, fused_buffers, fused_buffers_in_backward, negotiation_rounds,
   /// negotiation_s, comm_exposed_s of the step just finished.
   void add_step_metrics(std::map<std::string, double>& extra) override;
@@ -135,9 +125,9 @@ class RingStrategy final : public Strategy, public StepMetricsSource,
     std::string args;  ///< JSON object body, without braces
   };
 
-  void check_setup(const char* what) const;
+  void check_device(c10::Device device) const override;
+  void check_parameter(const NamedTensor& p) const override;
   void setup_hierarchy();
-  void install_hooks();
   void on_grad_ready(size_t i);
   void mark_ready_locked(size_t i, bool used, double t);
   void start_pass_locked();
@@ -159,23 +149,15 @@ class RingStrategy final : public Strategy, public StepMetricsSource,
   int64_t threshold_bytes_;
   std::chrono::duration<double, std::milli> cycle_;
   bool average_;
-  std::string compression_;
-  c10::ScalarType wire_dtype_ = c10::ScalarType::Undefined;  ///< Undefined = no compression
+  GradientCompression compression_;
   bool hierarchical_;
   bool find_unused_;
   int64_t chunk_bytes_;
   std::string timeline_path_;  ///< per rank, resolved; empty = off
   int64_t timeline_max_steps_;
-  int rank_;
-  int world_size_;
   int local_rank_;
   int local_world_size_;
 
-  Model* model_ = nullptr;
-  Communicator* comm_ = nullptr;
-  c10::Device device_{c10::kCPU};
-  std::vector<NamedTensor> params_;
-  std::vector<NamedTensor> trainable_;
   std::vector<Slot> slots_;            ///< distinct trainable tensors, registration order
   std::vector<size_t> reduce_order_;   ///< slots_ indices in reduction order (reverse)
   std::map<c10::ScalarType, at::Tensor> fusion_;  ///< one fusion buffer per dtype
@@ -184,9 +166,6 @@ class RingStrategy final : public Strategy, public StepMetricsSource,
   // Hierarchical all-reduce: this node's ranks, and the ranks with this local rank elsewhere.
   std::shared_ptr<Communicator> local_comm_;
   std::shared_ptr<Communicator> cross_comm_;
-
-  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
-  std::vector<uintptr_t> hook_keys_;
 
   // Hand-over between the main thread (hooks, finish) and the background thread.
   std::mutex mu_;

@@ -77,12 +77,3 @@ void SingleStrategy::check_setup(const char* what) const {
 }
 
 }  // namespace trainrun::plugins
-
-// The unit tests compile this file into one binary with the other plugins; each plugin's entry
-// symbol has the same name, so the tests leave it out.
-#ifndef TRAINRUN_NO_PLUGIN_ENTRY
-TRAINRUN_PLUGIN("single", "0.1.0",
-                trainrun::v1::component<trainrun::v1::Strategy,
-                                        trainrun::plugins::SingleStrategy>(
-                    "single", "one process, whole model, no communication"))
-#endif

@@ -53,38 +53,8 @@ ZeroStrategy::ZeroStrategy(const Options& o, const RunContext& ctx)
   metrics_prefix_ = "zero";
 }
 
-void ZeroStrategy::setup(Model& model, Accelerator& accelerator, const TrainPlan&) {
-  Communicator& comm = prepare(model, accelerator);
-  const std::vector<NamedTensor> params = model.named_parameters();
-
-  // What the estimator needs: trainable parameters (tied ones once), the largest unit, and the
-  // parameters stage 3 keeps whole.
-  std::set<const void*> seen;
-  std::map<const void*, int64_t> numel_of;
-  int64_t psi = 0, persistent = 0;
-  for (const auto& p : params) {
-    if (!p.tensor.requires_grad() || !seen.insert(p.tensor.unsafeGetTensorImpl()).second) continue;
-    psi += p.tensor.numel();
-    numel_of[p.tensor.unsafeGetTensorImpl()] = p.tensor.numel();
-    if (p.tensor.numel() < persistence_threshold_) persistent += p.tensor.numel();
-  }
-  int64_t largest_unit = 0;
-  for (Unit* u : model.units()) {
-    int64_t n = 0;
-    for (const auto& t : u->module().parameters(true)) {
-      auto it = numel_of.find(t.unsafeGetTensorImpl());
-      if (it != numel_of.end() && it->second >= persistence_threshold_) n += it->second;
-    }
-    largest_unit = std::max(largest_unit, n);
-  }
-  if (model.units().empty()) largest_unit = psi - persistent;
-  memory::ZeroEstimateInputs in = memory::zero_inputs(memory_inputs_, psi, world_size_);
-  in.reduce_bucket_elems = reduce_bucket_elements_;
-  in.largest_unit_params = largest_unit;
-  in.prefetch_elems = prefetch_elements_;
-  in.persistent_params = persistent;
-  const auto est = memory::estimate_zero(in);
-
+std::string ZeroStrategy::choose_stage(const memory::ZeroEstimateInputs& in,
+                                       const std::array<memory::ZeroStageEstimate, 4>& est) {
   std::string reason;
   if (requested_stage_ == kAuto) {
     const double budget = memory_budget_gb_ > 0
@@ -125,14 +95,33 @@ void ZeroStrategy::setup(Model& model, Accelerator& accelerator, const TrainPlan
                          " per rank (model state ",
                          memory::format_bytes(est[static_cast<size_t>(stage_)].model_state_bytes), ")");
   }
-  if (stage_ == 3 && persistent == psi)
-    reason += detail::cat("; note: all ", psi, " parameters are below param_persistence_threshold = ",
-                          persistence_threshold_, ", so none is sharded (set it lower)");
+  return reason;
+}
+
+sharding::ShardedStrategy::Plan ZeroStrategy::plan(Model& model, Communicator& world,
+                                                   const TrainPlan&) {
+  // What the estimator needs: trainable parameters (tied ones once), the largest unit, and the
+  // parameters stage 3 keeps whole.
+  const sharding::ModelStatistics stats = sharding::model_statistics(model, persistence_threshold_);
+  memory::ZeroEstimateInputs in = memory::zero_inputs(memory_inputs_, stats.params, world_size_);
+  in.reduce_bucket_elems = reduce_bucket_elements_;
+  in.largest_unit_params = stats.largest_unit;
+  in.prefetch_elems = prefetch_elements_;
+  in.persistent_params = stats.persistent;
+  const auto est = memory::estimate_zero(in);
+
+  std::string reason = choose_stage(in, est);
+  if (stage_ == 3 && stats.persistent == stats.params)
+    reason += detail::cat("; note: all ", stats.params, " parameters are below "
+                          "param_persistence_threshold = ", persistence_threshold_,
+                          ", so none is sharded (set it lower)");
   estimate_state_bytes_ = est[static_cast<size_t>(stage_)].model_state_bytes;
   estimate_total_bytes_ = est[static_cast<size_t>(stage_)].total_bytes;
   if (rank_ == 0) std::cout << "  zero        " << reason << std::endl;
 
-  sharding::RuntimeOptions ro;
+  Plan p;
+  p.shard = &world;
+  sharding::RuntimeOptions& ro = p.options;
   ro.name = kName;
   ro.overlap = overlap_;
   if (stage_ < 3) {
@@ -148,8 +137,9 @@ void ZeroStrategy::setup(Model& model, Accelerator& accelerator, const TrainPlan
     ro.forward_prefetch_elements = prefetch_elements_;
     ro.backward_prefetch_elements = prefetch_elements_;
   }
-  runtime_ = std::make_unique<sharding::ShardedRuntime>(ro, model, comm, nullptr);
+  return p;
 }
+
 
 ModelOutput ZeroStrategy::forward(const Batch& batch) {
   if (activation_bytes_ >= 0 || !c10::GradMode::is_enabled() || !memory::tracking())
@@ -183,10 +173,3 @@ void ZeroStrategy::add_step_metrics(std::map<std::string, double>& extra) {
 }
 
 }  // namespace trainrun::plugins
-
-#ifndef TRAINRUN_NO_PLUGIN_ENTRY
-TRAINRUN_PLUGIN("zero", "0.1.0",
-                trainrun::v1::component<trainrun::v1::Strategy, trainrun::plugins::ZeroStrategy>(
-                    "zero", "ZeRO data parallelism, stages 1-3: optimizer state, gradients and "
-                            "parameters sharded across ranks (DeepSpeed's zero_optimization)"))
-#endif

@@ -23,8 +23,10 @@
 // Collectives are issued in a fixed order on every rank: a bucket whose gradients are all in
 // waits for every bucket before it in the expected order (reverse registration order).
 #include <trainrun/interfaces.hpp>
+#include <trainrun/memory_estimate.hpp>
 #include <trainrun/sharded_runtime.hpp>
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -42,10 +44,9 @@ class ZeroStrategy final : public sharding::ShardedStrategy {
   static void declare_options(OptionSchema& schema);
   ZeroStrategy(const Options& options, const RunContext& ctx);
 
-  /// Checks the model is the same on every rank, broadcasts rank 0's values, chooses the stage
-  /// ("auto": ConfigError naming the smallest world size that fits when none does), builds the
-  /// flat parameters and installs the hooks.
-  void setup(Model& model, Accelerator& accelerator, const TrainPlan& plan) override;
+  /// ShardedStrategy::setup's policy step: chooses the stage ("auto": ConfigError naming the
+  /// smallest world size that fits when none does) and the runtime options, over the world.
+  Plan plan(Model& model, Communicator& world, const TrainPlan& train) override;
   /// As ShardedStrategy's, measuring the first training forward's live bytes (the one-step
   /// activation probe) when the tracking allocator is there.
   ModelOutput forward(const Batch& batch) override;
@@ -58,6 +59,11 @@ class ZeroStrategy final : public sharding::ShardedStrategy {
   int stage() const { return stage_; }
 
  private:
+  /// Sets stage_ (the configured one, or for "auto" the lowest whose estimate `est` fits the
+  /// budget) and returns the banner's reason.
+  std::string choose_stage(const memory::ZeroEstimateInputs& in,
+                           const std::array<memory::ZeroStageEstimate, 4>& est);
+
   int64_t requested_stage_;
   int64_t reduce_bucket_elements_;
   int64_t prefetch_elements_;

@@ -31,6 +31,7 @@
 
 #include "trainrun/error.hpp"
 #include "trainrun/interfaces.hpp"
+#include "trainrun/ring_all_gather.hpp"
 
 namespace trainrun::v1::ring {
 
@@ -43,11 +44,6 @@ struct Options {
 };
 
 namespace detail_ring {
-// [begin, end) of segment i of n elements cut into `parts` parts.
-inline std::pair<int64_t, int64_t> segment(int64_t n, int parts, int i) {
-  return {n * i / parts, n * (i + 1) / parts};
-}
-
 inline void reduce_into(at::Tensor& acc, const at::Tensor& in, ReduceOp op) {
   switch (op) {
     case ReduceOp::Sum:
@@ -81,11 +77,11 @@ inline void all_reduce(Communicator& comm, at::Tensor& tensor, const Options& op
   // Chunk c of segment `seg`: [begin, end) in elements; chunk counts differ by segment size, so
   // both sides iterate the same (step, chunk) sequence derived from the same n and N.
   auto chunks_of = [&](int seg) {
-    auto [b, e] = detail_ring::segment(n, N, seg);
+    auto [b, e] = segment(n, N, seg);
     return (e - b + chunk - 1) / chunk;
   };
   auto chunk_view = [&](at::Tensor& t, int seg, int64_t c) {
-    auto [b, e] = detail_ring::segment(n, N, seg);
+    auto [b, e] = segment(n, N, seg);
     const int64_t cb = b + c * chunk, ce = std::min(e, cb + chunk);
     return t.slice(0, cb, ce);
   };
@@ -112,7 +108,7 @@ inline void all_reduce(Communicator& comm, at::Tensor& tensor, const Options& op
   at::Tensor scratch;
   if (!rr) scratch = at::empty({2, (n + N - 1) / N + 1}, flat.options());
   auto scratch_view = [&](int step, int seg, int64_t c) {
-    auto [b, e] = detail_ring::segment(n, N, seg);
+    auto [b, e] = segment(n, N, seg);
     const int64_t cb = c * chunk, ce = std::min(e - b, cb + chunk);
     return scratch[step % 2].slice(0, cb, ce);
   };

@@ -31,9 +31,6 @@
 // unit order.
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
-#include <torch/csrc/autograd/function.h>
-#include <torch/csrc/autograd/utils/lambda_post_hook.h>
-#include <torch/csrc/autograd/variable.h>
 #include <torch/nn/module.h>
 
 #include <algorithm>
@@ -46,6 +43,7 @@
 #include <string>
 #include <vector>
 
+#include "trainrun/gradient_hooks.hpp"
 #include "trainrun/interfaces.hpp"
 #include "trainrun/replicas.hpp"
 #include "trainrun/sharding.hpp"
@@ -87,6 +85,87 @@ struct RuntimeMetrics {
   double frozen_bytes = 0;     ///< bytes held by frozen byte-sharded parameters now
 };
 
+/// One flat parameter the grouping asks for: which trainable parameters it holds (indices in
+/// the caller's numbering), the units it covers (Units grouping; a merged group a range, -1
+/// otherwise), whether it is the root group, whether it stays gathered, and its label.
+struct GroupSpec {
+  std::vector<size_t> params;
+  int first_unit = -1, last_unit = -1;
+  bool root = false, keep = true;
+  std::string label;
+};
+
+/// The grouping policy of ShardedRuntime as a pure function (unit-tested), in reduce order (the
+/// order gradients complete in backward). `numels[i]` is trainable parameter i's element count
+/// (registration order); for Units grouping `owner[i]` is the unit that uses it (-1: none, -2:
+/// several, e.g. a tied weight) and `unit_names` the units in forward order.
+///  - Buckets: parameters in reverse registration order, bucket_elements per group ("bucket k").
+///  - Units: parameters below persistence_threshold form the "persistent group" (last, always
+///    gathered); those of exactly one unit go with it, consecutive units merged until a group
+///    reaches min_unit_params ("unit NAME" or "units FIRST..LAST", last unit first); the rest
+///    (no unit, or several) form the "root group", gathered for the whole forward and backward.
+inline std::vector<GroupSpec> plan_groups(const std::vector<int64_t>& numels,
+                                          const std::vector<int>& owner,
+                                          const std::vector<std::string>& unit_names,
+                                          const RuntimeOptions& opts) {
+  const size_t n = numels.size();
+  std::vector<GroupSpec> specs;
+  if (opts.grouping == RuntimeOptions::Grouping::Buckets) {
+    std::vector<size_t> order(n);
+    std::iota(order.rbegin(), order.rend(), size_t{0});
+    size_t k = 0;
+    for (auto& b : bucket_by_elements(numels, order, opts.bucket_elements))
+      specs.push_back({std::move(b), -1, -1, false, true, "bucket " + std::to_string(k++)});
+    return specs;
+  }
+  TR_CHECK(owner.size() == n, opts.name, ": plan_groups: ", owner.size(), " owners for ", n,
+           " parameters");
+  std::vector<std::vector<size_t>> per_unit(unit_names.size());
+  std::vector<size_t> root, persistent;
+  for (size_t i = 0; i < n; ++i) {
+    if (numels[i] < opts.persistence_threshold)
+      persistent.push_back(i);
+    else if (owner[i] >= 0)
+      per_unit[static_cast<size_t>(owner[i])].push_back(i);
+    else
+      root.push_back(i);
+  }
+  // Merge consecutive units (forward order) until a group reaches min_unit_params (FSDP's
+  // size-based auto-wrap): a small unit is not worth a collective of its own.
+  std::vector<GroupSpec> forward_order;
+  GroupSpec cur;
+  int64_t cur_numel = 0;
+  for (size_t u = 0; u < unit_names.size(); ++u) {
+    if (per_unit[u].empty()) continue;
+    if (cur.params.empty()) cur.first_unit = static_cast<int>(u);
+    cur.last_unit = static_cast<int>(u);
+    for (size_t i : per_unit[u]) {
+      cur.params.push_back(i);
+      cur_numel += numels[i];
+    }
+    if (cur_numel >= opts.min_unit_params) {
+      cur.keep = opts.keep_full;
+      forward_order.push_back(std::move(cur));
+      cur = GroupSpec{};
+      cur_numel = 0;
+    }
+  }
+  if (!cur.params.empty()) {
+    cur.keep = opts.keep_full;
+    forward_order.push_back(std::move(cur));
+  }
+  for (auto it = forward_order.rbegin(); it != forward_order.rend(); ++it) {
+    it->label = it->first_unit == it->last_unit
+                    ? "unit " + unit_names[static_cast<size_t>(it->first_unit)]
+                    : "units " + unit_names[static_cast<size_t>(it->first_unit)] + ".." +
+                          unit_names[static_cast<size_t>(it->last_unit)];
+    specs.push_back(std::move(*it));
+  }
+  if (!root.empty()) specs.push_back({root, -1, -1, true, opts.keep_full, "root group"});
+  if (!persistent.empty()) specs.push_back({persistent, -1, -1, false, true, "persistent group"});
+  return specs;
+}
+
 /// One sharded model at run time. Construct in Strategy::setup, after the model is on the device
 /// and identical on every rank (replicate_from_rank0). Installs autograd hooks on the parameters'
 /// gradient accumulators and, for Units grouping without keep_full, UnitHooks on the model's
@@ -123,8 +202,7 @@ class ShardedRuntime : public UnitHooks, public UnitOutputHooks {
   }
 
   ~ShardedRuntime() override {
-    for (size_t i = 0; i < accumulators_.size() && i < hook_keys_.size(); ++i)
-      accumulators_[i]->del_post_hook(hook_keys_[i]);
+    hooks_.remove();
     if (uses_unit_hooks())
       for (Unit* u : units_) u->set_hooks(nullptr);
   }
@@ -415,81 +493,27 @@ class ShardedRuntime : public UnitHooks, public UnitOutputHooks {
     for (size_t i = 0; i < n; ++i) index[grads_[i].tensor.unsafeGetTensorImpl()] = i;
     std::vector<int64_t> numels(n);
     for (size_t i = 0; i < n; ++i) numels[i] = grads_[i].tensor.numel();
-
-    struct Spec {
-      std::vector<size_t> params;
-      int first_unit = -1, last_unit = -1;
-      bool root = false, keep = true;
-      std::string label;
-    };
-    std::vector<Spec> specs;  // in the order gradients complete in backward = reduce order
-    if (opts_.grouping == RuntimeOptions::Grouping::Buckets) {
-      std::vector<size_t> order(n);
-      std::iota(order.rbegin(), order.rend(), size_t{0});
-      size_t k = 0;
-      for (auto& b : bucket_by_elements(numels, order, opts_.bucket_elements))
-        specs.push_back({std::move(b), -1, -1, false, true, "bucket " + std::to_string(k++)});
-    } else {
+    // Which unit uses each parameter: one -> that unit, none -> -1, several (a tied weight) -> -2.
+    std::vector<int> owner(n, -1);
+    std::vector<std::string> unit_names;
+    if (opts_.grouping == RuntimeOptions::Grouping::Units) {
       units_ = model_->units();
-      for (size_t u = 0; u < units_.size(); ++u) unit_index_[units_[u]] = static_cast<int>(u);
-      // Which units use each parameter: one -> that unit's group; none, or several (a tied
-      // weight) -> root, gathered for the whole forward and backward.
-      std::vector<int> owner(n, -1);
-      for (size_t u = 0; u < units_.size(); ++u)
+      for (size_t u = 0; u < units_.size(); ++u) {
+        unit_index_[units_[u]] = static_cast<int>(u);
+        unit_names.push_back(units_[u]->name());
         for (const auto& t : units_[u]->module().parameters(/*recurse=*/true)) {
           auto it = index.find(t.unsafeGetTensorImpl());
           if (it == index.end()) continue;
           int& o = owner[it->second];
           o = o == -1 ? static_cast<int>(u) : -2;
         }
-      std::vector<std::vector<size_t>> per_unit(units_.size());
-      std::vector<size_t> root, persistent;
-      for (size_t i = 0; i < n; ++i) {
-        if (numels[i] < opts_.persistence_threshold)
-          persistent.push_back(i);
-        else if (owner[i] >= 0)
-          per_unit[static_cast<size_t>(owner[i])].push_back(i);
-        else
-          root.push_back(i);
       }
-      // Merge consecutive units (forward order) until a group reaches min_unit_params (FSDP's
-      // size-based auto-wrap): a small unit is not worth a collective of its own.
-      std::vector<Spec> forward_order;
-      Spec cur;
-      int64_t cur_numel = 0;
-      for (size_t u = 0; u < units_.size(); ++u) {
-        if (per_unit[u].empty()) continue;
-        if (cur.params.empty()) cur.first_unit = static_cast<int>(u);
-        cur.last_unit = static_cast<int>(u);
-        for (size_t i : per_unit[u]) {
-          cur.params.push_back(i);
-          cur_numel += numels[i];
-        }
-        if (cur_numel >= opts_.min_unit_params) {
-          cur.keep = opts_.keep_full;
-          forward_order.push_back(std::move(cur));
-          cur = Spec{};
-          cur_numel = 0;
-        }
-      }
-      if (!cur.params.empty()) {
-        cur.keep = opts_.keep_full;
-        forward_order.push_back(std::move(cur));
-      }
-      for (auto it = forward_order.rbegin(); it != forward_order.rend(); ++it) {
-        it->label = it->first_unit == it->last_unit
-                        ? "unit " + units_[static_cast<size_t>(it->first_unit)]->name()
-                        : "units " + units_[static_cast<size_t>(it->first_unit)]->name() + ".." +
-                              units_[static_cast<size_t>(it->last_unit)]->name();
-        specs.push_back(std::move(*it));
-      }
-      if (!root.empty()) specs.push_back({root, -1, -1, true, opts_.keep_full, "root group"});
-      if (!persistent.empty()) specs.push_back({persistent, -1, -1, false, true, "persistent group"});
     }
+    std::vector<GroupSpec> specs = plan_groups(numels, owner, unit_names, opts_);
 
     unit_group_.assign(units_.size(), -1);
     for (size_t gi = 0; gi < specs.size(); ++gi) {
-      Spec& s = specs[gi];
+      GroupSpec& s = specs[gi];
       Group g;
       g.params = s.params;
       g.first_unit = s.first_unit;
@@ -515,19 +539,7 @@ class ShardedRuntime : public UnitHooks, public UnitOutputHooks {
   }
 
   void install_hooks() {
-    for (size_t i = 0; i < grads_.size(); ++i) {
-      auto acc = torch::autograd::impl::grad_accumulator(grads_[i].tensor);
-      TR_CHECK(acc != nullptr, opts_.name, ": parameter '", grads_[i].name,
-               "' has no gradient accumulator");
-      // A post-hook runs once autograd has added this backward's gradient to .grad.
-      hook_keys_.push_back(acc->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
-          [this, i](const torch::autograd::variable_list& outputs,
-                    const torch::autograd::variable_list&) {
-            on_grad_ready(i);
-            return outputs;
-          })));
-      accumulators_.push_back(std::move(acc));
-    }
+    hooks_.install(grads_, opts_.name, [this](size_t i) { on_grad_ready(i); });
   }
 
   // -- gathering -----------------------------------------------------------------------------
@@ -761,8 +773,7 @@ class ShardedRuntime : public UnitHooks, public UnitOutputHooks {
   std::vector<std::unique_ptr<FrozenFlat>> unit_frozen_;  // unit -> frozen-only flat (or null)
   int backward_unit_ = -1;  // the unit whose backward started last in this pass (-1: none)
   int root_group_ = -1;
-  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
-  std::vector<uintptr_t> hook_keys_;
+  GradientHooks hooks_;
 
   std::mutex mu_;
   bool sync_ = true;
@@ -772,10 +783,42 @@ class ShardedRuntime : public UnitHooks, public UnitOutputHooks {
   RuntimeMetrics metrics_;
 };
 
-/// What every strategy built on ShardedRuntime does the same way: the Strategy calls delegated
-/// to the runtime, metrics, memory inputs and the sharded state dict. A derived strategy
-/// implements setup() — prepare(), then its policy, then `runtime_ = make_unique<...>` — and
-/// adds its own figures in add_step_metrics(). zero and fsdp are the two shipped ones.
+/// The model figures the sharded strategies' memory estimates need, in elements: trainable
+/// parameters (a tied tensor once), those below `persistence_threshold` (kept whole, never
+/// sharded), and the largest unit's trainable parameters at or above the threshold (a model
+/// without units: every trainable parameter that is not kept whole).
+struct ModelStatistics {
+  int64_t params = 0;
+  int64_t persistent = 0;
+  int64_t largest_unit = 0;
+};
+inline ModelStatistics model_statistics(Model& model, int64_t persistence_threshold = 0) {
+  ModelStatistics s;
+  std::set<const void*> seen;
+  std::map<const void*, int64_t> numel_of;
+  for (const auto& p : model.named_parameters()) {
+    if (!p.tensor.requires_grad() || !seen.insert(p.tensor.unsafeGetTensorImpl()).second) continue;
+    s.params += p.tensor.numel();
+    numel_of[p.tensor.unsafeGetTensorImpl()] = p.tensor.numel();
+    if (p.tensor.numel() < persistence_threshold) s.persistent += p.tensor.numel();
+  }
+  for (Unit* u : model.units()) {
+    int64_t n = 0;
+    for (const auto& t : u->module().parameters(true)) {
+      auto it = numel_of.find(t.unsafeGetTensorImpl());
+      if (it != numel_of.end() && it->second >= persistence_threshold) n += it->second;
+    }
+    s.largest_unit = std::max(s.largest_unit, n);
+  }
+  if (model.units().empty()) s.largest_unit = s.params - s.persistent;
+  return s;
+}
+
+/// What every strategy built on ShardedRuntime does the same way: setup() as a template method
+/// (prepare(), then the derived strategy's plan(), then the runtime), the Strategy calls
+/// delegated to the runtime, metrics, memory inputs and the sharded state dict. A derived
+/// strategy implements plan() and adds its own figures in add_step_metrics(). zero and fsdp
+/// are the two shipped ones.
 class ShardedStrategy : public Strategy,
                         public StepMetricsSource,
                         public MemoryInputsAware,
@@ -787,6 +830,22 @@ class ShardedStrategy : public Strategy,
       : name_(std::move(name)), rank_(ctx.rank), world_size_(ctx.world_size) {
     memory_inputs_.local_world_size = std::max(1, ctx.local_world_size);
     memory_inputs_.nnodes = std::max(1, ctx.world_size / memory_inputs_.local_world_size);
+  }
+
+  /// What plan() decides: the runtime's policy and the groups it runs over.
+  struct Plan {
+    RuntimeOptions options;
+    Communicator* shard = nullptr;      ///< flat parameters are sharded over it (null: world)
+    Communicator* replicate = nullptr;  ///< ranks holding the same shard (null: none)
+  };
+
+  /// prepare() (the same model on every rank, rank 0's values broadcast), then plan(), then
+  /// the ShardedRuntime that builds the flat parameters and installs the hooks.
+  void setup(Model& model, Accelerator& accelerator, const TrainPlan& train) override {
+    Communicator& world = prepare(model, accelerator);
+    Plan p = plan(model, world, train);
+    runtime_ = std::make_unique<ShardedRuntime>(std::move(p.options), model,
+                                                p.shard ? *p.shard : world, p.replicate);
   }
 
   void set_memory_inputs(const MemoryInputs& inputs) override { memory_inputs_ = inputs; }
@@ -850,6 +909,13 @@ class ShardedStrategy : public Strategy,
     std::vector<NamedTensor> buffers = model.named_buffers();
     replicate_from_rank0(comm, device_, name_, params, buffers);
     return comm;
+  }
+  /// The derived strategy's policy, called by setup() once the model is replicated: what to
+  /// shard over which groups (created here, collectively, when it needs sub-groups). The
+  /// default fails loudly: a strategy that overrides setup() itself never reaches it.
+  virtual Plan plan(Model& model, Communicator& world, const TrainPlan& train) {
+    (void)model, (void)world, (void)train;
+    throw NotSupportedError(name_ + ": plan() is not implemented");
   }
   ShardedRuntime& rt(const char* what) {
     TR_CHECK(runtime_ != nullptr, name_, ": ", what, "() called before setup()");

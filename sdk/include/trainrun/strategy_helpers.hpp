@@ -1,6 +1,6 @@
 #pragma once
-// Small pieces every strategy needs the same way (single, ddp, and the sharded ones to come),
-// and the dtype vocabulary shared by communicators and strategies.
+// Small pieces every strategy needs the same way (single, ddp, ring, and the sharded ones). The
+// dtype vocabulary shared by communicators and strategies is in trainrun/types.hpp.
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/linalg_vector_norm.h>
 #include <ATen/ops/stack.h>
@@ -14,40 +14,6 @@
 #include "trainrun/types.hpp"
 
 namespace trainrun::v1 {
-
-/// Short dtype name as users write it: "float32", "bfloat16", "uint8", ... (c10's name for
-/// anything else).
-inline std::string dtype_name(c10::ScalarType t) {
-  switch (t) {
-    case c10::ScalarType::Float: return "float32";
-    case c10::ScalarType::Double: return "float64";
-    case c10::ScalarType::BFloat16: return "bfloat16";
-    case c10::ScalarType::Half: return "float16";
-    case c10::ScalarType::Int: return "int32";
-    case c10::ScalarType::Long: return "int64";
-    case c10::ScalarType::Byte: return "uint8";
-    case c10::ScalarType::Char: return "int8";
-    case c10::ScalarType::Short: return "int16";
-    case c10::ScalarType::Bool: return "bool";
-    case c10::ScalarType::Undefined: return "undefined";
-    default: return c10::toString(t);
-  }
-}
-
-/// The dtypes every shipped Communicator carries (float32, float64, bfloat16, float16, int32,
-/// int64, uint8); a strategy sends anything else as uint8 bytes (broadcast, gather) or refuses.
-inline bool communicator_dtype(c10::ScalarType t) {
-  switch (t) {
-    case c10::ScalarType::Float:
-    case c10::ScalarType::Double:
-    case c10::ScalarType::BFloat16:
-    case c10::ScalarType::Half:
-    case c10::ScalarType::Int:
-    case c10::ScalarType::Long:
-    case c10::ScalarType::Byte: return true;
-    default: return false;
-  }
-}
 
 /// The batch's input and target moved to `device` (the batch itself when it is the CPU, where
 /// datasets build batches).

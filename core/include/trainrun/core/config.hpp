@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "trainrun/core/registry.hpp"
+#include "trainrun/core/spelling.hpp"
 
 namespace trainrun::core {
 
@@ -17,10 +18,6 @@ namespace trainrun::core {
 int64_t parse_size(const std::string& text);
 /// "90s" -> 90, "10min" -> 600, "1h30min" -> 5400, "250ms" -> 0.25; units ms, s, min, h, d.
 double parse_duration(const std::string& text);
-/// Levenshtein distance, for "did you mean".
-size_t edit_distance(const std::string& a, const std::string& b);
-/// The closest candidate within a small distance, or "".
-std::string closest(const std::string& word, const std::vector<std::string>& candidates);
 
 /// Why `global` samples per step cannot be split into micro-batches of `micro` (0 = global /
 /// world) on `world` ranks, as a sentence starting "[trainer] global_batch_size ..."; "" when

@@ -4,6 +4,7 @@
 
 #include "trainrun/core/config.hpp"
 #include "trainrun/core/registry.hpp"
+#include "trainrun/core/run_dir.hpp"
 
 namespace trainrun::core {
 
@@ -13,14 +14,6 @@ namespace trainrun::core {
 /// ConfigError when the job asks for several processes but this process was not started by a
 /// launcher (only `trainrun` itself, which launches, may call train() then).
 v1::RunContext context_from_environment(const JobConfig& job);
-
-/// [trainer] run_dir, or runs/<job file name> when it is empty.
-std::string run_dir_of(const JobConfig& job);
-
-/// When `run_dir` already holds a run (job.toml or logs/), moves that run's files and logs/ to
-/// run_dir/previous-N, so two runs never mix and nothing is overwritten. Returns the directory
-/// they moved to, or "" when there was nothing to move.
-std::string keep_previous_run(const std::string& run_dir);
 
 /// Derives accumulation steps and step counts; throws ConfigError naming the keys when the
 /// global batch does not divide or the run would be empty.

@@ -1,5 +1,6 @@
 // The node agent (torchrun's role): rendezvous of the agents through c10d's TCPStore, spawning
-// and supervising this node's workers, and routing their output.
+// and supervising this node's workers; their output is routed by output.hpp (same folder), the
+// worker environment is detected in worker_environment.cpp.
 //
 // Why it is shaped this way:
 //  - One thread and one poll() loop (100 ms tick) own everything: the workers' pipes, a
@@ -20,6 +21,7 @@
 #include <c10/util/Logging.h>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <trainrun/error.hpp>
+#include <trainrun/error_text.hpp>
 
 #include <fcntl.h>
 #include <poll.h>
@@ -46,7 +48,8 @@
 #include <set>
 #include <sstream>
 
-#include "trainrun/core/trainer.hpp"
+#include "trainrun/core/run_dir.hpp"
+#include "output.hpp"
 
 extern char** environ;
 
@@ -58,145 +61,16 @@ using v1::ConfigError;
 using v1::Error;
 
 // ---------------------------------------------------------------------------------------------
-// Worker environment
-
-namespace {
-
-std::optional<std::string> env_value(const char* name) {
-  const char* v = std::getenv(name);
-  if (!v) return std::nullopt;
-  return std::string(v);
-}
-
-int env_int(const char* name, const std::string& value) {
-  int out = -1;
-  const char* b = value.data();
-  const char* e = b + value.size();
-  auto [p, ec] = std::from_chars(b, e, out);
-  if (value.empty() || ec != std::errc() || p != e || out < 0)
-    throw ConfigError("environment variable " + std::string(name) + "='" + value +
-                      "' is not a non-negative integer");
-  return out;
-}
-
-// `name` must be set when `because` is; returns its value.
-int required_int(const char* name, const char* because) {
-  auto v = env_value(name);
-  if (!v)
-    throw ConfigError(std::string("environment variable ") + because + " is set but " + name +
-                      " is not; a launcher sets both");
-  return env_int(name, *v);
-}
-
-std::optional<int> optional_int(const char* name) {
-  auto v = env_value(name);
-  if (!v || v->empty()) return std::nullopt;
-  return env_int(name, *v);
-}
-
-// SLURM_TASKS_PER_NODE is "2(x3),1": 2 tasks on each of three nodes, then 1. Returns the count of
-// node `node` (or of the first node when the list is shorter, as for a step on fewer nodes).
-int slurm_tasks_on_node(const std::string& text, int node) {
-  std::vector<int> counts;
-  std::stringstream ss(text);
-  for (std::string field; std::getline(ss, field, ',');) {
-    int n = 0, repeat = 1;
-    const size_t paren = field.find('(');
-    try {
-      n = env_int("SLURM_TASKS_PER_NODE", field.substr(0, paren));
-      if (paren != std::string::npos) {
-        if (field.size() < paren + 4 || field.compare(paren, 2, "(x") != 0 || field.back() != ')')
-          throw ConfigError("");
-        repeat = env_int("SLURM_TASKS_PER_NODE", field.substr(paren + 2, field.size() - paren - 3));
-      }
-    } catch (const ConfigError&) {
-      throw ConfigError("environment variable SLURM_TASKS_PER_NODE='" + text +
-                        "' is not a task list such as \"2(x3),1\"");
-    }
-    for (int i = 0; i < repeat && counts.size() < 1000000; ++i) counts.push_back(n);
-  }
-  if (counts.empty())
-    throw ConfigError("environment variable SLURM_TASKS_PER_NODE is empty");
-  return node >= 0 && node < static_cast<int>(counts.size()) ? counts[node] : counts.front();
-}
-
-}  // namespace
-
-WorkerEnvironment detect_worker_environment() {
-  WorkerEnvironment w;
-  w.agent_store = env_value("TRAINRUN_AGENT_STORE").value_or("") == "1";
-  w.run_dir_ready = env_value("TRAINRUN_RUN_DIR_READY").value_or("") == "1";
-
-  // Variable names of the source found, for messages about inconsistent values.
-  const char *rank_var = nullptr, *size_var = nullptr, *lrank_var = nullptr, *lsize_var = nullptr;
-  std::optional<int> local_rank, local_size;
-  if (auto r = env_value("RANK"); r && !r->empty()) {
-    w.source = "trainrun/torchrun";
-    rank_var = "RANK", size_var = "WORLD_SIZE", lrank_var = "LOCAL_RANK",
-    lsize_var = "LOCAL_WORLD_SIZE";
-    w.node_rank = optional_int("GROUP_RANK").value_or(0);
-  } else if (auto p = env_value("PMI_RANK"); p && !p->empty()) {
-    w.source = "mpiexec (PMI)";
-    rank_var = "PMI_RANK", size_var = "PMI_SIZE", lrank_var = "MPI_LOCALRANKID",
-    lsize_var = "MPI_LOCALNRANKS";
-  } else if (auto o = env_value("OMPI_COMM_WORLD_RANK"); o && !o->empty()) {
-    w.source = "Open MPI";
-    rank_var = "OMPI_COMM_WORLD_RANK", size_var = "OMPI_COMM_WORLD_SIZE",
-    lrank_var = "OMPI_COMM_WORLD_LOCAL_RANK", lsize_var = "OMPI_COMM_WORLD_LOCAL_SIZE";
-  } else if (auto s = env_value("SLURM_PROCID"); s && !s->empty()) {
-    w.source = "SLURM";
-    rank_var = "SLURM_PROCID", size_var = env_value("SLURM_NTASKS") ? "SLURM_NTASKS" : "SLURM_NPROCS";
-    lrank_var = "SLURM_LOCALID";
-    w.node_rank = optional_int("SLURM_NODEID").value_or(0);
-    if (auto n = optional_int("SLURM_NTASKS_PER_NODE")) {
-      local_size = *n;
-      lsize_var = "SLURM_NTASKS_PER_NODE";
-    } else if (auto t = env_value("SLURM_TASKS_PER_NODE"); t && !t->empty()) {
-      local_size = slurm_tasks_on_node(*t, w.node_rank);
-      lsize_var = "SLURM_TASKS_PER_NODE";
-    }
-  } else {
-    return w;
-  }
-  w.is_worker = true;
-  w.rank = env_int(rank_var, *env_value(rank_var));
-  w.world_size = required_int(size_var, rank_var);
-  local_rank = optional_int(lrank_var);
-  if (!local_size && lsize_var) local_size = optional_int(lsize_var);
-  // Without the local variables, the launcher is taken to run every rank on this node.
-  w.local_rank = local_rank.value_or(w.rank);
-  w.local_world_size = local_size.value_or(w.world_size);
-  const std::string lsize_name = lsize_var ? lsize_var : size_var;
-  auto bad = [](const std::string& what) { return ConfigError("environment: " + what); };
-  if (w.world_size < 1) throw bad(std::string(size_var) + "=0: the world needs at least one rank");
-  if (w.rank >= w.world_size)
-    throw bad(std::string(rank_var) + "=" + std::to_string(w.rank) + " is not below " + size_var +
-              "=" + std::to_string(w.world_size));
-  if (w.local_world_size < 1 || w.local_world_size > w.world_size)
-    throw bad(lsize_name + "=" + std::to_string(w.local_world_size) + " must be in [1, " +
-              size_var + "=" + std::to_string(w.world_size) + "]");
-  if (w.local_rank >= w.local_world_size)
-    throw bad(std::string(local_rank ? lrank_var : rank_var) + "=" + std::to_string(w.local_rank) +
-              " is not below " + lsize_name + "=" + std::to_string(w.local_world_size));
-  return w;
-}
-
-std::string self_executable() {
-  std::error_code ec;
-  fs::path p = fs::read_symlink("/proc/self/exe", ec);
-  if (ec) throw Error("cannot read /proc/self/exe: " + ec.message());
-  return p.string();
-}
-
-// ---------------------------------------------------------------------------------------------
 // The agent
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using launcher_output::Console;
+using launcher_output::HydraSplitter;
+using launcher_output::LineSplitter;
+using launcher_output::RankSink;
 constexpr int kTickMs = 100;
-constexpr size_t kTailLines = 10;
-constexpr size_t kMaxLine = 64 * 1024;
 // A peer agent that has not advanced its heartbeat for this long is taken as gone; only matters
 // while node 0 waits for the other nodes to finish (running workers notice a lost peer
 // themselves, through their collectives).
@@ -294,205 +168,6 @@ class SignalScope {
  private:
   int read_fd_ = -1, write_fd_ = -1;
   std::map<int, struct sigaction> old_;
-};
-
-// --- output ----------------------------------------------------------------------------------
-
-void write_all(int fd, const char* data, size_t n) {
-  while (n > 0) {
-    const ssize_t w = write(fd, data, n);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return;  // a closed terminal or pipe: the log files still get everything
-    }
-    data += w;
-    n -= static_cast<size_t>(w);
-  }
-}
-void write_all(int fd, const std::string& s) { write_all(fd, s.data(), s.size()); }
-
-// The launcher's terminal side: prefixed lines, and rank 0's progress bar passed through.
-class Console {
- public:
-  Console() : tty_{isatty(STDOUT_FILENO) == 1, isatty(STDERR_FILENO) == 1} {}
-  bool stderr_tty() const { return tty_[1]; }
-  /// One whole line to stdout (fd 1) or stderr (fd 2); clears a visible progress bar first.
-  void line(int fd, const std::string& prefix, const std::string& text) {
-    if (bar_visible_ && tty_[fd == STDERR_FILENO ? 1 : 0]) {
-      write_all(STDERR_FILENO, "\r\033[K");
-      bar_visible_ = false;
-    }
-    write_all(fd, prefix + text + "\n");
-  }
-  void progress(const std::string& segment) {
-    write_all(STDERR_FILENO, segment);
-    bar_visible_ = true;
-  }
-  void progress_done() {
-    write_all(STDERR_FILENO, "\n");
-    bar_visible_ = false;
-  }
-
- private:
-  bool tty_[2];
-  bool bar_visible_ = false;
-};
-
-// Where one rank's lines end up: the console (prefixed), its log file, and the tail kept for a
-// failure report.
-struct RankSink {
-  int rank = 0;
-  int log_fd = -1;
-  std::string log_path;
-  std::deque<std::string> tail;
-
-  void emit(Console& console, int fd, const std::string& text) {
-    console.line(fd, "[rank " + std::to_string(rank) + "] ", text);
-    if (log_fd >= 0) write_all(log_fd, text + "\n");
-    tail.push_back(text);
-    if (tail.size() > kTailLines) tail.pop_front();
-  }
-};
-
-// Splits one worker stream into lines. On rank 0's stderr with a terminal behind the launcher,
-// a segment from '\r' up to the erase-line sequence the progress callback ends its redraws
-// with is a progress bar update: passed through unprefixed and not logged.
-class LineSplitter {
- public:
-  LineSplitter(RankSink* sink, int fd, bool progress) : sink_(sink), fd_(fd), progress_(progress) {}
-
-  void feed(Console& console, const char* data, size_t n) {
-    for (size_t i = 0; i < n; ++i) {
-      const char c = data[i];
-      if (in_bar_) {
-        bar_ += c;
-        if (bar_.size() >= 3 && bar_.compare(bar_.size() - 3, 3, "\033[K") == 0) {
-          console.progress(bar_);
-          bar_.clear();
-          in_bar_ = false;
-          after_bar_ = true;
-        } else if (c == '\n' || bar_.size() > kMaxLine) {
-          // Not a progress redraw after all: an ordinary line that began with '\r'.
-          line_ = bar_.substr(1, bar_.size() - (c == '\n' ? 2 : 1));
-          bar_.clear();
-          in_bar_ = false;
-          if (c == '\n') flush_line(console);
-        }
-        continue;
-      }
-      if (progress_ && c == '\r') {
-        if (!line_.empty()) flush_line(console);
-        in_bar_ = true;
-        bar_ = "\r";
-        continue;
-      }
-      if (c == '\n') {
-        if (after_bar_ && line_.empty()) {
-          console.progress_done();  // the bar's final newline
-          after_bar_ = false;
-          continue;
-        }
-        flush_line(console);
-        continue;
-      }
-      after_bar_ = false;
-      line_ += c;
-      if (line_.size() >= kMaxLine) flush_line(console);
-    }
-  }
-  /// At end of stream: a last line without its newline still counts.
-  void finish(Console& console) {
-    if (in_bar_) line_ = bar_.substr(1), in_bar_ = false;
-    if (!line_.empty()) flush_line(console);
-  }
-
- private:
-  void flush_line(Console& console) {
-    sink_->emit(console, fd_, line_);
-    line_.clear();
-    after_bar_ = false;
-  }
-  RankSink* sink_;
-  int fd_;
-  bool progress_;
-  bool in_bar_ = false, after_bar_ = false;
-  std::string line_, bar_;
-};
-
-// MPICH hydra's -prepend-rank output: every chunk a rank wrote, and every line in it, starts
-// with "[k] ". A chunk need not end a line, so a prefix can also appear mid-line; each rank's
-// partial line is kept apart and completed by its next chunk. Text of mpiexec itself (no
-// prefix) goes to the console as it is and into mpiexec's own tail.
-class HydraSplitter {
- public:
-  HydraSplitter(std::vector<RankSink>* sinks, int fd, std::deque<std::string>* own_tail)
-      : sinks_(sinks), fd_(fd), own_tail_(own_tail), partial_(sinks->size()) {}
-
-  void feed(Console& console, const char* data, size_t n) {
-    pending_.append(data, n);
-    size_t pos = 0;
-    while (pos < pending_.size()) {
-      if (pending_[pos] == '[') {
-        int rank = -1;
-        const size_t len = prefix_at(pos, &rank);
-        if (len == kIncomplete) break;  // wait for the rest of a possible prefix
-        if (len > 0) {
-          current_ = rank;
-          pos += len;
-          continue;
-        }
-      }
-      const char c = pending_[pos++];
-      std::string& buf = current_ >= 0 ? partial_[current_] : own_;
-      if (c == '\n') {
-        emit(console, current_, buf);
-        buf.clear();
-        current_ = -1;
-      } else {
-        buf += c;
-        if (buf.size() >= kMaxLine) emit(console, current_, buf), buf.clear();
-      }
-    }
-    pending_.erase(0, pos);
-  }
-  void finish(Console& console) {
-    for (char c : pending_) (current_ >= 0 ? partial_[current_] : own_) += c;
-    pending_.clear();
-    for (size_t r = 0; r < partial_.size(); ++r)
-      if (!partial_[r].empty()) emit(console, static_cast<int>(r), partial_[r]), partial_[r].clear();
-    if (!own_.empty()) emit(console, -1, own_), own_.clear();
-  }
-
- private:
-  static constexpr size_t kIncomplete = static_cast<size_t>(-1);
-  // Length of a "[k] " prefix with 0 <= k < ranks at pos, 0 if there is none, kIncomplete if
-  // the buffer ends before it can be told.
-  size_t prefix_at(size_t pos, int* rank) const {
-    size_t i = pos + 1;
-    while (i < pending_.size() && i - pos <= 8 && std::isdigit(static_cast<unsigned char>(pending_[i]))) ++i;
-    if (i == pending_.size() || i + 1 == pending_.size()) return kIncomplete;
-    if (i == pos + 1 || pending_[i] != ']' || pending_[i + 1] != ' ') return 0;
-    const int k = std::atoi(pending_.substr(pos + 1, i - pos - 1).c_str());
-    if (k >= static_cast<int>(partial_.size())) return 0;
-    *rank = k;
-    return i + 2 - pos;
-  }
-  void emit(Console& console, int rank, const std::string& text) {
-    if (rank >= 0) {
-      (*sinks_)[rank].emit(console, fd_, text);
-      own_tail_->push_back("[rank " + std::to_string(rank) + "] " + text);
-    } else {
-      console.line(fd_, "", text);
-      own_tail_->push_back(text);
-    }
-    if (own_tail_->size() > kTailLines) own_tail_->pop_front();
-  }
-  std::vector<RankSink>* sinks_;
-  int fd_;
-  std::deque<std::string>* own_tail_;
-  std::vector<std::string> partial_;
-  std::string own_, pending_;
-  int current_ = -1;
 };
 
 // --- processes -------------------------------------------------------------------------------
@@ -630,11 +305,6 @@ class QuietC10Logging {
 #endif
 };
 
-std::string c10_message(const std::exception& e) {
-  if (auto* c = dynamic_cast<const c10::Error*>(&e)) return c->what_without_backtrace();
-  return e.what();
-}
-
 // What an agent registers: "host\npid\nnproc_per_node\nnnodes".
 struct AgentRecord {
   std::string host;
@@ -763,7 +433,7 @@ void Agent::open_store() {
       QuietC10Logging quiet;
       store_ = std::make_unique<c10d::TCPStore>(spec_.master_addr, o);
     } catch (const std::exception& e) {
-      const std::string msg = c10_message(e);
+      const std::string msg = v1::what_of(e);
       const std::string at = spec_.master_addr + ":" + std::to_string(spec_.master_port);
       if (msg.find("in use") != std::string::npos || msg.find("errno: 98") != std::string::npos)
         throw Error("cannot serve the rendezvous store on " + at + ": port " +
@@ -790,7 +460,7 @@ void Agent::open_store() {
     throw Error("node " + std::to_string(spec_.node_rank) + ": could not reach node 0's "
                 "rendezvous store at " + where() + " within " + fixed1(spec_.rendezvous_timeout_s) +
                 " s ([launch] rendezvous_timeout_s); is trainrun running on node 0 with the same "
-                "master_addr and master_port? (" + c10_message(e) + ")");
+                "master_addr and master_port? (" + v1::what_of(e) + ")");
   }
 }
 
@@ -879,7 +549,7 @@ bool Agent::wait_for_result() {
       ready = store_->check({kResultKey});
     } catch (const std::exception& e) {
       throw Error("node " + std::to_string(spec_.node_rank) + ": node 0's agent at " + where() +
-                  " went away during the rendezvous (see its output): " + c10_message(e));
+                  " went away during the rendezvous (see its output): " + v1::what_of(e));
     }
     if (ready) break;
     if (g_stop_signals.load()) {
@@ -1113,7 +783,7 @@ void Agent::poll_peers() {
     store_lost_ = true;
     if (!exit_code_) {
       exit_code_ = 1;
-      say("lost the rendezvous store at " + where() + " (node 0's agent is gone: " + c10_message(e) +
+      say("lost the rendezvous store at " + where() + " (node 0's agent is gone: " + v1::what_of(e) +
           "); stopping the ranks of node " + std::to_string(spec_.node_rank));
       begin_stop();
     }
@@ -1239,7 +909,7 @@ int Agent::finish() {
       signals_.drain();
     }
   } catch (const std::exception& e) {
-    say("lost the rendezvous store at " + where() + ": " + c10_message(e));
+    say("lost the rendezvous store at " + where() + ": " + v1::what_of(e));
     return code ? code : 1;
   }
   return code;

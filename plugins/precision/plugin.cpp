@@ -1,0 +1,23 @@
+// Entry symbol of the "precision" plugin. Its components are compiled once into an object
+// library that the plugin and its unit tests share; only the plugin gets this file, since every
+// plugin's entry symbol has the same name.
+#include "precision.hpp"
+#include "mixed.hpp"
+#include "trainrun/plugin.hpp"
+
+TRAINRUN_PLUGIN("precision", "0.2.0",
+                trainrun::v1::component<trainrun::v1::Precision,
+                                        trainrun::plugins::Fp32Precision>(
+                    "fp32", "float32 weights and compute; skips steps with non-finite gradients"),
+                trainrun::v1::component<trainrun::v1::Precision, trainrun::plugins::Bf16Mixed>(
+                    "bf16-mixed", "autocast to bfloat16 for matmul-class ops; float32 weights, "
+                    "gradients and optimizer state; no loss scaling"),
+                trainrun::v1::component<trainrun::v1::Precision, trainrun::plugins::Bf16True>(
+                    "bf16-true", "bfloat16 weights and gradients; the optimizer keeps float32 "
+                    "master weights and state"),
+                trainrun::v1::component<trainrun::v1::Precision, trainrun::plugins::Fp16Mixed>(
+                    "fp16-mixed", "dynamic loss scaling (DeepSpeed semantics); float16 autocast "
+                    "on CUDA; on CPU the compute stays float32 (no float16 kernels)"),
+                trainrun::v1::component<trainrun::v1::Precision, trainrun::plugins::AutoPrecision>(
+                    "auto", "bf16-mixed where the CPU computes bfloat16 natively, else fp32; "
+                    "prints the choice"))

@@ -1,0 +1,13 @@
+// Entry symbol of the "quant" plugin. Its components are compiled once into an object
+// library that the plugin and its unit tests share; only the plugin gets this file, since every
+// plugin's entry symbol has the same name.
+#include "quant.hpp"
+#include "trainrun/plugin.hpp"
+
+TRAINRUN_PLUGIN("quant", "0.1.0",
+                trainrun::v1::component<trainrun::v1::Precision, trainrun::quant::Nf4Precision>(
+                    "quant-nf4", "frozen 4-bit NormalFloat base weights (QLoRA), blockwise absmax, "
+                    "optional double quantization; fp32 elsewhere"),
+                trainrun::v1::component<trainrun::v1::Precision, trainrun::quant::Int8Precision>(
+                    "quant-int8", "frozen row-wise int8 base weights with LLM.int8() outlier "
+                    "columns; fp32 elsewhere"))
