@@ -108,7 +108,7 @@ def assemble(special_texts=(), seed=1234, min_bytes=2_100_000):
     for p in sorted(glob.glob("/usr/share/locale/*/LC_MESSAGES/*.mo")):
         mos.setdefault(p.split("/")[4], []).append(p)
     for lang in sorted(mos):
-        docs += _budget(mos[lang], 5000, 8000, rng, _mo)
+        docs += _budget(mos[lang], 3000, 4000, rng, _mo)
     stdlib = sysconfig.get_paths()["stdlib"]
     docs += _budget(sorted(glob.glob(os.path.join(stdlib, "*.py")))[::7], 20000, 150000, rng)
     docs += _budget(sorted(glob.glob("/usr/include/*.h")), 12000, 120000, rng)
