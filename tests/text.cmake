@@ -4,6 +4,9 @@ set(_tok_fixtures ${CMAKE_SOURCE_DIR}/../shared/fixtures/tokenizers)
 add_executable(unit_tokenizer unit_tokenizer.cpp)
 target_link_libraries(unit_tokenizer PRIVATE trainrun_text nlohmann_json::nlohmann_json)
 target_compile_definitions(unit_tokenizer PRIVATE TRAINRUN_TOKENIZER_FIXTURES="${_tok_fixtures}")
+if(TARGET trainrun_text_sentencepiece)
+  add_dependencies(unit_tokenizer trainrun_text_sentencepiece)
+endif()
 add_test(NAME unit_tokenizer COMMAND unit_tokenizer)
 set_tests_properties(unit_tokenizer PROPERTIES TIMEOUT 60)
 
@@ -21,3 +24,13 @@ add_test(NAME tokenizer_cli_errors
   COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/tokenizer_cli_errors.sh $<TARGET_FILE:trainrun>
           ${CMAKE_CURRENT_BINARY_DIR}/work/tokenizer_cli_errors ${_tok_fixtures}/mistral)
 set_tests_properties(tokenizer_cli_errors PROPERTIES TIMEOUT 60)
+
+# A tokenizer.model-only directory (a model trained here with Debian's spm_train) through the
+# sentencepiece module: ids and text equal spm_encode / spm_decode, BOS/EOS as the config says.
+find_program(SPM_TRAIN spm_train)
+if(TARGET trainrun_text_sentencepiece AND SPM_TRAIN)
+  add_test(NAME tokenizer_sentencepiece
+    COMMAND ${TRAINRUN_REF_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/tokenizer_sentencepiece.py $<TARGET_FILE:trainrun>
+            ${CMAKE_CURRENT_BINARY_DIR}/work/tokenizer_sentencepiece)
+  set_tests_properties(tokenizer_sentencepiece PROPERTIES TIMEOUT 120)
+endif()

@@ -37,7 +37,7 @@ class TokenizerImpl {
 /// tokenizer.json (+ the config) in `dir`; `config` is tokenizer_config.json merged over
 /// special_tokens_map.json (an empty object when neither exists).
 std::shared_ptr<TokenizerImpl> load_hf_tokenizer(const std::string& dir, const nlohmann::json& config);
-/// DIR/tokenizer.model: refused with a ConfigError saying how to get a tokenizer.json.
+/// DIR/tokenizer.model through the sentencepiece module (tokenizer_sentencepiece.cpp).
 std::shared_ptr<TokenizerImpl> load_sentencepiece_tokenizer(const std::string& dir, const nlohmann::json& config);
 
 namespace detail {

@@ -9,7 +9,8 @@
 // Strip, Sequence; pre-tokenizers ByteLevel, Split, Metaspace, Whitespace, WhitespaceSplit,
 // Digits, Sequence; post-processors TemplateProcessing, ByteLevel, RobertaProcessing,
 // BertProcessing, Sequence; decoders ByteLevel, Replace, ByteFallback, Fuse, Strip, Metaspace,
-// Sequence. A directory with only tokenizer.model (no tokenizer.json) is refused for now.
+// Sequence. A directory with only tokenizer.model (no tokenizer.json) goes through Debian's
+// sentencepiece library (a module loaded on demand, libtrainrun_text_sentencepiece.so).
 #include <trainrun/error.hpp>
 
 #include <cstdint>
@@ -29,7 +30,7 @@ class TokenizerImpl;
 class Tokenizer {
  public:
   /// Loads DIR/tokenizer.json (+ DIR/tokenizer_config.json, DIR/special_tokens_map.json when
-  /// present).
+  /// present), or DIR/tokenizer.model when there is no tokenizer.json.
   /// Throws trainrun::v1::ConfigError naming the file (and key) when a file is missing,
   /// malformed, or uses a component this library does not implement.
   static Tokenizer from_directory(const std::string& dir);
