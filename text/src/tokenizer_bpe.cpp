@@ -56,6 +56,48 @@ class PairMap {
   size_t mask_ = 0;
 };
 
+// Open-addressing map from token text to id; the texts live in the model's id -> token table.
+// Each slot keeps the full hash, so a probe touches the string only on a likely hit.
+class TokenMap {
+ public:
+  explicit TokenMap(const std::vector<std::string>& tokens) : tokens_(tokens) {}
+  void reserve(size_t n) {
+    size_t cap = 16;
+    while (cap < n * 2) cap <<= 1;
+    slots_.assign(cap, Slot{});
+    mask_ = cap - 1;
+  }
+  void insert(int32_t id) {
+    const std::string& t = tokens_[static_cast<size_t>(id)];
+    const uint64_t h = hash(t);
+    for (size_t i = h & mask_;; i = (i + 1) & mask_) {
+      if (slots_[i].id < 0) {
+        slots_[i] = {h, id};
+        return;
+      }
+      if (slots_[i].hash == h && tokens_[static_cast<size_t>(slots_[i].id)] == t) return;
+    }
+  }
+  int32_t find(std::string_view t) const {
+    const uint64_t h = hash(t);
+    for (size_t i = h & mask_;; i = (i + 1) & mask_) {
+      const Slot& s = slots_[i];
+      if (s.id < 0) return -1;
+      if (s.hash == h && tokens_[static_cast<size_t>(s.id)] == t) return s.id;
+    }
+  }
+
+ private:
+  struct Slot {
+    uint64_t hash = 0;
+    int32_t id = -1;
+  };
+  static uint64_t hash(std::string_view t) { return std::hash<std::string_view>{}(t); }
+  const std::vector<std::string>& tokens_;
+  std::vector<Slot> slots_;
+  size_t mask_ = 0;
+};
+
 uint64_t pair_key(int32_t a, int32_t b) {
   return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b);
 }
@@ -81,13 +123,17 @@ constexpr size_t kCacheMaxWordBytes = 256;
 }  // namespace
 
 struct BpeModel::Maps {
-  std::unordered_map<std::string_view, int32_t> vocab;
+  explicit Maps(const std::vector<std::string>& tokens) : vocab(tokens) {}
+  TokenMap vocab;
   PairMap merges;
+  // Ids of one-character tokens by code point (-1: none), for the characters a word starts as;
+  // covers the byte-level alphabet (U+0000..U+0143) and Latin.
+  std::array<int32_t, 0x250> char_ids;
 };
 
 BpeModel::~BpeModel() = default;
 
-BpeModel::BpeModel(const nlohmann::json& model, const Where& where) : maps_(std::make_unique<Maps>()) {
+BpeModel::BpeModel(const nlohmann::json& model, const Where& where) {
   auto str_opt = [&](const char* key) -> std::optional<std::string> {
     if (!model.contains(key) || model[key].is_null()) return std::nullopt;
     if (!model[key].is_string()) where.fail(std::string("\"") + key + "\" must be a string or null");
@@ -116,23 +162,26 @@ BpeModel::BpeModel(const nlohmann::json& model, const Where& where) : maps_(std:
   }
   id_to_token_.assign(static_cast<size_t>(max_id + 1), std::string());
   for (auto it = vocab.begin(); it != vocab.end(); ++it) id_to_token_[it.value().get<int32_t>()] = it.key();
-  maps_->vocab.reserve(id_to_token_.size() * 2);
-  for (auto it = vocab.begin(); it != vocab.end(); ++it) {
-    const int32_t id = it.value().get<int32_t>();
-    maps_->vocab.emplace(std::string_view(id_to_token_[id]), id);
+  maps_ = std::make_unique<Maps>(id_to_token_);
+  maps_->vocab.reserve(id_to_token_.size());
+  for (size_t id = 0; id < id_to_token_.size(); ++id)
+    if (!id_to_token_[id].empty()) maps_->vocab.insert(static_cast<int32_t>(id));
+  for (uint32_t cp = 0; cp < maps_->char_ids.size(); ++cp) {
+    std::string ch;
+    utf8_append(ch, cp);
+    maps_->char_ids[cp] = maps_->vocab.find(ch);
   }
 
   if (auto unk = str_opt("unk_token")) {
-    auto found = maps_->vocab.find(*unk);
+    const int32_t found = maps_->vocab.find(*unk);
     // tokenizers fails only when the unk token is needed; an absent one then drops the character.
-    if (found != maps_->vocab.end()) unk_id_ = found->second;
+    if (found >= 0) unk_id_ = found;
   }
   if (byte_fallback_) {
     static const char* hex = "0123456789ABCDEF";
     for (int b = 0; b < 256; ++b) {
       const std::string name = std::string("<0x") + hex[b >> 4] + hex[b & 15] + ">";
-      auto found = maps_->vocab.find(name);
-      byte_fallback_ids_[b] = found == maps_->vocab.end() ? -1 : found->second;
+      byte_fallback_ids_[b] = maps_->vocab.find(name);
     }
   }
 
@@ -140,10 +189,9 @@ BpeModel::BpeModel(const nlohmann::json& model, const Where& where) : maps_(std:
   if (!merges.is_array()) where.fail("\"merges\" must be an array");
   maps_->merges.reserve(merges.size());
   auto lookup = [&](const std::string& tok, size_t rank) {
-    auto found = maps_->vocab.find(tok);
-    if (found == maps_->vocab.end())
-      where.fail("merges[" + std::to_string(rank) + "]: token \"" + tok + "\" is not in the vocabulary");
-    return found->second;
+    const int32_t found = maps_->vocab.find(tok);
+    if (found < 0) where.fail("merges[" + std::to_string(rank) + "]: token \"" + tok + "\" is not in the vocabulary");
+    return found;
   };
   for (size_t rank = 0; rank < merges.size(); ++rank) {
     const auto& m = merges[rank];
@@ -171,9 +219,9 @@ BpeModel::BpeModel(const nlohmann::json& model, const Where& where) : maps_(std:
 }
 
 std::optional<int32_t> BpeModel::token_to_id(std::string_view token) const {
-  auto found = maps_->vocab.find(token);
-  if (found == maps_->vocab.end()) return std::nullopt;
-  return found->second;
+  const int32_t found = maps_->vocab.find(token);
+  if (found < 0) return std::nullopt;
+  return found;
 }
 
 const std::string* BpeModel::id_to_token(int32_t id) const {
@@ -186,9 +234,9 @@ const std::string* BpeModel::id_to_token(int32_t id) const {
 void BpeModel::tokenize(std::string_view word, std::vector<int32_t>& out) const {
   if (word.empty()) return;
   if (ignore_merges_) {
-    auto found = maps_->vocab.find(word);
-    if (found != maps_->vocab.end()) {
-      out.push_back(found->second);
+    const int32_t found = maps_->vocab.find(word);
+    if (found >= 0) {
+      out.push_back(found);
       return;
     }
   }
@@ -228,20 +276,25 @@ void BpeModel::merge_word(std::string_view word, std::vector<int32_t>& out) cons
     const size_t begin = i;
     utf8_next(word, i);
     std::string_view ch = word.substr(begin, i - begin);
+    int32_t found;
     if (!prefix_.empty() || !suffix_.empty()) {
       piece.clear();
       if (begin > 0) piece += prefix_;
       piece.append(ch);
       if (i >= word.size()) piece += suffix_;
       ch = piece;
+      found = maps_->vocab.find(ch);
+    } else {
+      size_t k = 0;
+      const uint32_t cp = utf8_next(ch, k);
+      found = cp < maps_->char_ids.size() ? maps_->char_ids[cp] : maps_->vocab.find(ch);
     }
-    auto found = maps_->vocab.find(ch);
-    if (found != maps_->vocab.end()) {
+    if (found >= 0) {
       if (pending_unk) {
         add(*pending_unk);
         pending_unk.reset();
       }
-      add(found->second);
+      add(found);
       continue;
     }
     if (byte_fallback_) {
