@@ -184,6 +184,10 @@ TEST_CASE("an unsupported component is a ConfigError naming its type and the fil
   t["model"]["type"] = "WordPiece";
   TempModel m(t);
   CHECK_THROWS_WITH_AS(Tokenizer::from_directory(m.dir.string()), doctest::Contains("\"WordPiece\""), trainrun::v1::ConfigError);
+  json wrong_type = tiny();
+  wrong_type["added_tokens"] = json::array({{{"id", 10}, {"content", "<s>"}, {"special", "yes"}}});
+  TempModel bad_type(wrong_type);
+  CHECK_THROWS_WITH_AS(Tokenizer::from_directory(bad_type.dir.string()), doctest::Contains("tokenizer.json: "), trainrun::v1::ConfigError);
   TempModel bad_merge(tiny(json::array({"b q"})));
   CHECK_THROWS_WITH_AS(Tokenizer::from_directory(bad_merge.dir.string()), doctest::Contains("merges[0]: token \"q\""), trainrun::v1::ConfigError);
 }

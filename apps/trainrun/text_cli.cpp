@@ -120,6 +120,9 @@ int guarded(const char* cmd, F body) {
     std::cerr << "trainrun " << cmd << ": error: stdin: " << e.what() << std::endl;
   } catch (const std::out_of_range& e) {
     std::cerr << "trainrun " << cmd << ": error: " << e.what() << std::endl;
+  } catch (const std::exception& e) {
+    std::cerr << "trainrun " << cmd << ": error: " << e.what() << std::endl;
+    return 1;
   }
   return 2;
 }

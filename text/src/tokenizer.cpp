@@ -156,11 +156,12 @@ class HfTokenizer : public TokenizerImpl {
     if (bad != std::string_view::npos)
       throw std::invalid_argument("text is not valid UTF-8 (byte " + std::to_string(bad) + ")");
     out.clear();
+    CacheLease cache(*this);
     std::vector<AddedTokenMatcher::Split> splits;
     raw_added_.split(text, added_, splits);
     for (const auto& sp : splits) {
       if (sp.token >= 0) out.push_back(added_[static_cast<size_t>(sp.token)].id);
-      else encode_stretch(text.substr(sp.begin, sp.end - sp.begin), sp.begin == 0, out);
+      else encode_stretch(text.substr(sp.begin, sp.end - sp.begin), sp.begin == 0, *cache.cache, out);
     }
     if (post_) post_->apply(out, add_special_tokens);
   }
@@ -212,22 +213,42 @@ class HfTokenizer : public TokenizerImpl {
   }
 
  private:
-  void encode_stretch(std::string_view raw, bool at_origin, std::vector<int32_t>& out) const {
+  // A word cache taken from the pool for one encode() and given back after: caches outlive the
+  // threads of encode_batch, and concurrent callers never share one.
+  struct CacheLease {
+    const HfTokenizer& owner;
+    std::unique_ptr<detail::WordCache> cache;
+    explicit CacheLease(const HfTokenizer& o) : owner(o) {
+      std::lock_guard<std::mutex> lock(owner.pool_mutex_);
+      if (owner.pool_.empty()) {
+        cache = std::make_unique<detail::WordCache>();
+      } else {
+        cache = std::move(owner.pool_.back());
+        owner.pool_.pop_back();
+      }
+    }
+    ~CacheLease() {
+      std::lock_guard<std::mutex> lock(owner.pool_mutex_);
+      owner.pool_.push_back(std::move(cache));
+    }
+  };
+
+  void encode_stretch(std::string_view raw, bool at_origin, detail::WordCache& cache, std::vector<int32_t>& out) const {
     std::string text(raw);
     if (normalizer_) normalizer_->apply(text);
     if (norm_added_.empty()) {
-      model_words(std::move(text), at_origin, out);
+      model_words(std::move(text), at_origin, cache, out);
       return;
     }
     std::vector<AddedTokenMatcher::Split> splits;
     norm_added_.split(text, added_, splits);
     for (const auto& sp : splits) {
       if (sp.token >= 0) out.push_back(added_[static_cast<size_t>(sp.token)].id);
-      else model_words(text.substr(sp.begin, sp.end - sp.begin), at_origin && sp.begin == 0, out);
+      else model_words(text.substr(sp.begin, sp.end - sp.begin), at_origin && sp.begin == 0, cache, out);
     }
   }
 
-  void model_words(std::string text, bool at_origin, std::vector<int32_t>& out) const {
+  void model_words(std::string text, bool at_origin, detail::WordCache& cache, std::vector<int32_t>& out) const {
     if (text.empty()) return;
     detail::PreTokenized pt;
     pt.pieces.push_back({0, static_cast<uint32_t>(text.size())});
@@ -235,7 +256,7 @@ class HfTokenizer : public TokenizerImpl {
     pt.at_origin = at_origin;
     if (pre_) pre_->apply(pt);
     const std::string_view buf(pt.buf);
-    for (auto [b, e] : pt.pieces) model_->tokenize(buf.substr(b, e - b), out);
+    for (auto [b, e] : pt.pieces) model_->tokenize(buf.substr(b, e - b), out, cache);
   }
 
   std::unique_ptr<detail::Normalizer> normalizer_;
@@ -248,6 +269,8 @@ class HfTokenizer : public TokenizerImpl {
   std::unordered_map<std::string, size_t> added_by_content_;
   AddedTokenMatcher raw_added_, norm_added_;
   int32_t vocab_size_ = 0;
+  mutable std::mutex pool_mutex_;
+  mutable std::vector<std::unique_ptr<detail::WordCache>> pool_;
 };
 
 HfTokenizer::HfTokenizer(const std::string& directory, const json& config) {
@@ -322,7 +345,11 @@ HfTokenizer::HfTokenizer(const std::string& directory, const json& config) {
 }  // namespace
 
 std::shared_ptr<TokenizerImpl> load_hf_tokenizer(const std::string& dir, const json& config) {
-  return std::make_shared<HfTokenizer>(dir, config);
+  try {
+    return std::make_shared<HfTokenizer>(dir, config);
+  } catch (const json::exception& e) {  // a value of the wrong JSON type somewhere unchecked
+    throw v1::ConfigError((fs::path(dir) / "tokenizer.json").string() + ": " + e.what());
+  }
 }
 
 // ---- Tokenizer ---------------------------------------------------------------------------

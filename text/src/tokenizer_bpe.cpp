@@ -1,11 +1,10 @@
 // Byte-pair encoding as tokenizers' `models::bpe::BPE` does it (without dropout): a word is cut
 // into characters (unknown ones become byte-fallback tokens, the unk token, or nothing), then
 // the pair of lowest merge rank is merged, leftmost first, until no ranked pair is left. A
-// priority queue keeps this O(n log n) per word, and a per-thread cache of word -> ids makes
-// repeated words (most of real text) a single hash look-up.
+// priority queue keeps this O(n log n) per word, and a cache of word -> ids (one per concurrent
+// caller, see WordCache) makes repeated words (most of real text) a single hash look-up.
 #include "tokenizer_internal.hpp"
 
-#include <atomic>
 #include <queue>
 #include <unordered_map>
 
@@ -102,22 +101,6 @@ uint64_t pair_key(int32_t a, int32_t b) {
   return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b);
 }
 
-std::atomic<uint64_t> next_cache_owner{1};
-
-// One per thread: the word cache of the tokenizer this thread used last.
-struct WordCache {
-  uint64_t owner = 0;
-  std::unordered_map<std::string, std::vector<int32_t>> map;
-  std::string key;
-};
-WordCache& word_cache(uint64_t owner) {
-  thread_local WordCache cache;
-  if (cache.owner != owner) {
-    cache.map.clear();
-    cache.owner = owner;
-  }
-  return cache;
-}
 constexpr size_t kCacheMaxEntries = 200000;
 constexpr size_t kCacheMaxWordBytes = 256;
 }  // namespace
@@ -215,7 +198,6 @@ BpeModel::BpeModel(const nlohmann::json& model, const Where& where) {
     const int32_t im = lookup(merged, rank);
     maps_->merges.insert(pair_key(ia, ib), static_cast<int32_t>(rank), im);
   }
-  cache_owner_ = next_cache_owner.fetch_add(1);
 }
 
 std::optional<int32_t> BpeModel::token_to_id(std::string_view token) const {
@@ -231,7 +213,7 @@ const std::string* BpeModel::id_to_token(int32_t id) const {
   return t.empty() ? nullptr : &t;
 }
 
-void BpeModel::tokenize(std::string_view word, std::vector<int32_t>& out) const {
+void BpeModel::tokenize(std::string_view word, std::vector<int32_t>& out, WordCache& cache) const {
   if (word.empty()) return;
   if (ignore_merges_) {
     const int32_t found = maps_->vocab.find(word);
@@ -244,7 +226,6 @@ void BpeModel::tokenize(std::string_view word, std::vector<int32_t>& out) const 
     merge_word(word, out);
     return;
   }
-  WordCache& cache = word_cache(cache_owner_);
   cache.key.assign(word.data(), word.size());
   auto hit = cache.map.find(cache.key);
   if (hit != cache.map.end()) {

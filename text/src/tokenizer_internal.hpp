@@ -14,6 +14,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -139,12 +140,18 @@ std::unique_ptr<Decoder> make_decoder(const nlohmann::json& j, const Where& wher
 std::unique_ptr<PostProcessor> make_bos_eos_processor(std::optional<int32_t> bos, std::optional<int32_t> eos);
 
 // ---- BPE model ---------------------------------------------------------------------------
+/// Word -> ids of one BPE model, used by one thread at a time (the tokenizer keeps a pool).
+struct WordCache {
+  std::unordered_map<std::string, std::vector<int32_t>> map;
+  std::string key;  // reused look-up buffer
+};
+
 class BpeModel {
  public:
   BpeModel(const nlohmann::json& model, const Where& where);
   ~BpeModel();
-  /// Ids of one pre-tokenized word, appended to out. Uses the calling thread's word cache.
-  void tokenize(std::string_view word, std::vector<int32_t>& out) const;
+  /// Ids of one pre-tokenized word, appended to out.
+  void tokenize(std::string_view word, std::vector<int32_t>& out, WordCache& cache) const;
   std::optional<int32_t> token_to_id(std::string_view token) const;
   /// Model vocabulary string of an id, or nullptr.
   const std::string* id_to_token(int32_t id) const;
@@ -159,7 +166,6 @@ class BpeModel {
   std::string prefix_, suffix_;  // continuing_subword_prefix, end_of_word_suffix
   bool byte_fallback_ = false, fuse_unk_ = false, ignore_merges_ = false;
   std::array<int32_t, 256> byte_fallback_ids_{};
-  uint64_t cache_owner_ = 0;
 };
 
 }  // namespace detail

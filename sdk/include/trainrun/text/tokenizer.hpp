@@ -25,8 +25,8 @@ namespace trainrun::text {
 
 class TokenizerImpl;
 
-/// A loaded tokenizer. Cheap to copy (shared, immutable state); safe to use from many threads
-/// at once (each thread keeps its own word cache).
+/// A loaded tokenizer. Cheap to copy (shared state); safe to use from many threads at once
+/// (word caches are pooled: each concurrent call takes its own, and they outlive the call).
 class Tokenizer {
  public:
   /// Loads DIR/tokenizer.json (+ DIR/tokenizer_config.json, DIR/special_tokens_map.json when
