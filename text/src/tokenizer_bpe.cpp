@@ -171,30 +171,32 @@ BpeModel::BpeModel(const nlohmann::json& model, const Where& where) {
   const auto& merges = model.contains("merges") ? model["merges"] : nlohmann::json::array();
   if (!merges.is_array()) where.fail("\"merges\" must be an array");
   maps_->merges.reserve(merges.size());
-  auto lookup = [&](const std::string& tok, size_t rank) {
+  auto lookup = [&](std::string_view tok, size_t rank) {
     const int32_t found = maps_->vocab.find(tok);
-    if (found < 0) where.fail("merges[" + std::to_string(rank) + "]: token \"" + tok + "\" is not in the vocabulary");
+    if (found < 0)
+      where.fail("merges[" + std::to_string(rank) + "]: token \"" + std::string(tok) + "\" is not in the vocabulary");
     return found;
   };
+  std::string merged;
   for (size_t rank = 0; rank < merges.size(); ++rank) {
     const auto& m = merges[rank];
-    std::string a, b;
+    std::string_view a, b;
     if (m.is_string()) {  // "a b"
-      const auto& s = m.get_ref<const std::string&>();
+      const std::string_view s = m.get_ref<const std::string&>();
       const size_t sp = s.find(' ');
       if (sp == std::string::npos || s.find(' ', sp + 1) != std::string::npos)
-        where.fail("merges[" + std::to_string(rank) + "] \"" + s + "\" is not two tokens separated by one space");
+        where.fail("merges[" + std::to_string(rank) + "] \"" + std::string(s) + "\" is not two tokens separated by one space");
       a = s.substr(0, sp);
       b = s.substr(sp + 1);
     } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {  // ["a", "b"]
-      a = m[0].get<std::string>();
-      b = m[1].get<std::string>();
+      a = m[0].get_ref<const std::string&>();
+      b = m[1].get_ref<const std::string&>();
     } else {
       where.fail("merges[" + std::to_string(rank) + "] is neither \"a b\" nor [\"a\", \"b\"]: " + m.dump());
     }
     const int32_t ia = lookup(a, rank), ib = lookup(b, rank);
-    const std::string merged =
-        a + (!prefix_.empty() && b.compare(0, prefix_.size(), prefix_) == 0 ? b.substr(prefix_.size()) : b);
+    merged.assign(a);
+    merged.append(!prefix_.empty() && b.substr(0, prefix_.size()) == prefix_ ? b.substr(prefix_.size()) : b);
     const int32_t im = lookup(merged, rank);
     maps_->merges.insert(pair_key(ia, ib), static_cast<int32_t>(rank), im);
   }
