@@ -6,10 +6,11 @@ languages, emoji, whitespace runs).
     $TRAINRUN_VENV/bin/python bench/tokenizer.py [--tokenizer DIR]... [--trainrun build/bin/trainrun]
                                                  [--repeat 3] [--threads N]
 
-Single thread: tokenizers' Tokenizer.encode per text vs `trainrun encode --jsonl --threads 1`;
-all threads: tokenizers' encode_batch (Rayon, all cores) vs `--threads N` (default all cores).
-Both sides time encoding only (not loading the file, not reading or printing), each from a
-fresh tokenizer (cold word cache), best of --repeat. Prints MB/s and the ratio trainrun / HF.
+Single thread: tokenizers' Tokenizer.encode per text with RAYON_NUM_THREADS=1 and
+TOKENIZERS_PARALLELISM=false vs `trainrun encode --jsonl --threads 1`; all threads: tokenizers'
+encode_batch (Rayon, N threads) vs `--threads N` (default: all cores). Both sides time encoding
+only (not loading the file, not reading or printing), each in a fresh process (cold word
+caches), interleaved, best of --repeat. Prints MB/s and the ratio trainrun / HF.
 """
 import argparse
 import json
@@ -32,15 +33,28 @@ def ours(trainrun, d, payload, threads):
     return float(m.group(1))
 
 
-def hf(d, docs, batch):
-    tok = Tokenizer.from_file(os.path.join(d, "tokenizer.json"))
-    t0 = time.perf_counter()
-    if batch:
-        tok.encode_batch(docs)
-    else:
-        for x in docs:
-            tok.encode(x)
-    return time.perf_counter() - t0
+HF_SNIPPET = r"""
+import json, sys, time
+from tokenizers import Tokenizer
+docs = [json.loads(l)["text"] for l in sys.stdin.read().split("\n")[:-1]]
+tok = Tokenizer.from_file(sys.argv[1])
+t0 = time.perf_counter()
+if sys.argv[2] == "batch":
+    tok.encode_batch(docs)
+else:
+    for x in docs:
+        tok.encode(x)
+print(time.perf_counter() - t0)
+"""
+
+
+def hf(d, payload, threads):
+    """Seconds tokenizers takes, in a fresh process: Rayon's pool size is fixed at first use, and
+    even a single encode() fans out over it unless RAYON_NUM_THREADS says otherwise."""
+    env = dict(os.environ, RAYON_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="true" if threads > 1 else "false")
+    p = subprocess.run([sys.executable, "-c", HF_SNIPPET, os.path.join(d, "tokenizer.json"),
+                        "batch" if threads > 1 else "loop"], input=payload, capture_output=True, check=True, env=env)
+    return float(p.stdout.decode().strip())
 
 
 def main():
@@ -58,11 +72,14 @@ def main():
     print(f"corpus: {len(docs)} texts, {mb:.2f} MB; {a.threads} threads for the parallel columns; best of {a.repeat}")
     print(f"{'tokenizer':10} {'HF 1 thr':>10} {'ours 1 thr':>11} {'ratio':>6} {'HF all':>10} {'ours all':>10} {'ratio':>6}   (MB/s)")
     for d in dirs:
-        hf1 = min(hf(d, docs, False) for _ in range(a.repeat))
-        us1 = min(ours(a.trainrun, d, payload, 1) for _ in range(a.repeat))
-        os.environ["RAYON_NUM_THREADS"] = str(a.threads)
-        hfn = min(hf(d, docs, True) for _ in range(a.repeat))
-        usn = min(ours(a.trainrun, d, payload, a.threads) for _ in range(a.repeat))
+        # Interleaved, so that a noisy moment on a shared machine hits both sides alike.
+        hf1, us1, hfn, usn = [], [], [], []
+        for _ in range(a.repeat):
+            hf1.append(hf(d, payload, 1))
+            us1.append(ours(a.trainrun, d, payload, 1))
+            hfn.append(hf(d, payload, a.threads))
+            usn.append(ours(a.trainrun, d, payload, a.threads))
+        hf1, us1, hfn, usn = min(hf1), min(us1), min(hfn), min(usn)
         name = os.path.basename(os.path.normpath(d))
         print(f"{name:10} {mb / hf1:10.2f} {mb / us1:11.2f} {hf1 / us1:5.2f}x {mb / hfn:10.2f} {mb / usn:10.2f} {hfn / usn:5.2f}x")
 
