@@ -11,6 +11,8 @@
 // BertProcessing, Sequence; decoders ByteLevel, Replace, ByteFallback, Fuse, Strip, Metaspace,
 // Sequence. A directory with only tokenizer.model (no tokenizer.json) goes through Debian's
 // sentencepiece library (a module loaded on demand, libtrainrun_text_sentencepiece.so).
+// tokenizer.json's "truncation" and "padding" are ignored (transformers overrides them on every
+// call too); offsets are not computed; only the single-sequence post-processor template is used.
 #include <trainrun/error.hpp>
 
 #include <cstdint>
