@@ -287,7 +287,7 @@ def check_cli(trainrun, fixtures, work):
             failures += 1
     bad = [(["--template", "llama2"], {"messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]},
             "Conversation roles must alternate"),
-           ([], "{not json", "invalid JSON"),
+           (["--template", "chatml"], "{not json", "invalid JSON"),
            (["--template", "nope"], {"messages": [{"role": "user", "content": "a"}]}, "no chat template named 'nope'")]
     for flags, doc, want in bad:
         p = subprocess.run([trainrun, "chat-template", "--tokenizer", os.path.join(fixtures, "mistral"), *flags],

@@ -372,6 +372,20 @@ Value attr_path(const Value& item, const Value& attribute, int line) {
   }
 }
 
+// markupsafe.Markup: jinja2's |safe and |escape return it; `+` escapes a plain str joined to it.
+Value markup(std::string s) {
+  Value v = Value::string(std::move(s));
+  v.markup = true;
+  return v;
+}
+
+// A str method or filter applied to a Markup returns a Markup.
+Value same_kind(const Value& original, std::string s) {
+  Value v = Value::string(std::move(s));
+  v.markup = original.is_string() && original.markup;
+  return v;
+}
+
 Value lower_if_str(const Value& v) { return v.is_string() ? Value::string(to_lower(v.s)) : v; }
 
 std::function<Value(const Value&)> key_getter(const Value& attribute, bool case_sensitive, int line) {
@@ -526,12 +540,13 @@ Value select_like(Builtins::Host& host, const Value& v, Args& a, bool by_attr, b
   if (!test_name.empty() && !Builtins::has_test(test_name))
     throw Error("unsupported construct: the test '" + test_name + "'", a.line);
   List out;
+  if (!v.truthy()) return Value::make_view({}, Value::View::Generator);  // jinja2: `if value:` first
   for (const auto& item : Builtins::iterate(v, a.line)) {
     const Value probe = by_attr ? attr_path(item, attribute, a.line) : item;
     const bool ok = test_name.empty() ? probe.truthy() : Builtins::test(host, test_name, probe, test_args);
     if (ok == keep_if) out.push_back(item);
   }
-  return Value::make_list(std::move(out));
+  return Value::make_view(std::move(out), Value::View::Generator);
 }
 
 Value tojson_filter(const Value& v, Args& a) {
@@ -581,9 +596,9 @@ const std::map<std::string, FilterFn>& filters() {
           while (static_cast<int64_t>(cur.size()) < n) cur.push_back(fill);
         out.push_back(Value::make_list(std::move(cur)));
       }
-      return Value::make_list(std::move(out));
+      return Value::make_view(std::move(out), Value::View::Generator);
     };
-    f["capitalize"] = [](auto&, const Value& v, Args&) { return Value::string(to_capitalize(to_str(v))); };
+    f["capitalize"] = [](auto&, const Value& v, Args&) { return same_kind(v, to_capitalize(to_str(v))); };
     f["center"] = [](auto&, const Value& v, Args& a) {
       return Value::string(pad(to_str(v), int_arg(a.get(0, "width", Value::integer(80)), "center", a.line), '^'));
     };
@@ -600,7 +615,7 @@ const std::map<std::string, FilterFn>& filters() {
       const bool rev = a.get(2, "reverse", Value::boolean(false)).truthy();
       if (by != "key" && by != "value") throw Error("dictsort(): you can only sort by either 'key' or 'value'", a.line);
       List items;
-      for (const auto& kv : v.dict->items) items.push_back(Value::make_list({Value::string(kv.first), kv.second}, true));
+      for (const auto& kv : v.dict->items) items.push_back(Value::make_list({key_value(kv.first), kv.second}, true));
       const int pos = by == "key" ? 0 : 1;
       std::stable_sort(items.begin(), items.end(), [&](const Value& x, const Value& y) {
         Value kx = (*x.list)[pos], ky = (*y.list)[pos];
@@ -609,9 +624,12 @@ const std::map<std::string, FilterFn>& filters() {
       });
       return Value::make_list(std::move(items));
     };
-    f["escape"] = [](auto&, const Value& v, Args&) { return Value::string(html_escape(to_str(v))); };
+    f["escape"] = [](auto&, const Value& v, Args&) {
+      if (v.is_string() && v.markup) return v;
+      return markup(html_escape(to_str(v)));
+    };
     f["e"] = f["escape"];
-    f["forceescape"] = f["escape"];
+    f["forceescape"] = [](auto&, const Value& v, Args&) { return markup(html_escape(to_str(v))); };
     f["first"] = [](auto&, const Value& v, Args& a) {
       const auto items = Builtins::iterate(v, a.line);
       return items.empty() ? Value::undefined("No first item, sequence was empty.") : items.front();
@@ -637,8 +655,8 @@ const std::map<std::string, FilterFn>& filters() {
       if (v.is_undefined()) return Value::make_list();
       if (v.kind != Value::Kind::Dict) throw Error("items(): can only get item pairs from a mapping, not " + type_name(v), a.line);
       List items;
-      for (const auto& kv : v.dict->items) items.push_back(Value::make_list({Value::string(kv.first), kv.second}, true));
-      return Value::make_list(std::move(items));
+      for (const auto& kv : v.dict->items) items.push_back(Value::make_list({key_value(kv.first), kv.second}, true));
+      return Value::make_view(std::move(items), Value::View::Generator);
     };
     f["join"] = [](auto&, const Value& v, Args& a) {
       const std::string sep = to_str(a.get(0, "d", Value::string("")));
@@ -654,6 +672,7 @@ const std::map<std::string, FilterFn>& filters() {
     };
     f["last"] = [](auto&, const Value& v, Args& a) {
       if (v.is_undefined()) undefined_error(v, a.line);
+      if (v.is_iterator()) throw Error("'" + type_name(v) + "' object is not reversible", a.line);
       const auto items = Builtins::iterate(v, a.line);
       return items.empty() ? Value::undefined("No last item, sequence was empty.") : items.back();
     };
@@ -662,17 +681,19 @@ const std::map<std::string, FilterFn>& filters() {
         case Value::Kind::Undefined: return Value::integer(0);
         case Value::Kind::String: return Value::integer(static_cast<int64_t>(utf8_decode(v.s).size()));
         case Value::Kind::List:
-        case Value::Kind::Tuple: return Value::integer(static_cast<int64_t>(v.list->size()));
+        case Value::Kind::Tuple:
+          if (v.is_iterator()) throw Error("object of type '" + type_name(v) + "' has no len()", a.line);
+          return Value::integer(static_cast<int64_t>(v.list->size()));
         case Value::Kind::Dict: return Value::integer(static_cast<int64_t>(v.dict->items.size()));
         default: throw Error("object of type '" + type_name(v) + "' has no len()", a.line);
       }
     };
     f["count"] = f["length"];
     f["list"] = [](auto&, const Value& v, Args& a) { return Value::make_list(Builtins::iterate(v, a.line)); };
-    f["lower"] = [](auto&, const Value& v, Args&) { return Value::string(to_lower(to_str(v))); };
+    f["lower"] = [](auto&, const Value& v, Args&) { return same_kind(v, to_lower(to_str(v))); };
     f["map"] = [](Builtins::Host& host, const Value& v, Args& a) {
       List out;
-      const auto items = Builtins::iterate(v, a.line);
+      const auto items = v.truthy() ? Builtins::iterate(v, a.line) : std::vector<Value>{};  // jinja2: `if value:`
       if (a.pos.empty()) {
         Value attribute;
         Value fallback = Value::none();
@@ -686,7 +707,7 @@ const std::map<std::string, FilterFn>& filters() {
           Value x = attr_path(item, attribute, a.line);
           out.push_back(x.is_undefined() && !fallback.is_none() ? fallback : x);
         }
-        return Value::make_list(std::move(out));
+        return Value::make_view(std::move(out), Value::View::Generator);
       }
       const std::string name = str_arg(a.pos[0], "map", "filter name", a.line);
       if (!Builtins::has_filter(name)) throw Error("unsupported construct: the filter '" + name + "'", a.line);
@@ -695,7 +716,7 @@ const std::map<std::string, FilterFn>& filters() {
       rest.pos.assign(a.pos.begin() + 1, a.pos.end());
       rest.kw = a.kw;
       for (const auto& item : items) out.push_back(Builtins::filter(host, name, item, rest));
-      return Value::make_list(std::move(out));
+      return Value::make_view(std::move(out), Value::View::Generator);
     };
     f["max"] = [](auto&, const Value& v, Args& a) { return min_max(v, a, true); };
     f["min"] = [](auto&, const Value& v, Args& a) { return min_max(v, a, false); };
@@ -716,13 +737,14 @@ const std::map<std::string, FilterFn>& filters() {
       }
       auto items = Builtins::iterate(v, a.line);
       std::reverse(items.begin(), items.end());
-      return Value::make_list(std::move(items));
+      // reversed() of a list or dict is an iterator; a generator is listed and reversed
+      return v.is_iterator() ? Value::make_list(std::move(items)) : Value::make_view(std::move(items), Value::View::ReverseIterator);
     };
     f["round"] = [](auto&, const Value& v, Args& a) {
       return py_round(v, int_arg(a.get(0, "precision", Value::integer(0)), "round", a.line),
                       to_str(a.get(1, "method", Value::string("common"))), a.line);
     };
-    f["safe"] = [](auto&, const Value& v, Args&) { return v; };
+    f["safe"] = [](auto&, const Value& v, Args&) { return markup(to_str(v)); };
     f["sort"] = [](auto&, const Value& v, Args& a) {
       auto items = Builtins::iterate(v, a.line);
       const bool rev = a.get(0, "reverse", Value::boolean(false)).truthy();
@@ -747,7 +769,7 @@ const std::map<std::string, FilterFn>& filters() {
     f["title"] = [](auto&, const Value& v, Args&) { return Value::string(jinja_title(to_str(v))); };
     f["tojson"] = [](auto&, const Value& v, Args& a) { return tojson_filter(v, a); };
     f["trim"] = [](auto&, const Value& v, Args& a) {
-      return Value::string(py_strip(to_str(v), a.get(0, "chars", Value::none()), true, true, a.line));
+      return same_kind(v, py_strip(to_str(v), a.get(0, "chars", Value::none()), true, true, a.line));
     };
     f["unique"] = [](auto&, const Value& v, Args& a) {
       const auto key = key_getter(a.get(1, "attribute", Value::none()), a.get(0, "case_sensitive", Value::boolean(false)).truthy(), a.line);
@@ -759,9 +781,9 @@ const std::map<std::string, FilterFn>& filters() {
           out.push_back(item);
         }
       }
-      return Value::make_list(std::move(out));
+      return Value::make_view(std::move(out), Value::View::Generator);
     };
-    f["upper"] = [](auto&, const Value& v, Args&) { return Value::string(to_upper(to_str(v))); };
+    f["upper"] = [](auto&, const Value& v, Args&) { return same_kind(v, to_upper(to_str(v))); };
     f["wordcount"] = [](auto&, const Value& v, Args&) {
       int64_t n = 0;
       bool in_word = false;
@@ -817,7 +839,7 @@ const std::map<std::string, TestFn>& tests() {
     };
     // jinja2 asks for len() and __getitem__, which Undefined has too
     t["sequence"] = [](auto&, const Value& v, Args&) {
-      return v.is_string() || v.is_sequence() || v.kind == K::Dict || v.is_undefined();
+      return v.is_string() || v.is_plain_sequence() || v.kind == K::Dict || v.is_undefined();
     };
     t["none"] = [](auto&, const Value& v, Args&) { return v.is_none(); };
     t["lower"] = [](auto&, const Value& v, Args&) { return case_check(to_str(v), true); };
@@ -1031,7 +1053,7 @@ Value Builtins::getattr(const Value& obj, const std::string& name, int line) {
       return missing();
     case K::List:
     case K::Tuple:
-      if (is_list_method(name) || is_unsafe_list_method(name)) break;
+      if (obj.is_plain_sequence() && (is_list_method(name) || is_unsafe_list_method(name))) break;
       return missing();
     default: return missing();
   }
@@ -1050,6 +1072,8 @@ Value Builtins::getattr(const Value& obj, const std::string& name, int line) {
 
 Value Builtins::getitem(const Value& obj, const Value& key, int line) {
   using K = Value::Kind;
+  if (obj.is_sequence() && !obj.is_plain_sequence())  // jinja2 turns the TypeError into Undefined
+    return Value::undefined("'" + type_name(obj) + "' object is not subscriptable");
   switch (obj.kind) {
     case K::Undefined: undefined_error(obj, line);
     case K::List:
@@ -1073,8 +1097,8 @@ Value Builtins::getitem(const Value& obj, const Value& key, int line) {
     case K::Dict:
     case K::Namespace:
     case K::Object:
-      if (key.is_string())
-        if (const Value* v = obj.dict->find(key.s)) return *v;
+      if (key.is_string() || obj.kind == K::Dict)
+        if (const Value* v = obj.dict->find(dict_key(key, line))) return *v;
       break;
     default: break;
   }
@@ -1097,10 +1121,10 @@ Value Builtins::slice(const Value& obj, const Value& start_v, const Value& stop_
   if (obj.is_string()) {
     u = utf8_decode(obj.s);
     n = static_cast<int64_t>(u.size());
-  } else if (obj.is_sequence()) {
+  } else if (obj.is_plain_sequence()) {
     n = static_cast<int64_t>(obj.list->size());
   } else {
-    throw Error("'" + type_name(obj) + "' object is not subscriptable", line);
+    return Value::undefined("'" + type_name(obj) + "' object is not subscriptable");
   }
   auto adjust = [&](const Value& v, bool is_start) {
     if (v.is_none()) return step < 0 ? (is_start ? n - 1 : -1) : (is_start ? 0 : n);
@@ -1130,28 +1154,30 @@ bool Builtins::call_method(Host&, const Value& obj, const std::string& name, Cal
   using K = Value::Kind;
   if (obj.kind == K::String && is_str_method(name)) {
     result = str_method(obj.s, name, a);
+    if (result.is_string()) result.markup = obj.markup;
     return true;
   }
   if (obj.kind == K::Dict && is_dict_method(name)) {
     if (name == "get") {
       a.expect("get", 2, {});
-      const Value key = a.get(0, "key");
-      const Value* v = key.is_string() ? obj.dict->find(key.s) : nullptr;
+      const Value* v = obj.dict->find(dict_key(a.get(0, "key"), a.line));
       result = v ? *v : a.get(1, "default", Value::none());
     } else if (name == "copy") {
       result = Value::make_dict(*obj.dict);
     } else {
       List items;
       for (const auto& kv : obj.dict->items) {
-        if (name == "items") items.push_back(Value::make_list({Value::string(kv.first), kv.second}, true));
-        else if (name == "keys") items.push_back(Value::string(kv.first));
+        if (name == "items") items.push_back(Value::make_list({key_value(kv.first), kv.second}, true));
+        else if (name == "keys") items.push_back(key_value(kv.first));
         else items.push_back(kv.second);
       }
-      result = Value::make_list(std::move(items));
+      result = Value::make_view(std::move(items), name == "items"  ? Value::View::DictItems
+                                                  : name == "keys" ? Value::View::DictKeys
+                                                                   : Value::View::DictValues);
     }
     return true;
   }
-  if (obj.is_sequence() && is_list_method(name)) {
+  if (obj.is_plain_sequence() && is_list_method(name)) {
     if (name == "copy") {
       result = Value::make_list(*obj.list, obj.kind == K::Tuple);
       return true;
@@ -1184,7 +1210,7 @@ std::vector<Value> Builtins::iterate(const Value& v, int line) {
     }
     case Value::Kind::Dict: {
       std::vector<Value> out;
-      for (const auto& kv : v.dict->items) out.push_back(Value::string(kv.first));
+      for (const auto& kv : v.dict->items) out.push_back(key_value(kv.first));
       return out;
     }
     default: throw Error("'" + type_name(v) + "' object is not iterable", line);
@@ -1201,7 +1227,7 @@ bool Builtins::contains(const Value& container, const Value& item, int line) {
     case Value::Kind::List:
     case Value::Kind::Tuple:
       return std::any_of(container.list->begin(), container.list->end(), [&](const Value& x) { return equal(x, item); });
-    case Value::Kind::Dict: return item.is_string() && container.dict->find(item.s) != nullptr;
+    case Value::Kind::Dict: return container.dict->find(dict_key(item, line)) != nullptr;
     default: throw Error("argument of type '" + type_name(container) + "' is not iterable", line);
   }
 }
@@ -1221,8 +1247,11 @@ Value Builtins::arithmetic(const std::string& op, const Value& a, const Value& b
   if (op == "+") {
     if (ints) return Value::integer(x + y);
     if (nums) return Value::number(a.as_double() + b.as_double());
-    if (a.is_string() && b.is_string()) return Value::string(a.s + b.s);
-    if (a.is_sequence() && a.kind == b.kind) {
+    if (a.is_string() && b.is_string()) {
+      if (!a.markup && !b.markup) return Value::string(a.s + b.s);
+      return markup((a.markup ? a.s : html_escape(a.s)) + (b.markup ? b.s : html_escape(b.s)));
+    }
+    if (a.is_plain_sequence() && b.is_plain_sequence() && a.kind == b.kind) {
       List items = *a.list;
       items.insert(items.end(), b.list->begin(), b.list->end());
       return Value::make_list(std::move(items), a.kind == K::Tuple);
@@ -1237,7 +1266,7 @@ Value Builtins::arithmetic(const std::string& op, const Value& a, const Value& b
   if (op == "*") {
     if (ints) return Value::integer(x * y);
     if (nums) return Value::number(a.as_double() * b.as_double());
-    const Value* seq = (a.is_string() || a.is_sequence()) ? &a : (b.is_string() || b.is_sequence()) ? &b : nullptr;
+    const Value* seq = (a.is_string() || a.is_plain_sequence()) ? &a : (b.is_string() || b.is_plain_sequence()) ? &b : nullptr;
     const Value* count = seq == &a ? &b : &a;
     if (seq && (count->kind == K::Int || count->kind == K::Bool)) {
       const int64_t n = count->kind == K::Bool ? count->b : count->i;

@@ -313,9 +313,7 @@ class Renderer : public Builtins::Host {
         Dict d;
         for (const auto& kv : e.pairs) {
           const Value key = eval(*kv.first, scope);
-          if (!key.is_string())
-            throw Error("unsupported construct: a dict literal with a non-string key (" + repr(key) + ")", e.line);
-          d.set(key.s, eval(*kv.second, scope));
+          d.set(dict_key(key, e.line), eval(*kv.second, scope));
         }
         return Value::make_dict(std::move(d));
       }

@@ -34,6 +34,12 @@ Value Value::make_list(List items, bool tuple) {
   return v;
 }
 
+Value Value::make_view(List items, View view) {
+  Value v = make_list(std::move(items));
+  v.view = view;
+  return v;
+}
+
 Value Value::make_dict(Dict d, Kind kind) {
   Value v;
   v.kind = kind;
@@ -85,7 +91,7 @@ bool Value::truthy() const {
     case Kind::Float: return f != 0;
     case Kind::String: return !s.empty();
     case Kind::List:
-    case Kind::Tuple: return !list->empty();
+    case Kind::Tuple: return is_iterator() || !list->empty();
     case Kind::Dict: return !dict->items.empty();
     default: return true;
   }
@@ -122,6 +128,27 @@ void CallArgs::expect(const std::string& fn, size_t n, std::initializer_list<con
   }
 }
 
+std::string dict_key(const Value& key, int line) {
+  switch (key.kind) {
+    case Value::Kind::String: return key.s;
+    case Value::Kind::None: return std::string("\0n", 2);
+    case Value::Kind::Bool: return std::string("\0i", 2) + (key.b ? "1" : "0");
+    case Value::Kind::Int: return std::string("\0i", 2) + std::to_string(key.i);
+    case Value::Kind::Float:
+      if (std::isfinite(key.f) && key.f == std::floor(key.f) && std::fabs(key.f) < 9.2e18)
+        return std::string("\0i", 2) + std::to_string(static_cast<int64_t>(key.f));
+      return std::string("\0f", 2) + float_repr(key.f);
+    default: throw Error("unsupported construct: a dict key of type '" + type_name(key) + "'", line);
+  }
+}
+
+Value key_value(const std::string& key) {
+  if (key.empty() || key[0] != '\0') return Value::string(key);
+  if (key[1] == 'n') return Value::none();
+  if (key[1] == 'i') return Value::integer(std::stoll(key.substr(2)));
+  return Value::number(std::stod(key.substr(2)));
+}
+
 std::string type_name(const Value& v) {
   switch (v.kind) {
     case Value::Kind::Undefined: return "Undefined";
@@ -130,7 +157,15 @@ std::string type_name(const Value& v) {
     case Value::Kind::Int: return "int";
     case Value::Kind::Float: return "float";
     case Value::Kind::String: return "str";
-    case Value::Kind::List: return "list";
+    case Value::Kind::List:
+      switch (v.view) {
+        case Value::View::Generator: return "generator";
+        case Value::View::ReverseIterator: return "list_reverseiterator";
+        case Value::View::DictKeys: return "dict_keys";
+        case Value::View::DictValues: return "dict_values";
+        case Value::View::DictItems: return "dict_items";
+        default: return "list";
+      }
     case Value::Kind::Tuple: return "tuple";
     case Value::Kind::Dict: return "dict";
     case Value::Kind::Namespace: return "Namespace";
@@ -245,14 +280,16 @@ std::string repr(const Value& v) {
     case Value::Kind::String: return string_repr(v.s);
     case Value::Kind::List:
     case Value::Kind::Tuple: {
+      if (v.is_iterator()) return "<" + type_name(v) + " object>";
       const bool tuple = v.kind == Value::Kind::Tuple;
       std::string out = tuple ? "(" : "[";
+      if (v.view != Value::View::None) out = type_name(v) + "([";
       for (size_t k = 0; k < v.list->size(); ++k) {
         if (k) out += ", ";
         out += repr((*v.list)[k]);
       }
       if (tuple && v.list->size() == 1) out += ",";
-      return out + (tuple ? ")" : "]");
+      return out + (tuple ? ")" : v.view != Value::View::None ? "])" : "]");
     }
     case Value::Kind::Dict:
     case Value::Kind::Namespace: {
@@ -261,7 +298,7 @@ std::string repr(const Value& v) {
       for (const auto& kv : v.dict->items) {
         if (!first) out += ", ";
         first = false;
-        out += string_repr(kv.first) + ": " + repr(kv.second);
+        out += repr(key_value(kv.first)) + ": " + repr(kv.second);
       }
       return out + (v.kind == Value::Kind::Namespace ? "}>" : "}");
     }
@@ -287,6 +324,7 @@ bool equal(const Value& a, const Value& b) {
     case K::String: return a.s == b.s;
     case K::List:
     case K::Tuple: {
+      if (a.is_iterator() || b.is_iterator()) return a.list == b.list;
       if (a.list->size() != b.list->size()) return false;
       for (size_t k = 0; k < a.list->size(); ++k)
         if (!equal((*a.list)[k], (*b.list)[k])) return false;
@@ -377,6 +415,8 @@ void json_value(std::string& out, const Value& v, const JsonOptions& o, int leve
     case Value::Kind::String: json_string(out, v.s, o.ensure_ascii); return;
     case Value::Kind::List:
     case Value::Kind::Tuple: {
+      if (v.view != Value::View::None)
+        throw Error("tojson: Object of type " + type_name(v) + " is not JSON serializable", line);
       if (v.list->empty()) {
         out += "[]";
         return;
@@ -410,7 +450,9 @@ void json_value(std::string& out, const Value& v, const JsonOptions& o, int leve
           out += item_sep;
           if (indented) newline(level + 1);
         }
-        json_string(out, items[k]->first, o.ensure_ascii);
+        // json.dumps writes int/float keys as their text, True/False/None as true/false/null
+        const Value key = key_value(items[k]->first);
+        json_string(out, key.is_string() ? key.s : key.is_none() ? "null" : to_json(key, o, line), o.ensure_ascii);
         out += o.separators_given ? o.key_sep : ": ";
         json_value(out, items[k]->second, o, level + 1, line);
       }

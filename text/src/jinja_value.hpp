@@ -50,7 +50,13 @@ struct Callable {
 
 struct Value {
   enum class Kind { Undefined, None, Bool, Int, Float, String, List, Tuple, Dict, Namespace, Object, Callable };
+  /// What a List really is in Python when not a list: jinja2's map/select/... filters return
+  /// generators (always true, no len(), not subscriptable, not JSON), `|reverse` a reverse
+  /// iterator, dict.keys()/values()/items() views (len() but no indexing, not JSON).
+  enum class View : uint8_t { None, Generator, ReverseIterator, DictKeys, DictValues, DictItems };
   Kind kind = Kind::Undefined;
+  View view = View::None;
+  bool markup = false;  // String: a markupsafe.Markup (|safe, |escape): `+` escapes plain operands
   bool b = false;
   int64_t i = 0;
   double f = 0;
@@ -66,6 +72,7 @@ struct Value {
   static Value number(double x) { Value v; v.kind = Kind::Float; v.f = x; return v; }
   static Value string(std::string x) { Value v; v.kind = Kind::String; v.s = std::move(x); return v; }
   static Value make_list(List items = {}, bool tuple = false);
+  static Value make_view(List items, View view);
   static Value make_dict(Dict d = {}, Kind kind = Kind::Dict);
   static Value callable(std::string name, std::function<Value(CallArgs&)> fn);
   static Value from_json(const nlohmann::ordered_json& j);
@@ -75,6 +82,9 @@ struct Value {
   bool is_string() const { return kind == Kind::String; }
   bool is_number() const { return kind == Kind::Int || kind == Kind::Float || kind == Kind::Bool; }
   bool is_sequence() const { return kind == Kind::List || kind == Kind::Tuple; }
+  /// A real list or tuple (len() and indexing), not a generator or view.
+  bool is_plain_sequence() const { return is_sequence() && view == View::None; }
+  bool is_iterator() const { return view == View::Generator || view == View::ReverseIterator; }
   bool is_mapping() const { return kind == Kind::Dict; }
   bool truthy() const;
   double as_double() const;  // Int, Float, Bool
@@ -91,6 +101,12 @@ struct CallArgs {
   /// Throws unless at most `n` positional and only `names` as keyword arguments were given.
   void expect(const std::string& fn, size_t n, std::initializer_list<const char*> names) const;
 };
+
+/// Dict keys are strings; other hashable keys (int, float, bool, None, as in `{0: 'a'}`) are
+/// stored encoded after a NUL byte, with Python's rule that 1, 1.0 and True are the same key.
+std::string dict_key(const Value& key, int line);
+/// The Python value of a stored dict key.
+Value key_value(const std::string& key);
 
 /// Python's type name ("str", "int", "list", "dict", "NoneType", ...), for error messages.
 std::string type_name(const Value& v);
