@@ -124,6 +124,16 @@ SMALL_TEMPLATES = [
     # globals and dicts
     "{{ range(3)|list }} {{ range(1, 10, 3)|list }} {{ dict(a=1, b='x') }} {{ {'a': 1}.get('a') }} {{ {'a': 1}.get('z', 'dflt') }} {{ {'a': 1}.keys()|list }} {{ {'a': 1}.values()|list }} {{ namespace(a=1).a }} {{ bos_token }}{{ eos_token }}",
     "{% with greeting = 'hi', n = messages|length %}{{ greeting }} {{ n }}{% endwith %}{% filter upper %}filtered {{ messages[0].role }}{% endfilter %}",
+    # Python objects that are not lists: generators (always true, no len(), not subscriptable), dict views
+    "{% if messages|selectattr('role', 'eq', 'nobody') %}T{% endif %}{{ messages|selectattr('role', 'eq', 'nobody') is sequence }}{{ (messages|map(attribute='role'))[0] is defined }}{{ {'a': 1}.items() }}{{ {'a': 1}.keys()|length }}{{ none|select|list }}{{ none|map(attribute='x')|list }}{{ [1, 2]|reverse|first }}",
+    "{{ messages|selectattr('role', 'eq', 'user')|length }}",
+    "{{ messages|map(attribute='role')|tojson }}",
+    # Markup: |safe and |escape results escape the plain strings `+` joins to them; `~` does not
+    "{{ 'a<'|safe + '<b>' }} {{ '<x>'|e + '&' }} {{ ('q'|safe).upper() + '\"' }} {{ 'a' ~ '<'|safe ~ '>' }} {{ '<'|safe|trim + '>' }}",
+    # dict literals with keys that are not strings
+    "{% set d = {0: 'zero', 1.5: 'x', none: 'n', 'k': 1, true: 't'} %}{{ d[0] }}{{ d[1] }}{{ d[1.5] }}{{ d[none] }} {{ d }} {{ d|tojson }} {{ 0 in d }} {{ d.get(1.5) }}",
+    # an unknown filter or test inside if / inline-if fails only when reached
+    "{% if false %}{{ x|from_json }}{% elif x is no_such_test %}{% endif %}{{ 'ok' if true else y|from_json }}",
     # {% generation %} spans (transformers' assistant masks)
     "{% for m in messages %}<{{ m.role }}>{% if m.role == 'assistant' %}{% generation %}{{ m.content }}</s>{% endgeneration %}{% else %}{{ m.content }}{% endif %}\n{% endfor %}",
 ]

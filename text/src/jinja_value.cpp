@@ -12,15 +12,38 @@
 
 namespace trainrun::text::jinja {
 
+namespace {
+
+// Encoded non-string keys that Python treats as the same key (True == 1 == 1.0) compare equal;
+// the dict keeps the key it was first given, as Python does.
+std::string canonical_key(const std::string& key) {
+  if (key.size() < 2 || key[0] != '\0') return key;
+  if (key[1] == 'b') return std::string("\0i", 2) + key.substr(2);
+  if (key[1] == 'f') {
+    const double f = std::stod(key.substr(2));
+    if (std::isfinite(f) && f == std::floor(f) && std::fabs(f) < 9.2e18)
+      return std::string("\0i", 2) + std::to_string(static_cast<int64_t>(f));
+  }
+  return key;
+}
+
+bool same_key(const std::string& a, const std::string& b) {
+  if (a == b) return true;
+  if (a.empty() || b.empty() || a[0] != '\0' || b[0] != '\0') return false;
+  return canonical_key(a) == canonical_key(b);
+}
+
+}  // namespace
+
 const Value* Dict::find(const std::string& key) const {
   for (const auto& kv : items)
-    if (kv.first == key) return &kv.second;
+    if (same_key(kv.first, key)) return &kv.second;
   return nullptr;
 }
 
 void Dict::set(const std::string& key, Value v) {
   for (auto& kv : items)
-    if (kv.first == key) {
+    if (same_key(kv.first, key)) {
       kv.second = std::move(v);
       return;
     }
@@ -132,12 +155,9 @@ std::string dict_key(const Value& key, int line) {
   switch (key.kind) {
     case Value::Kind::String: return key.s;
     case Value::Kind::None: return std::string("\0n", 2);
-    case Value::Kind::Bool: return std::string("\0i", 2) + (key.b ? "1" : "0");
+    case Value::Kind::Bool: return std::string("\0b", 2) + (key.b ? "1" : "0");
     case Value::Kind::Int: return std::string("\0i", 2) + std::to_string(key.i);
-    case Value::Kind::Float:
-      if (std::isfinite(key.f) && key.f == std::floor(key.f) && std::fabs(key.f) < 9.2e18)
-        return std::string("\0i", 2) + std::to_string(static_cast<int64_t>(key.f));
-      return std::string("\0f", 2) + float_repr(key.f);
+    case Value::Kind::Float: return std::string("\0f", 2) + float_repr(key.f);
     default: throw Error("unsupported construct: a dict key of type '" + type_name(key) + "'", line);
   }
 }
@@ -145,6 +165,7 @@ std::string dict_key(const Value& key, int line) {
 Value key_value(const std::string& key) {
   if (key.empty() || key[0] != '\0') return Value::string(key);
   if (key[1] == 'n') return Value::none();
+  if (key[1] == 'b') return Value::boolean(key[2] == '1');
   if (key[1] == 'i') return Value::integer(std::stoll(key.substr(2)));
   return Value::number(std::stod(key.substr(2)));
 }
