@@ -203,6 +203,13 @@ TEST_SUITE("errors") {
     CHECK(std::string(error_of("{% set ns = namespace() %}{% set ns._x = 1 %}").what()).find("underscore") !=
           std::string::npos);
   }
+  TEST_CASE("64-bit integer overflow and runaway macro recursion are refused, not wrapped or crashed") {
+    CHECK(render("{{ 2 ** 62 }}") == "4611686018427387904");
+    CHECK(std::string(error_of("{{ 2 ** 64 }}").what()).find("beyond 64 bits") != std::string::npos);
+    CHECK(std::string(error_of("{{ 9223372036854775807 + 1 }}").what()).find("beyond 64 bits") != std::string::npos);
+    CHECK(std::string(error_of("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}").what())
+              .find("recursion") != std::string::npos);
+  }
   TEST_CASE("apply() refuses an empty conversation and non-object messages") {
     ChatTemplate t("{{ messages }}");
     CHECK_THROWS_AS(t.apply(json::array()), ChatTemplateError);

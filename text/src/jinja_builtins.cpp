@@ -1244,8 +1244,14 @@ Value Builtins::arithmetic(const std::string& op, const Value& a, const Value& b
   const bool ints = (a.kind == K::Int || a.kind == K::Bool) && (b.kind == K::Int || b.kind == K::Bool);
   const int64_t x = a.kind == K::Bool ? a.b : a.i, y = b.kind == K::Bool ? b.b : b.i;
   const bool nums = a.is_number() && b.is_number();
+  // Python's integers are unbounded; ours are 64-bit, so an overflow is refused, not wrapped.
+  int64_t r = 0;
+  auto checked = [&](bool overflow) {  // r holds the result of the checked operation
+    if (overflow) throw Error("unsupported: integer result of " + op + " beyond 64 bits", line);
+    return Value::integer(r);
+  };
   if (op == "+") {
-    if (ints) return Value::integer(x + y);
+    if (ints) return checked(__builtin_add_overflow(x, y, &r));
     if (nums) return Value::number(a.as_double() + b.as_double());
     if (a.is_string() && b.is_string()) {
       if (!a.markup && !b.markup) return Value::string(a.s + b.s);
@@ -1259,17 +1265,20 @@ Value Builtins::arithmetic(const std::string& op, const Value& a, const Value& b
     return type_error();
   }
   if (op == "-") {
-    if (ints) return Value::integer(x - y);
+    if (ints) return checked(__builtin_sub_overflow(x, y, &r));
     if (nums) return Value::number(a.as_double() - b.as_double());
     return type_error();
   }
   if (op == "*") {
-    if (ints) return Value::integer(x * y);
+    if (ints) return checked(__builtin_mul_overflow(x, y, &r));
     if (nums) return Value::number(a.as_double() * b.as_double());
     const Value* seq = (a.is_string() || a.is_plain_sequence()) ? &a : (b.is_string() || b.is_plain_sequence()) ? &b : nullptr;
     const Value* count = seq == &a ? &b : &a;
     if (seq && (count->kind == K::Int || count->kind == K::Bool)) {
       const int64_t n = count->kind == K::Bool ? count->b : count->i;
+      const size_t unit = seq->is_string() ? seq->s.size() : seq->list->size();
+      if (n > 0 && unit > 0 && static_cast<uint64_t>(n) > (uint64_t{1} << 30) / unit)
+        throw Error("unsupported: a repetition of more than 2^30 items or bytes", line);
       if (seq->is_string()) {
         std::string out;
         for (int64_t k = 0; k < n; ++k) out += seq->s;
@@ -1303,9 +1312,13 @@ Value Builtins::arithmetic(const std::string& op, const Value& a, const Value& b
   }
   if (op == "**") {
     if (ints && y >= 0) {
-      int64_t r = 1;
-      for (int64_t k = 0; k < y; ++k) r *= x;
-      return Value::integer(r);
+      int64_t base = x, result = 1, e = y;
+      while (e > 0) {  // square and multiply, refusing overflow
+        if ((e & 1) && __builtin_mul_overflow(result, base, &result)) return checked(true);
+        e >>= 1;
+        if (e > 0 && __builtin_mul_overflow(base, base, &base)) return checked(true);
+      }
+      return Value::integer(result);
     }
     if (nums) return Value::number(std::pow(a.as_double(), b.as_double()));
     return type_error();

@@ -209,9 +209,17 @@ class Renderer : public Builtins::Host {
         else frame->vars[p.first] = Value::undefined("parameter '" + p.first + "' was not provided");
       }
       std::string text;
+      // Python stops runaway recursion near 1000 frames; a macro frame is several of ours.
+      if (++call_depth_ > 200) throw Error("maximum recursion depth exceeded in macro '" + macro->text + "'", a.line);
       const int saved = loop_depth_;
       loop_depth_ = 0;
-      exec_body(macro->body, frame, text);
+      try {
+        exec_body(macro->body, frame, text);
+      } catch (...) {
+        --call_depth_;
+        throw;
+      }
+      --call_depth_;
       loop_depth_ = saved;
       return Value::string(std::move(text));
     });
@@ -420,6 +428,7 @@ class Renderer : public Builtins::Host {
   std::string* main_ = nullptr;
   std::vector<std::pair<size_t, size_t>>* spans_ = nullptr;
   int loop_depth_ = 0;
+  int call_depth_ = 0;
 };
 
 }  // namespace
