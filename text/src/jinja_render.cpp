@@ -4,32 +4,57 @@
 
 #include <cmath>
 #include <ctime>
-#include <unordered_map>
 
 #include "jinja_builtins.hpp"
 
 namespace trainrun::text::jinja {
 namespace {
 
+// A scope holds a handful of names (a loop iteration: the target and `loop`), so a vector
+// searched linearly beats a hash map that allocates its buckets on every iteration.
+class Vars {
+ public:
+  Value& operator[](const std::string& name) {
+    for (auto& kv : items_)
+      if (kv.first == name) return kv.second;
+    items_.emplace_back(name, Value());
+    return items_.back().second;
+  }
+  const Value* find(const std::string& name) const {
+    for (const auto& kv : items_)
+      if (kv.first == name) return &kv.second;
+    return nullptr;
+  }
+
+ private:
+  std::vector<std::pair<std::string, Value>> items_;
+};
+
 struct Scope {
-  std::unordered_map<std::string, Value> vars;
+  Vars vars;
   std::shared_ptr<Scope> parent;
   const Value* find(const std::string& name) const {
-    for (const Scope* s = this; s; s = s->parent.get()) {
-      auto it = s->vars.find(name);
-      if (it != s->vars.end()) return &it->second;
-    }
+    for (const Scope* s = this; s; s = s->parent.get())
+      if (const Value* v = s->vars.find(name)) return v;
     return nullptr;
   }
 };
 using ScopePtr = std::shared_ptr<Scope>;
+
+ScopePtr make_globals();
+
+// transformers' globals, shared read-only by every render (they hold no state).
+const ScopePtr& globals() {
+  static const ScopePtr g = make_globals();
+  return g;
+}
 
 enum class Flow { Normal, Break, Continue };
 
 class Renderer : public Builtins::Host {
  public:
   explicit Renderer(const Dict& variables) : root_(std::make_shared<Scope>()) {
-    install_globals();
+    root_->parent = globals();
     for (const auto& kv : variables.items) root_->vars[kv.first] = kv.second;
   }
 
@@ -349,87 +374,88 @@ class Renderer : public Builtins::Host {
     return Builtins::arithmetic(op, a, b, line);
   }
 
-  // ---- globals (transformers' environment) ----
-
-  void install_globals() {
-    auto& g = root_->vars;
-    g["raise_exception"] = Value::callable("raise_exception", [](CallArgs& a) -> Value {
-      throw Raised(to_str(a.get(0, "message")), a.line);
-    });
-    g["strftime_now"] = Value::callable("strftime_now", [](CallArgs& a) {
-      const Value fmt = a.get(0, "format");
-      if (!fmt.is_string()) throw Error("strftime_now() expects a format string", a.line);
-      const std::time_t now = std::time(nullptr);
-      std::tm local{};
-      localtime_r(&now, &local);
-      char buf[512];
-      const size_t n = std::strftime(buf, sizeof buf, fmt.s.c_str(), &local);
-      return Value::string(std::string(buf, n));
-    });
-    auto make_dict = [](CallArgs& a, const char* fn, bool check_names) {
-      Dict d;
-      if (a.pos.size() > 1) throw Error(std::string(fn) + "() expected at most 1 positional argument", a.line);
-      if (!a.pos.empty()) {
-        const Value& src = a.pos[0];
-        if (src.kind == Value::Kind::Dict || src.kind == Value::Kind::Namespace) {
-          d = *src.dict;
-        } else {
-          for (const auto& pair : Builtins::iterate(src, a.line)) {
-            const auto kv = Builtins::iterate(pair, a.line);
-            if (kv.size() != 2 || !kv[0].is_string())
-              throw Error(std::string(fn) + "() needs (string key, value) pairs", a.line);
-            d.set(kv[0].s, kv[1]);
-          }
-        }
-      }
-      for (const auto& kw : a.kw) d.set(kw.first, kw.second);
-      if (check_names)
-        for (const auto& kv : d.items)
-          if (!kv.first.empty() && kv.first[0] == '_')
-            throw Error("chat templates cannot store underscore-prefixed attributes on a namespace ('" + kv.first +
-                            "')", a.line);
-      return d;
-    };
-    g["namespace"] = Value::callable("namespace", [make_dict](CallArgs& a) {
-      return Value::make_dict(make_dict(a, "namespace", true), Value::Kind::Namespace);
-    });
-    g["dict"] = Value::callable("dict", [make_dict](CallArgs& a) { return Value::make_dict(make_dict(a, "dict", false)); });
-    g["range"] = Value::callable("range", [](CallArgs& a) {
-      for (const auto& v : a.pos)
-        if (v.kind != Value::Kind::Int && v.kind != Value::Kind::Bool)
-          throw Error("range() takes integers, got '" + type_name(v) + "'", a.line);
-      if (a.pos.empty() || a.pos.size() > 3 || !a.kw.empty()) throw Error("range() takes 1 to 3 integers", a.line);
-      auto num = [](const Value& v) { return v.kind == Value::Kind::Bool ? int64_t{v.b} : v.i; };
-      int64_t start = 0, stop, step = 1;
-      if (a.pos.size() == 1) stop = num(a.pos[0]);
-      else {
-        start = num(a.pos[0]);
-        stop = num(a.pos[1]);
-        if (a.pos.size() == 3) step = num(a.pos[2]);
-      }
-      if (step == 0) throw Error("range() arg 3 must not be zero", a.line);
-      List items;
-      for (int64_t x = start; step > 0 ? x < stop : x > stop; x += step) {
-        if (items.size() >= 100000)  // the sandbox's MAX_RANGE
-          throw Error("range too big: the sandbox blocks ranges larger than 100000", a.line);
-        items.push_back(Value::integer(x));
-      }
-      return Value::make_list(std::move(items));
-    });
-    for (const char* name : {"lipsum", "cycler", "joiner"}) {
-      const std::string n = name;
-      g[n] = Value::callable(n, [n](CallArgs& a) -> Value {
-        throw Error("unsupported construct: the global function " + n + "()", a.line);
-      });
-    }
-  }
-
   ScopePtr root_;
   std::string* main_ = nullptr;
   std::vector<std::pair<size_t, size_t>>* spans_ = nullptr;
   int loop_depth_ = 0;
   int call_depth_ = 0;
 };
+
+
+ScopePtr make_globals() {
+  auto scope = std::make_shared<Scope>();
+  auto& g = scope->vars;
+  g["raise_exception"] = Value::callable("raise_exception", [](CallArgs& a) -> Value {
+    throw Raised(to_str(a.get(0, "message")), a.line);
+  });
+  g["strftime_now"] = Value::callable("strftime_now", [](CallArgs& a) {
+    const Value fmt = a.get(0, "format");
+    if (!fmt.is_string()) throw Error("strftime_now() expects a format string", a.line);
+    const std::time_t now = std::time(nullptr);
+    std::tm local{};
+    localtime_r(&now, &local);
+    char buf[512];
+    const size_t n = std::strftime(buf, sizeof buf, fmt.s.c_str(), &local);
+    return Value::string(std::string(buf, n));
+  });
+  auto make_dict = [](CallArgs& a, const char* fn, bool check_names) {
+    Dict d;
+    if (a.pos.size() > 1) throw Error(std::string(fn) + "() expected at most 1 positional argument", a.line);
+    if (!a.pos.empty()) {
+      const Value& src = a.pos[0];
+      if (src.kind == Value::Kind::Dict || src.kind == Value::Kind::Namespace) {
+        d = *src.dict;
+      } else {
+        for (const auto& pair : Builtins::iterate(src, a.line)) {
+          const auto kv = Builtins::iterate(pair, a.line);
+          if (kv.size() != 2 || !kv[0].is_string())
+            throw Error(std::string(fn) + "() needs (string key, value) pairs", a.line);
+          d.set(kv[0].s, kv[1]);
+        }
+      }
+    }
+    for (const auto& kw : a.kw) d.set(kw.first, kw.second);
+    if (check_names)
+      for (const auto& kv : d.items)
+        if (!kv.first.empty() && kv.first[0] == '_')
+          throw Error("chat templates cannot store underscore-prefixed attributes on a namespace ('" + kv.first +
+                          "')", a.line);
+    return d;
+  };
+  g["namespace"] = Value::callable("namespace", [make_dict](CallArgs& a) {
+    return Value::make_dict(make_dict(a, "namespace", true), Value::Kind::Namespace);
+  });
+  g["dict"] = Value::callable("dict", [make_dict](CallArgs& a) { return Value::make_dict(make_dict(a, "dict", false)); });
+  g["range"] = Value::callable("range", [](CallArgs& a) {
+    for (const auto& v : a.pos)
+      if (v.kind != Value::Kind::Int && v.kind != Value::Kind::Bool)
+        throw Error("range() takes integers, got '" + type_name(v) + "'", a.line);
+    if (a.pos.empty() || a.pos.size() > 3 || !a.kw.empty()) throw Error("range() takes 1 to 3 integers", a.line);
+    auto num = [](const Value& v) { return v.kind == Value::Kind::Bool ? int64_t{v.b} : v.i; };
+    int64_t start = 0, stop, step = 1;
+    if (a.pos.size() == 1) stop = num(a.pos[0]);
+    else {
+      start = num(a.pos[0]);
+      stop = num(a.pos[1]);
+      if (a.pos.size() == 3) step = num(a.pos[2]);
+    }
+    if (step == 0) throw Error("range() arg 3 must not be zero", a.line);
+    List items;
+    for (int64_t x = start; step > 0 ? x < stop : x > stop; x += step) {
+      if (items.size() >= 100000)  // the sandbox's MAX_RANGE
+        throw Error("range too big: the sandbox blocks ranges larger than 100000", a.line);
+      items.push_back(Value::integer(x));
+    }
+    return Value::make_list(std::move(items));
+  });
+  for (const char* name : {"lipsum", "cycler", "joiner"}) {
+    const std::string n = name;
+    g[n] = Value::callable(n, [n](CallArgs& a) -> Value {
+      throw Error("unsupported construct: the global function " + n + "()", a.line);
+    });
+  }
+  return scope;
+}
 
 }  // namespace
 
