@@ -286,6 +286,33 @@ def main():
         print(f"{VARIANT} merged: max relative difference to the adapter model {r:.2e} (tolerance 1e-5)")
         if not r <= 1e-5:
             fail(f"merged model differs from the adapter model by {r:.2e}")
+    elif MODE == "qlora":
+        # QLoRA on the llama (nf4 base with double quantization + LoRA on all-linear) at 2 ranks:
+        # fsdp (the packed base sharded per decoder layer) and ddp give the same losses.
+        tokens = os.path.join(WORK, "tokens.u32")
+        _, frac = token_file(tokens)
+        runs = {}
+        for strategy in ("fsdp", "ddp"):
+            run_dir = os.path.join(WORK, strategy)
+            job(os.path.join(WORK, strategy + ".toml"), base, tokens, frac, run_dir, 6, 2e-2,
+                '\n[precision]\nplugin = "quant-nf4"\ntarget_modules = ["all-linear"]\nblocksize = 16\n'
+                'double_quant = true\n\n[[callbacks]]\nplugin = "lora"\nr = 4\nlora_alpha = 8.0\n'
+                'target_modules = ["all-linear"]\n')
+            out = run_trainrun(["--config", os.path.join(WORK, strategy + ".toml"), "--set", f"strategy.plugin={strategy}",
+                                "--set", "launch.nproc_per_node=2", "--set", "accelerator.plugin=gloo-cpu"])
+            if "quant-nf4: 14 Linear layer(s) quantized" not in out:
+                fail("expected the 14 decoder projections quantized (lm_head is tied or skipped)")
+            runs[strategy] = losses(run_dir)
+            if not os.path.isfile(os.path.join(run_dir, "adapter", "adapter_model.safetensors")):
+                fail(f"{strategy}: no adapter written")
+        a, b = runs["fsdp"], runs["ddp"]
+        worst = max(abs(x - y) / abs(y) for x, y in zip(a, b))
+        print(f"{VARIANT} qlora: fsdp {['%.6f' % l for l in a]}\n{VARIANT} qlora: ddp  {['%.6f' % l for l in b]}\n"
+              f"{VARIANT} qlora: worst relative difference {worst:.2e} (tolerance 1e-5)")
+        if len(a) != 6 or len(b) != 6 or not worst <= 1e-5:
+            fail("QLoRA under fsdp and ddp disagree")
+        if not a[-1] < a[0]:
+            fail("QLoRA did not lower the loss")
     elif MODE == "bad":
         bad(base)
     else:
