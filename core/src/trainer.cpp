@@ -904,6 +904,8 @@ int train(const JobConfig& job, const Registry& registry) {
   std::vector<std::pair<Slot<v1::Callback>*, v1::FinalStateDictConsumer*>> state_consumers;
   for (auto& cb : callbacks)
     if (auto* c = dynamic_cast<v1::FinalStateDictConsumer*>(cb.obj.get())) state_consumers.push_back({&cb, c});
+  // A model may want it too (ABI 1.5: llama writes <run_dir>/hf/ from it).
+  auto* model_consumer = dynamic_cast<v1::FinalStateDictConsumer*>(model.obj.get());
   std::vector<v1::NamedTensor> final_state;
   bool have_final_state = false;
   // Every rank asks (a sharded strategy gathers, which is a collective); rank 0 uses it.
@@ -938,12 +940,18 @@ int train(const JobConfig& job, const Registry& registry) {
   if (!summary.interrupted) {
     last_eval = evaluate(step);
     if (job.trainer.get_bool("save_final_model")) save_final_model();
-    if (!state_consumers.empty() && gather_final_state(true) && lead)
+    if ((!state_consumers.empty() || model_consumer) && gather_final_state(true) && lead) {
+      if (model_consumer)
+        model.call("on_final_state_dict", [&](v1::Model&) {
+          model_consumer->on_final_state_dict(final_state);
+          return 0;
+        });
       for (auto& [slot, consumer] : state_consumers)
         slot->call("on_final_state_dict", [&, c = consumer](v1::Callback&) {
           c->on_final_state_dict(final_state);
           return 0;
         });
+    }
     final_state.clear();
   }
   summary.elapsed_s = std::chrono::duration<double>(clock::now() - t_start).count();
