@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The tensorboard callback end to end (tests/tensorboard_check.py reads the files back):
+#   default  a job that lists no callback: tb/ is written anyway, and equals metrics.jsonl value
+#            by value, with the evaluations and the job as a text summary.
+#   ranks    2 ranks (ddp over gloo-cpu) with metrics and tensorboard on all ranks: one event file
+#            per rank, global figures from rank 0, each rank's own under rank_N/.
+#   off      [[callbacks]] plugin = "tensorboard", enabled = false: no tb/ at all.
+#   usage: tensorboard_e2e.sh TRAINRUN TESTS_DIR WORK PYTHON
+source "$(dirname "$0")/e2e_lib.sh"
+tr=$1 tests=$2 work=$3 python=$4
+rm -rf "$work" && mkdir -p "$work"
+job=$tests/jobs/mlp-small.toml
+
+run "$work/default.log" "$tr" --config "$job" --set trainer.run_dir="$work/default" \
+  --set trainer.eval_every=5
+"$python" "$tests/tensorboard_check.py" "$work/default" || fail "default run"
+
+cp "$job" "$work/ranks.toml"
+printf '\n[[callbacks]]\nplugin = "metrics"\nall_ranks = true\n\n[[callbacks]]\nplugin = "tensorboard"\nall_ranks = true\n' >>"$work/ranks.toml"
+run "$work/ranks.log" "$tr" --config "$work/ranks.toml" --set trainer.run_dir="$work/ranks" \
+  --set trainer.eval_every=10 --set strategy.plugin=ddp --set accelerator.plugin=gloo-cpu \
+  --set accelerator.timeout_s=60 --set launch.nproc_per_node=2 --set trainer.micro_batch_size=32
+"$python" "$tests/tensorboard_check.py" "$work/ranks" --world 2 || fail "2-rank run"
+
+cp "$job" "$work/off.toml"
+printf '\n[[callbacks]]\nplugin = "tensorboard"\nenabled = false\n' >>"$work/off.toml"
+run "$work/off.log" "$tr" --config "$work/off.toml" --set trainer.run_dir="$work/off"
+[ -s "$work/off/metrics.jsonl" ] || fail "the run with tensorboard off wrote no metrics.jsonl"
+[ ! -e "$work/off/tb" ] || fail "tensorboard turned off, yet $work/off/tb exists: $(ls -R "$work/off/tb")"
+echo "tensorboard off: no tb/"
+echo PASS
