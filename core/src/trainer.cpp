@@ -367,8 +367,8 @@ int train(const JobConfig& job, const Registry& registry) {
   auto optimizer = build<v1::Optimizer>(registry, job.optimizer, ctx);
   std::vector<Slot<v1::Callback>> callbacks;
   for (const auto& c : job.callbacks) callbacks.push_back(build<v1::Callback>(registry, c, ctx));
-  // Every run leaves metrics.jsonl and TensorBoard event files behind, listed or not; a job
-  // turns one off by listing it (tensorboard: enabled = false).
+  // Every run leaves metrics.jsonl and TensorBoard event files behind, listed or not. A listed
+  // one replaces its default (so `plugin = "tensorboard"` with `enabled = false` turns it off).
   const std::pair<std::string, std::string> default_callbacks[] = {
       {"metrics", "metrics.jsonl"}, {"tensorboard", "TensorBoard event files"}};
   for (const auto& [name, output] : default_callbacks) {
@@ -381,7 +381,7 @@ int train(const JobConfig& job, const Registry& registry) {
       callbacks.push_back(Slot<v1::Callback>{
           registry.create<v1::Callback>(*m, v1::Options(defaults, "[[callbacks]] " + name + " (default)"), ctx),
           describe_component(*m)});
-    } else if (lead) {
+    } else {
       log_warn("no '" + name + "' callback plugin found: " + output + " will not be written");
     }
   }
