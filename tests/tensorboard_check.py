@@ -126,8 +126,13 @@ def main():
         got = [(e.step, e.value) for e in acc.Scalars(tag)]
         if killed and len(got) == len(expected) - 1:
             expected = expected[:-1]
-        if [s for s, _ in got] != [s for s, _ in expected]:
-            fail(f"{tag}: steps {[s for s, _ in got]} != {[s for s, _ in expected]}")
+        got_steps, want_steps = [s for s, _ in got], [s for s, _ in expected]
+        if got_steps != want_steps:
+            first = next((i for i, (a, b) in enumerate(zip(got_steps, want_steps)) if a != b),
+                         min(len(got_steps), len(want_steps)))
+            fail(f"{tag}: {len(got_steps)} steps in tensorboard, {len(want_steps)} in the JSON "
+                 f"lines; they part at index {first}: {got_steps[first:first + 3]} vs "
+                 f"{want_steps[first:first + 3]}")
         for (step, g), (_, w) in zip(got, expected):
             g32, w32 = np.float32(g), np.float32(w)
             if not (g32 == w32 or (np.isnan(g32) and np.isnan(w32))):

@@ -28,14 +28,16 @@ run "$work/ranks.log" "$tr" --config "$work/ranks.toml" --set trainer.run_dir="$
 "$tr" --config "$job" --set trainer.run_dir="$work/killed" --set trainer.max_steps=1000000 \
   >"$work/killed.log" 2>&1 &
 pid=$!
+trap 'kill -9 "$pid" 2>/dev/null || true' EXIT
 lines=0
 for _ in $(seq 1 1200); do
-  lines=$(cat "$work/killed/metrics.jsonl" 2>/dev/null | wc -l)
+  [ -f "$work/killed/metrics.jsonl" ] && lines=$(wc -l <"$work/killed/metrics.jsonl")
   [ "$lines" -ge 200 ] && break
   sleep 0.1
 done
 kill -9 "$pid"
 wait "$pid" || true
+trap - EXIT
 [ "$lines" -ge 200 ] || { cat "$work/killed.log"; fail "the run logged $lines steps in 120 s"; }
 "$python" "$tests/tensorboard_check.py" "$work/killed" --killed || fail "killed run"
 
