@@ -6,7 +6,7 @@ rm -rf "$work" && mkdir -p "$work"
 run "$work/check" "$tr" check --config "$jobs/mlp-small.toml"
 grep -q "valid" "$work/check" && grep -q "^\[optimizer\]" "$work/check" || fail "check did not print the job"
 run "$work/plugins" "$tr" plugins
-for c in mlp cnn gpt torchscript idx text single cpu fp32 sgd adamw metrics progress; do
+for c in mlp cnn gpt torchscript idx text single cpu fp32 sgd adamw metrics progress tensorboard; do
   grep -qE "^$c +" "$work/plugins" || fail "trainrun plugins does not list $c"
 done
 run "$work/adamw" "$tr" plugins adamw
@@ -41,6 +41,9 @@ grep -q "held an earlier run" "$work/again2.log" || fail "no notice about the ea
 [ "$(grep -c '"loss"' "$work/again/previous-1/metrics.jsonl")" -eq 3 ] || fail "earlier metrics lost"
 grep -q "max_steps = 3" "$work/again/previous-1/job.toml" || fail "earlier job.toml lost"
 [ -f "$work/again/previous-1/runtime/rank-0.json" ] || fail "the earlier run's runtime/ was not kept"
+[ "$(ls "$work/again/previous-1/tb" | grep -c '^events\.out\.tfevents\.')" -eq 1 ] ||
+  fail "the earlier run's tb/ was not kept"
+[ "$(ls "$work/again/tb" | wc -l)" -eq 1 ] || fail "tb/ mixes two runs"
 # Ctrl-C (SIGINT) and SIGTERM stop after the current step with exit code 130, leaving the
 # metrics already logged.
 for sig in INT TERM; do

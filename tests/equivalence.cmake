@@ -28,6 +28,12 @@ function(equivalence_suite strategy)
       set_tests_properties(${_name} PROPERTIES TIMEOUT 300 LABELS equivalence)
     endforeach()
   endforeach()
+  # The llama plugin (issue 21), AdamW only: its SGD path is the gpt's.
+  set(_name equivalence.${_label}.llama.adamw)
+  add_test(NAME ${_name}
+    COMMAND bash ${_eq_script} $<TARGET_FILE:trainrun> ${_eq_jobs}/llama.toml
+            ${_eq_work}/${_label}-llama-adamw ${strategy} adamw ${_args})
+  set_tests_properties(${_name} PROPERTIES TIMEOUT 300 LABELS equivalence)
 endfunction()
 
 equivalence_suite(ddp)
@@ -59,6 +65,11 @@ foreach(fsdp_case FULL_SHARD SHARD_GRAD_OP NO_SHARD HYBRID_SHARD)
     set_tests_properties(${_name} PROPERTIES TIMEOUT 300 LABELS equivalence)
   endforeach()
 endforeach()
+# The llama plugin under FULL_SHARD: one unit per decoder layer.
+add_test(NAME equivalence.fsdp.FULL_SHARD.llama.adamw
+  COMMAND bash ${_eq_script} $<TARGET_FILE:trainrun> ${_eq_jobs}/llama.toml
+          ${_eq_work}/fsdp-FULL_SHARD-llama-adamw fsdp adamw --set strategy.sharding_strategy=FULL_SHARD)
+set_tests_properties(equivalence.fsdp.FULL_SHARD.llama.adamw PROPERTIES TIMEOUT 300 LABELS equivalence)
 # A parameter count not divisible by 4 (51759: hidden 63 and 31), so the last shard is padded.
 foreach(stage 1 2 3)
   set(_name equivalence.zero${stage}.mlp-odd.adamw)

@@ -1,7 +1,8 @@
 // `trainrun merge-lora`: W' = W + scaling x B A for every adapted layer (Hu et al. 2021, section
 // 4.1: "we can explicitly compute and store W = W0 + BA ... no additional inference latency").
 // The base is a trainrun model.safetensors in full precision (what a run saves, e.g.
-// configs/gpt-pretrain.toml), the adapter a directory with PEFT's adapter_config.json and
+// configs/gpt-pretrain.toml) or a Hugging Face model directory (then the output is one too:
+// config, generation config and tokenizer files copied, weights in the base's dtypes), the adapter a directory with PEFT's adapter_config.json and
 // adapter_model.safetensors (what the `lora` callback writes, or Python PEFT's save_pretrained).
 #include "merge_lora.hpp"
 
@@ -19,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "trainrun/core/safetensors.hpp"
+#include "trainrun/hf/model_dir.hpp"
 #include "trainrun/error.hpp"
 
 namespace po = boost::program_options;
@@ -53,10 +55,12 @@ double scaling_of(const nlohmann::json& c, const std::string& file) {
   return c.value("use_rslora", false) ? alpha / std::sqrt(r) : alpha / r;
 }
 
-int merge(const std::string& base_path, const std::string& adapter_dir, const std::string& output) {
+int merge(const std::string& base_path, const std::string& adapter_dir, const std::string& output,
+          int64_t max_shard_bytes) {
   const fs::path cfg_path = fs::path(adapter_dir) / "adapter_config.json";
   const fs::path ad_path = fs::path(adapter_dir) / "adapter_model.safetensors";
-  if (!fs::is_regular_file(base_path)) throw ConfigError("--base " + base_path + ": no such file");
+  const bool hf_dir = fs::is_directory(base_path);
+  if (!hf_dir && !fs::is_regular_file(base_path)) throw ConfigError("--base " + base_path + ": no such file or directory");
   for (const auto& p : {cfg_path, ad_path})
     if (!fs::is_regular_file(p)) throw ConfigError("--adapter " + adapter_dir + ": no " + p.filename().string());
   nlohmann::json cfg;
@@ -68,7 +72,13 @@ int merge(const std::string& base_path, const std::string& adapter_dir, const st
   }
   const double scaling = scaling_of(cfg, cfg_path.string());
 
-  std::vector<v1::NamedTensor> base = core::read_safetensors(base_path);
+  std::vector<v1::NamedTensor> base;
+  if (hf_dir) {
+    const hf::ModelDir md(base_path);  // ConfigError naming a missing config.json, shard, ...
+    for (const auto& name : md.tensor_names()) base.push_back({name, md.read(name)});
+  } else {
+    base = core::read_safetensors(base_path);
+  }
   std::map<std::string, size_t> index;
   for (size_t i = 0; i < base.size(); ++i) index[base[i].name] = i;
   std::map<std::string, at::Tensor> adapter;
@@ -121,7 +131,16 @@ int merge(const std::string& base_path, const std::string& adapter_dir, const st
     ++replaced;
   }
   if (merged == 0) throw ConfigError(ad_path.string() + ": no lora_A/lora_B pairs to merge");
-  core::write_safetensors(output, base, {{"format", "pt"}, {"trainrun_merged_adapter", adapter_dir}});
+  if (hf_dir) {
+    fs::create_directories(output);
+    hf::write_model_weights(output, base, max_shard_bytes);
+    for (const char* f : {"config.json", "generation_config.json"})
+      if (fs::is_regular_file(fs::path(base_path) / f))
+        fs::copy_file(fs::path(base_path) / f, fs::path(output) / f, fs::copy_options::overwrite_existing);
+    hf::copy_tokenizer_files(base_path, output);
+  } else {
+    core::write_safetensors(output, base, {{"format", "pt"}, {"trainrun_merged_adapter", adapter_dir}});
+  }
   std::cout << "merge-lora: " << merged << " adapter(s) merged (scaling " << scaling << ")"
             << (replaced ? ", " + std::to_string(replaced) + " tensor(s) replaced" : std::string())
             << ", " << base.size() << " tensors written to " << output << std::endl;
@@ -131,12 +150,14 @@ int merge(const std::string& base_path, const std::string& adapter_dir, const st
 }  // namespace
 
 int run_merge_lora_command(int argc, char** argv) {
-  std::string base, adapter, output;
+  std::string base, adapter, output, max_shard = "5GB";
   po::options_description opts("trainrun merge-lora options");
   opts.add_options()("help,h", "show this help")(
-      "base", po::value(&base), "full-precision base model (safetensors, trainrun names)")(
+      "base", po::value(&base), "full-precision base model: a safetensors file (trainrun names) or a "
+      "Hugging Face model directory")(
       "adapter", po::value(&adapter), "adapter directory (adapter_config.json + adapter_model.safetensors)")(
-      "output,o", po::value(&output), "merged model to write (safetensors)");
+      "output,o", po::value(&output), "merged model to write (safetensors file; a directory for an HF base)")(
+      "max-shard-size", po::value(&max_shard), "HF output: largest weight file before sharding (default 5GB)");
   po::variables_map vm;
   try {
     // argv[1] is "merge-lora".
@@ -147,7 +168,8 @@ int run_merge_lora_command(int argc, char** argv) {
     return 2;
   }
   if (vm.count("help")) {
-    std::cout << "usage: trainrun merge-lora --base model.safetensors --adapter DIR --output merged.safetensors\n\n"
+    std::cout << "usage: trainrun merge-lora --base model.safetensors --adapter DIR --output merged.safetensors\n"
+              << "       trainrun merge-lora --base HF_MODEL_DIR --adapter DIR --output MERGED_DIR\n\n"
               << opts << std::endl;
     return 0;
   }
@@ -156,7 +178,7 @@ int run_merge_lora_command(int argc, char** argv) {
     return 2;
   }
   try {
-    return merge(base, adapter, output);
+    return merge(base, adapter, output, hf::parse_size(max_shard));
   } catch (const ConfigError& e) {
     std::cerr << "trainrun merge-lora: error: " << e.what() << std::endl;
     return 2;

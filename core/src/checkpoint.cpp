@@ -25,6 +25,7 @@
 
 #include "trainrun/core/log.hpp"
 #include "trainrun/core/safetensors.hpp"
+#include "trainrun/hf/safetensors.hpp"
 #include "trainrun/error.hpp"
 
 namespace fs = std::filesystem;
@@ -126,59 +127,34 @@ void barrier(v1::Communicator* comm) {
   if (comm != nullptr && comm->world_size() > 1) comm->barrier()->wait();
 }
 
-// One safetensors file opened for reading single tensors (header parsed once, data read by
-// seeking), so loading and consolidating never hold a whole file.
+// One safetensors file opened for reading single tensors (the hf library's byte-range reader:
+// header parsed once, data read by offset), so loading and consolidating never hold a whole
+// file. Its errors become CheckpointErrors.
 class TensorFile {
  public:
-  explicit TensorFile(const fs::path& path) : path_(path), f_(path, std::ios::binary) {
-    if (!f_) throw CheckpointError("cannot read " + path.string());
-    unsigned char len[8];
-    f_.read(reinterpret_cast<char*>(len), 8);
-    if (!f_) throw CheckpointError(path.string() + ": truncated (no header)");
-    uint64_t n = 0;
-    for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(len[i]) << (8 * i);
-    const auto size = fs::file_size(path);
-    if (n > size - 8) throw CheckpointError(path.string() + ": header runs past the end (truncated?)");
-    std::string h(n, '\0');
-    f_.read(h.data(), static_cast<std::streamsize>(n));
+  explicit TensorFile(const fs::path& path) : path_(path) {
     try {
-      header_ = nlohmann::json::parse(h);
-    } catch (const std::exception& e) {
-      throw CheckpointError(path.string() + ": malformed safetensors header: " + e.what());
+      file_ = std::make_unique<hf::SafetensorsFile>(path.string());
+    } catch (const v1::Error& e) {
+      throw CheckpointError(e.what());
     }
-    data_start_ = 8 + n;
   }
-  bool has(const std::string& key) const { return header_.contains(key); }
+  bool has(const std::string& key) const { return file_->find(key) != nullptr; }
   /// The tensor stored under `key`, flattened, or elements [lo, lo + len) of it.
   at::Tensor read(const std::string& key, int64_t lo = 0, int64_t len = -1) {
-    if (!header_.contains(key)) throw CheckpointError(path_.string() + ": no tensor '" + key + "'");
-    const auto& v = header_[key];
-    const std::string code = v.at("dtype");
-    static const std::map<std::string, at::ScalarType> types = {
-        {"F64", at::kDouble}, {"F32", at::kFloat}, {"F16", at::kHalf}, {"BF16", at::kBFloat16},
-        {"I64", at::kLong},   {"I32", at::kInt},   {"I16", at::kShort}, {"I8", at::kChar},
-        {"U8", at::kByte},    {"BOOL", at::kBool}};
-    auto it = types.find(code);
-    if (it == types.end()) throw CheckpointError(path_.string() + ": tensor '" + key + "': dtype " + code);
-    const auto off = v.at("data_offsets").get<std::vector<uint64_t>>();
-    const int64_t esize = static_cast<int64_t>(c10::elementSize(it->second));
-    const int64_t numel = static_cast<int64_t>(off[1] - off[0]) / esize;
-    if (len < 0) len = numel - lo;
-    TR_CHECK(lo >= 0 && lo + len <= numel, path_.string(), ": tensor '", key, "': elements [", lo,
-             ", ", lo + len, ") outside its ", numel);
-    at::Tensor t = at::empty({len}, at::TensorOptions().dtype(it->second));
-    f_.clear();
-    f_.seekg(static_cast<std::streamoff>(data_start_ + off[0] + static_cast<uint64_t>(lo * esize)));
-    f_.read(static_cast<char*>(t.data_ptr()), static_cast<std::streamsize>(len * esize));
-    if (!f_) throw CheckpointError(path_.string() + ": tensor '" + key + "': truncated data");
-    return t;
+    const hf::TensorEntry* e = file_->find(key);
+    if (e == nullptr) throw CheckpointError(path_.string() + ": no tensor '" + key + "'");
+    if (len < 0) len = e->numel() - lo;
+    try {
+      return file_->read_range(key, lo, len);
+    } catch (const v1::Error& ex) {
+      throw CheckpointError(ex.what());
+    }
   }
 
  private:
   fs::path path_;
-  std::ifstream f_;
-  nlohmann::json header_;
-  uint64_t data_start_ = 0;
+  std::unique_ptr<hf::SafetensorsFile> file_;
 };
 
 // Writes this rank's pieces of one section; returns the index entries {name: {shape, dtype,

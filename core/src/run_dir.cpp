@@ -11,8 +11,9 @@ namespace fs = std::filesystem;
 namespace trainrun::core {
 
 // A run_dir that already holds a run keeps it: that run's files (and its logs/ folder of
-// per-rank output) move to previous-N/, so the metrics of two runs never mix and nothing is
-// overwritten. A run that failed before writing job.toml may still have left logs/.
+// per-rank output and tb/ of TensorBoard events) move to previous-N/, so the metrics of two runs
+// never mix and nothing is overwritten. A run that failed before writing job.toml may still have
+// left logs/.
 std::string keep_previous_run(const std::string& run_dir) {
   const fs::path dir(run_dir);
   if (!fs::exists(dir / "job.toml") && !fs::exists(dir / "logs")) return "";
@@ -25,7 +26,8 @@ std::string keep_previous_run(const std::string& run_dir) {
   std::vector<fs::path> moving;
   for (const auto& e : fs::directory_iterator(dir)) {
     const std::string name = e.path().filename().string();
-    if (e.is_regular_file() || (e.is_directory() && (name == "logs" || name == "runtime")))
+    if (e.is_regular_file() ||
+        (e.is_directory() && (name == "logs" || name == "runtime" || name == "tb")))
       moving.push_back(e.path());
   }
   for (const auto& p : moving) fs::rename(p, dst / p.filename());

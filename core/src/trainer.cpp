@@ -366,21 +366,23 @@ int train(const JobConfig& job, const Registry& registry) {
   auto strategy = build<v1::Strategy>(registry, job.strategy, ctx);
   auto optimizer = build<v1::Optimizer>(registry, job.optimizer, ctx);
   std::vector<Slot<v1::Callback>> callbacks;
-  bool has_metrics = false;
-  for (const auto& c : job.callbacks) {
-    callbacks.push_back(build<v1::Callback>(registry, c, ctx));
-    has_metrics = has_metrics || c.plugin == "metrics";
-  }
-  if (!has_metrics) {
-    // Every run leaves metrics.jsonl behind, listed or not.
-    if (const ComponentInfo* m = registry.find(v1::ComponentKind::Callback, "metrics")) {
+  for (const auto& c : job.callbacks) callbacks.push_back(build<v1::Callback>(registry, c, ctx));
+  // Every run leaves metrics.jsonl and TensorBoard event files behind, listed or not. A listed
+  // one replaces its default (so `plugin = "tensorboard"` with `enabled = false` turns it off).
+  const std::pair<std::string, std::string> default_callbacks[] = {
+      {"metrics", "metrics.jsonl"}, {"tensorboard", "TensorBoard event files"}};
+  for (const auto& [name, output] : default_callbacks) {
+    const bool listed = std::any_of(job.callbacks.begin(), job.callbacks.end(),
+                                    [&](const ComponentConfig& c) { return c.plugin == name; });
+    if (listed) continue;
+    if (const ComponentInfo* m = registry.find(v1::ComponentKind::Callback, name)) {
       std::map<std::string, v1::OptionValue> defaults;
       for (const auto& s : m->schema.specs()) defaults[s.name] = s.default_value;
       callbacks.push_back(Slot<v1::Callback>{
-          registry.create<v1::Callback>(*m, v1::Options(defaults, "[[callbacks]] metrics (default)"), ctx),
+          registry.create<v1::Callback>(*m, v1::Options(defaults, "[[callbacks]] " + name + " (default)"), ctx),
           describe_component(*m)});
     } else {
-      log_warn("no 'metrics' callback plugin found: metrics.jsonl will not be written");
+      log_warn("no '" + name + "' callback plugin found: " + output + " will not be written");
     }
   }
 
@@ -904,6 +906,8 @@ int train(const JobConfig& job, const Registry& registry) {
   std::vector<std::pair<Slot<v1::Callback>*, v1::FinalStateDictConsumer*>> state_consumers;
   for (auto& cb : callbacks)
     if (auto* c = dynamic_cast<v1::FinalStateDictConsumer*>(cb.obj.get())) state_consumers.push_back({&cb, c});
+  // A model may want it too (ABI 1.5: llama writes <run_dir>/hf/ from it).
+  auto* model_consumer = dynamic_cast<v1::FinalStateDictConsumer*>(model.obj.get());
   std::vector<v1::NamedTensor> final_state;
   bool have_final_state = false;
   // Every rank asks (a sharded strategy gathers, which is a collective); rank 0 uses it.
@@ -938,12 +942,18 @@ int train(const JobConfig& job, const Registry& registry) {
   if (!summary.interrupted) {
     last_eval = evaluate(step);
     if (job.trainer.get_bool("save_final_model")) save_final_model();
-    if (!state_consumers.empty() && gather_final_state(true) && lead)
+    if ((!state_consumers.empty() || model_consumer) && gather_final_state(true) && lead) {
+      if (model_consumer)
+        model.call("on_final_state_dict", [&](v1::Model&) {
+          model_consumer->on_final_state_dict(final_state);
+          return 0;
+        });
       for (auto& [slot, consumer] : state_consumers)
         slot->call("on_final_state_dict", [&, c = consumer](v1::Callback&) {
           c->on_final_state_dict(final_state);
           return 0;
         });
+    }
     final_state.clear();
   }
   summary.elapsed_s = std::chrono::duration<double>(clock::now() - t_start).count();

@@ -215,39 +215,52 @@ class Text final : public v1::Dataset {
     s.add({"paths", v1::OptionType::StringList, std::monostate{}, /*required=*/true, {}, {}, {},
            "files or glob(3) patterns (with {a,b} and ~), read in this order; each pattern "
            "must match at least one file"});
-    s.choice("format", "bytes", {"bytes", "uint16"},
-             "bytes: every byte is a token (vocabulary 256); uint16: pre-tokenized little-endian "
-             "16-bit token ids");
+    s.choice("format", "bytes", {"bytes", "uint16", "uint32"},
+             "bytes: every byte is a token (vocabulary 256); uint16 / uint32: pre-tokenized "
+             "little-endian 16- or 32-bit token ids (raw, no header; uint32 for vocabularies "
+             "above 65536)");
     s.integer("block_size", 128, "tokens per sample T; must equal the model's block_size", 1,
               1 << 20);
     s.real("eval_fraction", 0.1, "fraction of the stream, taken from its end, held out for "
                                  "evaluation", 0.0, 0.99);
     s.integer("vocab_size", 0, "vocabulary size; 0 = 256 for bytes, largest token id + 1 for "
-                               "uint16", 0, 1 << 24);
+                               "token files (give the tokenizer's to be safe)", 0, 1 << 24);
   }
 
   Text(const Options& o, const RunContext&) {
     block_ = o.get_int("block_size");
     const bool bytes = o.get_string("format") == "bytes";
+    const size_t width = bytes ? 1 : o.get_string("format") == "uint16" ? 2 : 4;
     const std::vector<std::string> files = expand(o.get_string_list("paths"), o.context());
 
     // Tokens are kept in the narrowest type that holds them; batches widen to int64.
     std::vector<uint8_t> stream;
     for (const auto& f : files) {
       std::vector<uint8_t> b = read_raw(f, "text");
-      TR_CHECK(bytes || b.size() % 2 == 0, "text: '", f, "' has an odd number of bytes (",
-               b.size(), "), so it is not a uint16 token file");
+      TR_CHECK(b.size() % width == 0, "text: '", f, "' has ", b.size(), " bytes, not a multiple of ",
+               width, ", so it is not a ", o.get_string("format"), " token file");
       stream.insert(stream.end(), b.begin(), b.end());
     }
     int64_t max_token = -1;
     if (bytes) {
       tokens_ = torch::empty({int64_t(stream.size())}, torch::kUInt8);
       if (!stream.empty()) std::memcpy(tokens_.data_ptr<uint8_t>(), stream.data(), stream.size());
-    } else {
+    } else if (width == 2) {
       const int64_t n = int64_t(stream.size() / 2);
       tokens_ = torch::empty({n}, torch::kInt32);
       int32_t* t = tokens_.data_ptr<int32_t>();
       for (int64_t i = 0; i < n; ++i) t[i] = stream[2 * i] | (int32_t(stream[2 * i + 1]) << 8);
+    } else {
+      const int64_t n = int64_t(stream.size() / 4);
+      tokens_ = torch::empty({n}, torch::kInt32);
+      int32_t* t = tokens_.data_ptr<int32_t>();
+      for (int64_t i = 0; i < n; ++i) {
+        const uint32_t v = uint32_t(stream[4 * i]) | (uint32_t(stream[4 * i + 1]) << 8) |
+                           (uint32_t(stream[4 * i + 2]) << 16) | (uint32_t(stream[4 * i + 3]) << 24);
+        TR_CHECK(v < (1u << 31), o.context(), ": token ", i, " of the uint32 stream is ", v,
+                 ", not a token id");
+        t[i] = int32_t(v);
+      }
     }
     if (tokens_.numel() > 0) max_token = tokens_.max().item<int64_t>();
 

@@ -116,6 +116,11 @@ LoraCallback::LoraCallback(const Options& o, const RunContext& ctx)
 void LoraCallback::on_setup(Model& model, const RunContext&) {
   TR_CHECK(adapters_.empty(), "callback 'lora': on_setup called twice");
   const auto layers = find_linear_layers(model, targets_, {}, "callback 'lora'");
+  // A model with HF names says what PEFT should call the base and the task.
+  if (const auto* hf = dynamic_cast<const HfModelSource*>(&model)) {
+    base_model_ = hf->hf_model_dir();
+    task_type_ = hf->hf_task_type();
+  }
   // PEFT: freeze the whole base model, then add trainable adapters.
   for (auto& p : model.named_parameters()) p.tensor.requires_grad_(false);
   std::set<const void*> adapted_bias;
@@ -196,7 +201,7 @@ void LoraCallback::save(const std::string& dir, const std::map<std::string, at::
   // layers' full paths, which PEFT matches exactly.
   nlohmann::ordered_json c;
   c["alpha_pattern"] = nlohmann::json::object();
-  c["base_model_name_or_path"] = nullptr;
+  c["base_model_name_or_path"] = base_model_.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(base_model_);
   c["bias"] = bias_;
   c["fan_in_fan_out"] = false;
   c["inference_mode"] = true;
@@ -211,7 +216,7 @@ void LoraCallback::save(const std::string& dir, const std::map<std::string, at::
   c["rank_pattern"] = nlohmann::json::object();
   c["revision"] = nullptr;
   c["target_modules"] = targets;
-  c["task_type"] = nullptr;
+  c["task_type"] = task_type_.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(task_type_);
   c["use_dora"] = false;
   c["use_rslora"] = rslora_;
   const std::string path = (fs::path(dir) / "adapter_config.json").string();

@@ -11,6 +11,7 @@
 // <run_dir>/<adapter_dir>/adapter_config.json and adapter_model.safetensors with PEFT's tensor
 // names: base_model.model.<layer>.lora_A.weight [r, in], ...lora_B.weight [out, r] (and
 // base_model.model.<layer>.bias for trainable biases).
+#include <trainrun/hf/model_source.hpp>
 #include <trainrun/interfaces.hpp>
 #include <trainrun/linear.hpp>
 
@@ -76,6 +77,7 @@ class LoraCallback final : public Callback, public FinalStateDictConsumer {
   double alpha_, dropout_;
   bool rslora_, save_;
   std::string bias_, adapter_dir_, run_dir_;
+  std::string base_model_, task_type_;  ///< from an HfModelSource model (PEFT's config keys)
   std::vector<std::string> targets_;
   int rank_;
   std::vector<std::pair<std::string, std::shared_ptr<LoraAdapter>>> adapters_;

@@ -195,9 +195,10 @@ struct Nf4LinearFunction : torch::autograd::Function<Nf4LinearFunction> {
     ctx->saved_data["q"] = reinterpret_cast<int64_t>(q);
     ctx->saved_data["dtype"] = static_cast<int64_t>(dtype);
     ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
-    ctx->saved_data["has_bias"] = bias.defined();
+    const bool has_bias = bias.numel() > 0;  // an empty stand-in means none (see Nf4Base::forward)
+    ctx->saved_data["has_bias"] = has_bias;
     at::Tensor w = nf4_dequantize(*q).to(dtype);
-    at::Tensor b = bias.defined() ? bias.to(dtype) : bias;
+    at::Tensor b = has_bias ? bias.to(dtype) : at::Tensor();
     return at::linear(x.to(dtype), w, b).to(x.scalar_type());
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -218,6 +219,10 @@ struct Nf4LinearFunction : torch::autograd::Function<Nf4LinearFunction> {
 }  // namespace
 
 at::Tensor Nf4Base::forward(const at::Tensor& x, const at::Tensor& bias) {
+  // LibTorch 1.13's Function::apply records every tensor input's device and throws "tensor does
+  // not have a device" for an undefined one: a layer without bias (every Llama projection)
+  // passes an empty stand-in.
+  if (!bias.defined()) return Nf4LinearFunction::apply(x, at::empty({0}, x.options()), &q_, dtype_);
   return Nf4LinearFunction::apply(x, bias, &q_, dtype_);
 }
 

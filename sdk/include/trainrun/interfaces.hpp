@@ -478,6 +478,8 @@ class CheckpointPolicy {
 /// dynamic_cast. The core calls it on rank 0 only, once training ended without interruption,
 /// before on_train_end, with the tensors the final model.safetensors is written from (CPU or
 /// the accelerator's device; read-only). Not called when the strategy has no full_state_dict.
+/// Since ABI 1.5 a Model may implement it too (the llama plugin writes <run_dir>/hf/ from it);
+/// the model is called before the callbacks.
 class FinalStateDictConsumer {
  public:
   virtual ~FinalStateDictConsumer() = default;

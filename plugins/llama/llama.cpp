@@ -1,0 +1,630 @@
+// Model `llama` (see llama.hpp). The forward follows transformers' modeling_llama.py (and
+// modeling_qwen3.py for q_norm/k_norm, modeling_mistral.py for the sliding window) operation by
+// operation, so fp32 logits agree with transformers' eager attention to rounding.
+#include "llama.hpp"
+
+#include <torch/torch.h>
+
+#include <cmath>
+#include <filesystem>
+#include <iostream>
+#include <limits>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "trainrun/hf/model_dir.hpp"
+#include "trainrun/linear.hpp"
+#include "trainrun/plugin.hpp"
+
+namespace trainrun::llama {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using v1::ConfigError;
+
+// =============================================================================================
+// config.json
+
+namespace {
+
+const std::set<std::string> kModelTypes = {"llama", "mistral", "qwen2", "qwen3"};
+
+const json* key(const json& j, const char* k) {
+  auto it = j.find(k);
+  return it == j.end() || it->is_null() ? nullptr : &*it;
+}
+
+std::string dtype_name(const std::string& d) {
+  // transformers writes "bfloat16"; older files may say "torch.bfloat16".
+  return d.rfind("torch.", 0) == 0 ? d.substr(6) : d;
+}
+
+at::ScalarType scalar_type(const std::string& d, const std::string& where) {
+  if (d == "float32") return at::kFloat;
+  if (d == "bfloat16") return at::kBFloat16;
+  if (d == "float16") return at::kHalf;
+  TR_CHECK_TYPED(ConfigError, false, where, ": dtype '", d,
+                 "' is not supported (float32, bfloat16, float16)");
+  return at::kFloat;
+}
+
+}  // namespace
+
+LlamaConfig LlamaConfig::from_json(const std::string& text, const std::string& src) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::exception& e) {
+    throw ConfigError(src + ": not valid JSON: " + e.what());
+  }
+  TR_CHECK_TYPED(ConfigError, j.is_object(), src, ": not a JSON object");
+  LlamaConfig c;
+  auto get_int = [&](const char* k, int64_t def) -> int64_t {
+    const json* v = key(j, k);
+    if (!v) return def;
+    TR_CHECK_TYPED(ConfigError, v->is_number_integer(), src, ": \"", k, "\" must be an integer, got ", v->dump());
+    return v->get<int64_t>();
+  };
+  auto get_real = [&](const json& o, const char* k, double def) -> double {
+    const json* v = key(o, k);
+    if (!v) return def;
+    TR_CHECK_TYPED(ConfigError, v->is_number(), src, ": \"", k, "\" must be a number, got ", v->dump());
+    return v->get<double>();
+  };
+  auto get_bool = [&](const char* k, bool def) -> bool {
+    const json* v = key(j, k);
+    if (!v) return def;
+    TR_CHECK_TYPED(ConfigError, v->is_boolean(), src, ": \"", k, "\" must be true or false, got ", v->dump());
+    return v->get<bool>();
+  };
+  const json* mt = key(j, "model_type");
+  TR_CHECK_TYPED(ConfigError, mt && mt->is_string(), src, ": no \"model_type\" (the llama plugin "
+                 "reads model_type llama, mistral, qwen2, qwen3)");
+  c.model_type = mt->get<std::string>();
+  TR_CHECK_TYPED(ConfigError, kModelTypes.count(c.model_type), src, ": model_type \"", c.model_type,
+                 "\" is not supported by the llama plugin (supported: llama, mistral, qwen2, qwen3)");
+  if (const json* a = key(j, "architectures"); a && a->is_array())
+    for (const auto& name : *a) {
+      const std::string s = name.is_string() ? name.get<std::string>() : name.dump();
+      TR_CHECK_TYPED(ConfigError, s.size() > 11 && s.compare(s.size() - 11, 11, "ForCausalLM") == 0,
+                     src, ": architectures lists \"", s, "\"; the llama plugin builds *ForCausalLM "
+                     "models (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM)");
+    }
+  c.vocab_size = get_int("vocab_size", 32000);
+  c.hidden_size = get_int("hidden_size", 4096);
+  c.intermediate_size = get_int("intermediate_size", 11008);
+  c.num_hidden_layers = get_int("num_hidden_layers", 32);
+  c.num_attention_heads = get_int("num_attention_heads", 32);
+  c.num_key_value_heads = get_int("num_key_value_heads", c.num_attention_heads);
+  for (auto [k, v] : {std::pair<const char*, int64_t>{"vocab_size", c.vocab_size}, {"hidden_size", c.hidden_size},
+                      {"intermediate_size", c.intermediate_size}, {"num_hidden_layers", c.num_hidden_layers},
+                      {"num_attention_heads", c.num_attention_heads},
+                      {"num_key_value_heads", c.num_key_value_heads}})
+    TR_CHECK_TYPED(ConfigError, v > 0, src, ": \"", k, "\" must be positive, got ", v);
+  TR_CHECK_TYPED(ConfigError, c.num_attention_heads % c.num_key_value_heads == 0, src,
+                 ": num_attention_heads (", c.num_attention_heads, ") must be a multiple of "
+                 "num_key_value_heads (", c.num_key_value_heads, ")");
+  c.head_dim = get_int("head_dim", c.hidden_size / c.num_attention_heads);
+  TR_CHECK_TYPED(ConfigError, c.head_dim > 0 && c.head_dim % 2 == 0, src, ": head_dim must be even and positive, got ", c.head_dim);
+  if (!key(j, "head_dim"))
+    TR_CHECK_TYPED(ConfigError, c.hidden_size % c.num_attention_heads == 0, src, ": hidden_size (",
+                   c.hidden_size, ") is not divisible by num_attention_heads (", c.num_attention_heads,
+                   ") and there is no head_dim");
+  c.max_position_embeddings = get_int("max_position_embeddings", 2048);
+  c.rms_norm_eps = get_real(j, "rms_norm_eps", 1e-6);
+  c.initializer_range = get_real(j, "initializer_range", 0.02);
+  c.tie_word_embeddings = get_bool("tie_word_embeddings", c.model_type == "qwen3" ? false : false);
+  if (const json* act = key(j, "hidden_act"))
+    TR_CHECK_TYPED(ConfigError, act->is_string() && act->get<std::string>() == "silu", src,
+                   ": hidden_act ", act->dump(), " is not supported (the llama plugin's MLP is SwiGLU, \"silu\")");
+  if (const json* tp = key(j, "pretraining_tp"))
+    TR_CHECK_TYPED(ConfigError, tp->is_number_integer() && tp->get<int64_t>() == 1, src,
+                   ": pretraining_tp ", tp->dump(), " is not supported (only 1)");
+  const double dropout = get_real(j, "attention_dropout", 0.0);
+  TR_CHECK_TYPED(ConfigError, dropout == 0.0, src, ": attention_dropout ", dropout,
+                 " is not supported (only 0)");
+
+  // Biases: Llama's attention_bias puts one on q, k, v and o; Qwen2 has them on q, k, v only.
+  if (c.model_type == "qwen2") {
+    c.qkv_bias = true;
+  } else {
+    c.qkv_bias = c.o_bias = get_bool("attention_bias", false);
+  }
+  c.mlp_bias = get_bool("mlp_bias", false);
+  c.qk_norm = c.model_type == "qwen3";
+
+  // Sliding window: Mistral applies sliding_window when set; Qwen2/3 only with
+  // use_sliding_window (and then only on some layers), which is not supported.
+  if (c.model_type == "mistral") {
+    c.sliding_window = get_int("sliding_window", 0);
+  } else if (c.model_type == "qwen2" || c.model_type == "qwen3") {
+    TR_CHECK_TYPED(ConfigError, !get_bool("use_sliding_window", false), src,
+                   ": use_sliding_window = true is not supported for ", c.model_type,
+                   " (only full attention on every layer)");
+  }
+  if (const json* lt = key(j, "layer_types"); lt && lt->is_array())
+    for (const auto& t : *lt)
+      TR_CHECK_TYPED(ConfigError, t == "full_attention" || (c.model_type == "mistral" && t == "sliding_attention"),
+                     src, ": layer_types contains ", t.dump(), "; only \"full_attention\" is supported");
+
+  // RoPE: transformers 5.x writes rope_parameters {rope_type, rope_theta, ...}; 4.x writes
+  // rope_theta at the top and rope_scaling {type | rope_type, factor, ...} (null = default).
+  const json* rp = key(j, "rope_parameters");
+  const json* rs = key(j, "rope_scaling");
+  c.rope_theta = get_real(j, "rope_theta", 10000.0);
+  const json* scaling = nullptr;
+  if (rp) {
+    TR_CHECK_TYPED(ConfigError, rp->is_object(), src, ": rope_parameters must be an object");
+    c.rope_theta = get_real(*rp, "rope_theta", c.rope_theta);
+    scaling = rp;
+  } else if (rs) {
+    TR_CHECK_TYPED(ConfigError, rs->is_object(), src, ": rope_scaling must be an object or null");
+    scaling = rs;
+  }
+  if (scaling) {
+    const json* t = key(*scaling, "rope_type");
+    if (!t) t = key(*scaling, "type");
+    c.rope_type = t && t->is_string() ? t->get<std::string>() : "default";
+    TR_CHECK_TYPED(ConfigError, c.rope_type == "default" || c.rope_type == "linear" || c.rope_type == "llama3",
+                   src, ": ", rp ? "rope_parameters" : "rope_scaling", " rope_type \"", c.rope_type,
+                   "\" is not supported (supported: default, linear, llama3)");
+    if (c.rope_type != "default") {
+      TR_CHECK_TYPED(ConfigError, key(*scaling, "factor"), src, ": rope type ", c.rope_type, " needs \"factor\"");
+      c.rope_factor = get_real(*scaling, "factor", 1.0);
+    }
+    if (c.rope_type == "llama3") {
+      c.low_freq_factor = get_real(*scaling, "low_freq_factor", 1.0);
+      c.high_freq_factor = get_real(*scaling, "high_freq_factor", 4.0);
+      const json* o = key(*scaling, "original_max_position_embeddings");
+      TR_CHECK_TYPED(ConfigError, o && o->is_number_integer(), src,
+                     ": rope type llama3 needs an integer \"original_max_position_embeddings\"");
+      c.original_max_position_embeddings = o->get<int64_t>();
+    }
+  }
+  std::string dt = "float32";
+  if (const json* d = key(j, "dtype"); d && d->is_string()) dt = d->get<std::string>();
+  else if (const json* d2 = key(j, "torch_dtype"); d2 && d2->is_string()) dt = d2->get<std::string>();
+  c.dtype = dtype_name(dt);
+  scalar_type(c.dtype, src + " dtype");
+  return c;
+}
+
+std::string LlamaConfig::to_json(const std::string& original, const std::string& dtype) const {
+  json j = original.empty() ? json::object() : json::parse(original);
+  static const std::map<std::string, std::string> arch = {{"llama", "LlamaForCausalLM"},
+                                                          {"mistral", "MistralForCausalLM"},
+                                                          {"qwen2", "Qwen2ForCausalLM"},
+                                                          {"qwen3", "Qwen3ForCausalLM"}};
+  j["architectures"] = {arch.at(model_type)};
+  j["model_type"] = model_type;
+  j["vocab_size"] = vocab_size;
+  j["hidden_size"] = hidden_size;
+  j["intermediate_size"] = intermediate_size;
+  j["num_hidden_layers"] = num_hidden_layers;
+  j["num_attention_heads"] = num_attention_heads;
+  j["num_key_value_heads"] = num_key_value_heads;
+  j["head_dim"] = head_dim;
+  j["max_position_embeddings"] = max_position_embeddings;
+  j["rms_norm_eps"] = rms_norm_eps;
+  j["hidden_act"] = "silu";
+  j["tie_word_embeddings"] = tie_word_embeddings;
+  if (model_type == "llama" || model_type == "mistral") {
+    if (model_type == "llama") j["attention_bias"] = qkv_bias, j["mlp_bias"] = mlp_bias;
+  }
+  if (model_type == "mistral") j["sliding_window"] = sliding_window > 0 ? json(sliding_window) : json(nullptr);
+  // Both RoPE spellings: 4.x reads rope_theta + rope_scaling, 5.x rope_parameters.
+  json params = {{"rope_type", rope_type}, {"rope_theta", rope_theta}};
+  json legacy = nullptr;
+  if (rope_type != "default") {
+    params["factor"] = rope_factor;
+    legacy = {{"rope_type", rope_type}, {"factor", rope_factor}};
+  }
+  if (rope_type == "llama3")
+    for (json* o : {&params, &legacy}) {
+      (*o)["low_freq_factor"] = low_freq_factor;
+      (*o)["high_freq_factor"] = high_freq_factor;
+      (*o)["original_max_position_embeddings"] = original_max_position_embeddings;
+    }
+  j["rope_theta"] = rope_theta;
+  j["rope_scaling"] = legacy;
+  j["rope_parameters"] = params;
+  j["torch_dtype"] = dtype;  // 4.x
+  j["dtype"] = dtype;        // 5.x
+  return j.dump(2) + "\n";
+}
+
+// =============================================================================================
+// Modules. Names are HF's: model.embed_tokens, model.layers.N.{self_attn,mlp,...}, model.norm,
+// lm_head.
+
+namespace {
+
+// RMSNorm (Zhang & Sennrich 2019) computed in float32 whatever the input dtype, then cast back
+// before the gain, as LlamaRMSNorm.
+class RMSNormImpl : public torch::nn::Module {
+ public:
+  RMSNormImpl(int64_t n, double eps) : eps_(eps) { weight = register_parameter("weight", torch::ones({n})); }
+  torch::Tensor forward(const torch::Tensor& x) {
+    torch::Tensor h = x.to(torch::kFloat);
+    h = h * torch::rsqrt(h.pow(2).mean(-1, /*keepdim=*/true) + eps_);
+    return weight * h.to(x.scalar_type());
+  }
+  torch::Tensor weight;
+
+ private:
+  double eps_;
+};
+TORCH_MODULE(RMSNorm);
+
+v1::Linear linear(int64_t in, int64_t out, bool bias) {
+  return v1::Linear(torch::nn::LinearOptions(in, out).bias(bias));
+}
+
+// The second half of the head dimension negated and moved in front of the first: RoPE in the
+// layout HF checkpoints store q/k in (pairs (i, i + d/2), not interleaved).
+torch::Tensor rotate_half(const torch::Tensor& x) {
+  const int64_t h = x.size(-1) / 2;
+  return torch::cat({-x.narrow(-1, h, h), x.narrow(-1, 0, h)}, -1);
+}
+
+class AttentionImpl : public torch::nn::Module {
+ public:
+  explicit AttentionImpl(const LlamaConfig& c)
+      : nh_(c.num_attention_heads), nkv_(c.num_key_value_heads), hd_(c.head_dim), window_(c.sliding_window) {
+    q_proj = register_module("q_proj", linear(c.hidden_size, nh_ * hd_, c.qkv_bias));
+    k_proj = register_module("k_proj", linear(c.hidden_size, nkv_ * hd_, c.qkv_bias));
+    v_proj = register_module("v_proj", linear(c.hidden_size, nkv_ * hd_, c.qkv_bias));
+    o_proj = register_module("o_proj", linear(nh_ * hd_, c.hidden_size, c.o_bias));
+    if (c.qk_norm) {
+      q_norm = register_module("q_norm", RMSNorm(hd_, c.rms_norm_eps));
+      k_norm = register_module("k_norm", RMSNorm(hd_, c.rms_norm_eps));
+    }
+  }
+
+  // x [B, T, hidden], cos/sin [T, head_dim] -> [B, T, hidden]. Attention as matmul + softmax in
+  // float32 (LibTorch 1.13 has no scaled_dot_product_attention), as transformers' eager path.
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
+    const int64_t B = x.size(0), T = x.size(1);
+    torch::Tensor q = q_proj->forward(x).view({B, T, nh_, hd_});
+    torch::Tensor k = k_proj->forward(x).view({B, T, nkv_, hd_});
+    torch::Tensor v = v_proj->forward(x).view({B, T, nkv_, hd_}).transpose(1, 2);
+    if (q_norm) q = q_norm->forward(q), k = k_norm->forward(k);
+    q = q.transpose(1, 2);
+    k = k.transpose(1, 2);
+    const torch::Tensor c = cos.to(q.scalar_type()), s = sin.to(q.scalar_type());
+    q = q * c + rotate_half(q) * s;
+    k = k * c + rotate_half(k) * s;
+    // Grouped-query attention: each key/value head serves nh/nkv consecutive query heads.
+    if (nkv_ != nh_) {
+      const int64_t rep = nh_ / nkv_;
+      k = k.unsqueeze(2).expand({B, nkv_, rep, T, hd_}).reshape({B, nh_, T, hd_});
+      v = v.unsqueeze(2).expand({B, nkv_, rep, T, hd_}).reshape({B, nh_, T, hd_});
+    }
+    torch::Tensor att = torch::matmul(q, k.transpose(2, 3)) * (1.0 / std::sqrt(static_cast<double>(hd_)));
+    att = att.masked_fill(mask(T, x.device()), -std::numeric_limits<float>::infinity());
+    att = torch::softmax(att, -1, torch::kFloat).to(q.scalar_type());
+    torch::Tensor y = torch::matmul(att, v).transpose(1, 2).reshape({B, T, nh_ * hd_});
+    return o_proj->forward(y);
+  }
+
+  v1::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+  RMSNorm q_norm{nullptr}, k_norm{nullptr};
+
+ private:
+  // True where query i must not see key j: j > i, or (sliding window w) i - j >= w.
+  torch::Tensor mask(int64_t T, c10::Device device) const {
+    torch::Tensor i = torch::arange(T, torch::TensorOptions().dtype(torch::kLong).device(device)).unsqueeze(1);
+    torch::Tensor j = i.transpose(0, 1);
+    torch::Tensor m = j > i;
+    if (window_ > 0) m = m | ((i - j) >= window_);
+    return m;
+  }
+  int64_t nh_, nkv_, hd_, window_;
+};
+TORCH_MODULE(Attention);
+
+class MlpImpl : public torch::nn::Module {
+ public:
+  explicit MlpImpl(const LlamaConfig& c) {
+    gate_proj = register_module("gate_proj", linear(c.hidden_size, c.intermediate_size, c.mlp_bias));
+    up_proj = register_module("up_proj", linear(c.hidden_size, c.intermediate_size, c.mlp_bias));
+    down_proj = register_module("down_proj", linear(c.intermediate_size, c.hidden_size, c.mlp_bias));
+  }
+  // SwiGLU (Shazeer 2020): down(silu(gate(x)) * up(x)).
+  torch::Tensor forward(const torch::Tensor& x) {
+    return down_proj->forward(torch::silu(gate_proj->forward(x)) * up_proj->forward(x));
+  }
+  v1::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+};
+TORCH_MODULE(Mlp);
+
+class DecoderLayerImpl : public torch::nn::Module {
+ public:
+  explicit DecoderLayerImpl(const LlamaConfig& c) {
+    self_attn = register_module("self_attn", Attention(c));
+    mlp = register_module("mlp", Mlp(c));
+    input_layernorm = register_module("input_layernorm", RMSNorm(c.hidden_size, c.rms_norm_eps));
+    post_attention_layernorm = register_module("post_attention_layernorm", RMSNorm(c.hidden_size, c.rms_norm_eps));
+  }
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
+    torch::Tensor h = x + self_attn->forward(input_layernorm->forward(x), cos, sin);
+    return h + mlp->forward(post_attention_layernorm->forward(h));
+  }
+  Attention self_attn{nullptr};
+  Mlp mlp{nullptr};
+  RMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
+};
+TORCH_MODULE(DecoderLayer);
+
+// LlamaModel in HF's naming (the "model." prefix).
+class DecoderImpl : public torch::nn::Module {
+ public:
+  explicit DecoderImpl(const LlamaConfig& c) {
+    embed_tokens = register_module("embed_tokens", torch::nn::Embedding(c.vocab_size, c.hidden_size));
+    layers = register_module("layers", torch::nn::ModuleList());
+    for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+      DecoderLayer l(c);
+      layers->push_back(l);
+      layer_ptrs.push_back(l.ptr());
+    }
+    norm = register_module("norm", RMSNorm(c.hidden_size, c.rms_norm_eps));
+  }
+  torch::nn::Embedding embed_tokens{nullptr};
+  torch::nn::ModuleList layers{nullptr};
+  std::vector<std::shared_ptr<DecoderLayerImpl>> layer_ptrs;
+  RMSNorm norm{nullptr};
+};
+TORCH_MODULE(Decoder);
+
+class CausalLMImpl : public torch::nn::Module {
+ public:
+  explicit CausalLMImpl(const LlamaConfig& c) : cfg(c) {
+    model = register_module("model", Decoder(c));
+    // Tied: the output projection reuses embed_tokens.weight (not registered twice, ModuleModel).
+    if (!c.tie_word_embeddings) lm_head = register_module("lm_head", linear(c.hidden_size, c.vocab_size, false));
+    inv_freq = rope_inv_freq(c);
+  }
+
+  // RoPE inverse frequencies [head_dim / 2], float32, as transformers' rope init functions
+  // (modeling_rope_utils.py: default, linear, llama3).
+  static torch::Tensor rope_inv_freq(const LlamaConfig& c) {
+    const int64_t dim = c.head_dim;
+    torch::Tensor inv = 1.0 / torch::pow(c.rope_theta, torch::arange(0, dim, 2, torch::kLong).to(torch::kFloat) / dim);
+    if (c.rope_type == "linear") inv = inv / c.rope_factor;
+    if (c.rope_type == "llama3") {
+      const double old_ctx = static_cast<double>(c.original_max_position_embeddings);
+      const double low_wavelen = old_ctx / c.low_freq_factor, high_wavelen = old_ctx / c.high_freq_factor;
+      torch::Tensor wavelen = 2 * M_PI / inv;
+      torch::Tensor scaled = torch::where(wavelen > low_wavelen, inv / c.rope_factor, inv);
+      torch::Tensor smooth = (old_ctx / wavelen - c.low_freq_factor) / (c.high_freq_factor - c.low_freq_factor);
+      torch::Tensor smoothed = (1 - smooth) * scaled / c.rope_factor + smooth * scaled;
+      torch::Tensor medium = (wavelen >= high_wavelen).logical_and(wavelen <= low_wavelen);
+      inv = torch::where(medium, smoothed, scaled);
+    }
+    return inv;
+  }
+
+  LlamaConfig cfg;
+  Decoder model{nullptr};
+  v1::Linear lm_head{nullptr};
+  torch::Tensor inv_freq;
+};
+TORCH_MODULE(CausalLM);
+
+CausalLMImpl& net_of(const std::shared_ptr<torch::nn::Module>& m) {
+  return *std::static_pointer_cast<CausalLMImpl>(m);
+}
+
+}  // namespace
+
+// =============================================================================================
+// The model component
+
+void LlamaModel::declare_options(v1::OptionSchema& s) {
+  s.string("path", "", "Hugging Face model directory (config.json + safetensors weights); \"\" = "
+                       "build from the inline keys below and initialise randomly");
+  s.choice("model_type", "llama", {"llama", "mistral", "qwen2", "qwen3"}, "inline config: architecture variant");
+  s.integer("vocab_size", 0, "inline config: vocabulary size; 0 = the dataset's", 0, 1 << 24);
+  s.integer("hidden_size", 256, "inline config: model width", 1);
+  s.integer("intermediate_size", 688, "inline config: MLP width", 1);
+  s.integer("num_hidden_layers", 4, "inline config: decoder layers", 1);
+  s.integer("num_attention_heads", 4, "inline config: query heads", 1);
+  s.integer("num_key_value_heads", 0, "inline config: key/value heads (GQA); 0 = num_attention_heads", 0);
+  s.integer("head_dim", 0, "inline config: per-head width; 0 = hidden_size / num_attention_heads", 0);
+  s.integer("max_position_embeddings", 2048, "inline config: longest sequence (written to config.json)", 1);
+  s.real("rms_norm_eps", 1e-6, "inline config: RMSNorm epsilon", 0.0);
+  s.real("rope_theta", 10000.0, "inline config: RoPE base", 1.0);
+  s.boolean("tie_word_embeddings", false, "inline config: lm_head reuses embed_tokens.weight");
+  s.boolean("attention_bias", false, "inline config (llama): biases on q/k/v/o_proj");
+  s.integer("sliding_window", 0, "inline config (mistral): keys a query sees; 0 = all", 0);
+  s.boolean("save_hf", true, "write <run_dir>/hf/ (an HF model directory) at the end of training");
+  s.choice("save_dtype", "auto", {"auto", "float32", "bfloat16", "float16"},
+           "dtype of the saved weights; auto = the input's (float32 for an inline config)");
+  s.string("max_shard_size", "5GB", "largest weight file in <run_dir>/hf/ before sharding (\"5GB\", \"500MB\")");
+}
+
+LlamaModel::LlamaModel(const v1::Options& o, const v1::RunContext& ctx) : run_dir_(ctx.run_dir), rank_(ctx.rank) {
+  const v1::DataInfo& data = ctx.data;
+  TR_CHECK_TYPED(ConfigError, data.task.empty() || data.task == "language_modeling", o.context(),
+                 ": llama needs a language-modelling dataset, but the dataset's task is '", data.task, "'");
+  save_hf_ = o.get_bool("save_hf");
+  save_dtype_ = o.get_string("save_dtype");
+  max_shard_bytes_ = hf::parse_size(o.get_string("max_shard_size"));
+  const std::string path = o.get_string("path");
+  if (!path.empty()) {
+    load(path);
+  } else {
+    json j;
+    j["model_type"] = o.get_string("model_type");
+    j["vocab_size"] = o.get_int("vocab_size") > 0 ? o.get_int("vocab_size") : data.vocab_size;
+    TR_CHECK_TYPED(ConfigError, j["vocab_size"].get<int64_t>() > 0, o.context(),
+                   ": vocab_size = 0 takes the vocabulary from the dataset, which reports none");
+    for (const char* k : {"hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                          "max_position_embeddings"})
+      j[k] = o.get_int(k);
+    if (o.get_int("num_key_value_heads") > 0) j["num_key_value_heads"] = o.get_int("num_key_value_heads");
+    if (o.get_int("head_dim") > 0) j["head_dim"] = o.get_int("head_dim");
+    j["rms_norm_eps"] = o.get_double("rms_norm_eps");
+    j["rope_theta"] = o.get_double("rope_theta");
+    j["tie_word_embeddings"] = o.get_bool("tie_word_embeddings");
+    j["attention_bias"] = o.get_bool("attention_bias");
+    if (o.get_int("sliding_window") > 0) j["sliding_window"] = o.get_int("sliding_window");
+    cfg_ = LlamaConfig::from_json(j.dump(), o.context());
+    build();
+    // transformers' _init_weights: N(0, initializer_range) for Linear and Embedding weights,
+    // zero biases, unit RMSNorm gains.
+    torch::NoGradGuard no_grad;
+    for (auto& item : net_->named_parameters(true)) {
+      const std::string& n = item.key();
+      torch::Tensor& p = item.value();
+      if (n.size() > 5 && n.compare(n.size() - 5, 5, ".bias") == 0) p.zero_();
+      else if (p.dim() == 1) p.fill_(1.0);
+      else p.normal_(0.0, cfg_.initializer_range);
+    }
+  }
+  TR_CHECK_TYPED(ConfigError, data.vocab_size <= cfg_.vocab_size, o.context(), ": the dataset's vocabulary (",
+                 data.vocab_size, ") is larger than the model's vocab_size (", cfg_.vocab_size, ")");
+}
+
+LlamaModel::LlamaModel(const std::string& dir) : save_hf_(false) { load(dir); }
+
+void LlamaModel::build() {
+  net_ = CausalLM(cfg_).ptr();
+  set_module(net_);
+  units_.clear();
+  auto& net = net_of(net_);
+  for (int64_t i = 0; i < cfg_.num_hidden_layers; ++i)
+    units_.push_back(std::make_unique<v1::Unit>("model.layers." + std::to_string(i),
+                                                net.model->layer_ptrs[static_cast<size_t>(i)]));
+}
+
+// Reads every parameter from the directory's safetensors, one tensor at a time straight into
+// the parameter (peak memory: the model plus its largest tensor in the file's dtype).
+void LlamaModel::load(const std::string& dir) {
+  hf::ModelDir md(dir);
+  dir_ = fs::absolute(dir).lexically_normal().string();
+  config_text_ = md.config_text();
+  cfg_ = LlamaConfig::from_json(config_text_, (fs::path(dir) / "config.json").string());
+  build();
+  std::set<std::string> wanted;
+  torch::NoGradGuard no_grad;
+  for (auto& item : net_->named_parameters(true)) {
+    const std::string& name = item.key();
+    wanted.insert(name);
+    TR_CHECK_TYPED(ConfigError, md.contains(name), dir, ": tensor '", name, "' is missing from the weights (",
+                   cfg_.model_type, " with ", cfg_.num_hidden_layers, " layers", cfg_.qkv_bias ? ", q/k/v biases" : "",
+                   cfg_.qk_norm ? ", q/k norms" : "", cfg_.tie_word_embeddings ? ", tied embeddings" : "", ")");
+    const hf::TensorEntry& e = md.entry(name);
+    TR_CHECK_TYPED(ConfigError, c10::IntArrayRef(e.shape) == item.value().sizes(), md.file_of(name), ": tensor '",
+                   name, "' has shape ", c10::IntArrayRef(e.shape), ", config.json makes it ",
+                   item.value().sizes());
+    TR_CHECK_TYPED(ConfigError, e.dtype == at::kFloat || e.dtype == at::kBFloat16 || e.dtype == at::kHalf,
+                   md.file_of(name), ": tensor '", name, "' is ", e.dtype, " (F32, BF16 or F16 expected)");
+    item.value().copy_(md.read(name));
+  }
+  for (const auto& name : md.tensor_names()) {
+    if (wanted.count(name)) continue;
+    // Known non-weights: RoPE tables some exporters keep, and the output projection of a tied
+    // model (the same matrix as embed_tokens).
+    const bool inv_freq = name.size() > 9 && name.compare(name.size() - 9, 9, ".inv_freq") == 0;
+    if (inv_freq || (cfg_.tie_word_embeddings && name == "lm_head.weight")) continue;
+    TR_CHECK_TYPED(ConfigError, false, md.file_of(name), ": unexpected tensor '", name, "' (not a parameter of ",
+                   cfg_.model_type, " as config.json describes it)");
+  }
+}
+
+at::Tensor LlamaModel::logits(const at::Tensor& ids) {
+  TR_CHECK(ids.dim() == 2, "llama: input must be token ids [B, T], got shape ", ids.sizes());
+  TR_CHECK(ids.scalar_type() == at::kLong, "llama: token ids must be int64, got ", ids.scalar_type());
+  auto& net = net_of(net_);
+  const int64_t T = ids.size(1);
+  // positions 0..T-1; cos/sin in float32 as transformers computes them (autocast off).
+  torch::Tensor pos = torch::arange(T, torch::TensorOptions().dtype(torch::kFloat).device(ids.device()));
+  torch::Tensor freqs = torch::outer(pos, net.inv_freq.to(ids.device()));
+  torch::Tensor emb = torch::cat({freqs, freqs}, -1);
+  const torch::Tensor cos = emb.cos(), sin = emb.sin();
+  torch::Tensor x = net.model->embed_tokens->forward(ids);
+  for (size_t i = 0; i < units_.size(); ++i)
+    x = units_[i]->run(x, [layer = net.model->layer_ptrs[i], cos, sin](const torch::Tensor& in) {
+      return layer->forward(in, cos, sin);
+    });
+  x = net.model->norm->forward(x);
+  return cfg_.tie_word_embeddings ? torch::linear(x, net.model->embed_tokens->weight) : net.lm_head->forward(x);
+}
+
+v1::ModelOutput LlamaModel::forward(const v1::Batch& b) { return v1::cross_entropy_sum(logits(b.input), b.target); }
+
+std::vector<v1::Unit*> LlamaModel::units() {
+  std::vector<v1::Unit*> out;
+  for (auto& u : units_) out.push_back(u.get());
+  return out;
+}
+
+std::string LlamaModel::describe() const {
+  return v1::detail::cat("llama (", cfg_.model_type, "): ", cfg_.num_hidden_layers, " layers, hidden ",
+                         cfg_.hidden_size, ", heads ", cfg_.num_attention_heads, "/", cfg_.num_key_value_heads,
+                         " (q/kv), head_dim ", cfg_.head_dim, ", vocab ", cfg_.vocab_size,
+                         cfg_.tie_word_embeddings ? ", tied embeddings" : "",
+                         cfg_.rope_type != "default" ? ", rope " + cfg_.rope_type : std::string(),
+                         dir_.empty() ? ", random init" : ", from " + dir_);
+}
+
+void LlamaModel::save_hf(const std::string& out, const std::vector<v1::NamedTensor>& state,
+                         const std::string& dtype, int64_t max_shard_bytes) const {
+  const at::ScalarType st = scalar_type(dtype, "llama save_dtype");
+  std::vector<v1::NamedTensor> weights;
+  for (const auto& t : state) weights.push_back({t.name, t.tensor.detach().to(at::kCPU).to(st)});
+  fs::create_directories(out);
+  hf::write_model_weights(out, weights, max_shard_bytes);
+  hf::write_text_file((fs::path(out) / "config.json").string(), cfg_.to_json(config_text_, dtype));
+  const fs::path gen = fs::path(dir_) / "generation_config.json";
+  std::error_code ec;
+  if (!dir_.empty() && fs::is_regular_file(gen, ec)) {
+    fs::copy_file(gen, fs::path(out) / "generation_config.json", fs::copy_options::overwrite_existing);
+  } else {
+    json g = json::object();
+    if (!config_text_.empty()) {
+      const json c = json::parse(config_text_);
+      for (const char* k : {"bos_token_id", "eos_token_id", "pad_token_id"})
+        if (c.contains(k)) g[k] = c[k];
+    }
+    hf::write_text_file((fs::path(out) / "generation_config.json").string(), g.dump(2) + "\n");
+  }
+  if (!dir_.empty()) hf::copy_tokenizer_files(dir_, out);
+}
+
+void LlamaModel::on_final_state_dict(const std::vector<v1::NamedTensor>& state) {
+  if (!save_hf_ || rank_ != 0) return;
+  // With adapters or a quantized base the HF directory would not be the trained model: the
+  // adapter directory (lora) holds the result, and merge-lora makes an HF directory of it.
+  std::set<std::string> params;
+  for (const auto& p : net_->named_parameters(true)) params.insert(p.key());
+  std::vector<v1::NamedTensor> weights;
+  for (const auto& t : state) {
+    if (t.name.find(".lora_") != std::string::npos) {
+      std::cout << "llama: <run_dir>/hf/ not written: the model carries LoRA adapters (see the adapter "
+                   "directory; `trainrun merge-lora --base BASE_DIR --adapter DIR --output OUT` merges them)\n"
+                << std::flush;
+      return;
+    }
+    if (t.name.find(".weight_") != std::string::npos) {
+      std::cout << "llama: <run_dir>/hf/ not written: the base weights are quantized\n" << std::flush;
+      return;
+    }
+    if (params.count(t.name)) weights.push_back(t);
+  }
+  const std::string dtype = save_dtype_ == "auto" ? cfg_.dtype : save_dtype_;
+  const std::string out = (fs::path(run_dir_) / "hf").string();
+  save_hf(out, weights, dtype, max_shard_bytes_);
+  std::cout << "llama: wrote " << out << " (" << weights.size() << " tensors, " << dtype << ")\n" << std::flush;
+}
+
+}  // namespace trainrun::llama
+
+#ifndef TRAINRUN_NO_PLUGIN_ENTRY
+TRAINRUN_PLUGIN("llama", "0.1.0",
+                trainrun::v1::component<trainrun::v1::Model, trainrun::llama::LlamaModel>(
+                    "llama", "Llama-family causal LM (Llama 2/3, Mistral, Qwen2, Qwen3, SmolLM) with HF names; "
+                    "loads and saves HF model directories"))
+#endif

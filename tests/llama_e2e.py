@@ -1,0 +1,370 @@
+"""The llama plugin against transformers and PEFT (issue 21), on tiny random models that
+transformers builds and saves here (save_pretrained), one variant per run:
+
+  llama3   Llama 3 style: rope_type llama3, GQA (4 query / 2 key-value heads), tied embeddings
+  qwen2    Qwen2: q/k/v biases, GQA
+  qwen3    Qwen3: q_norm/k_norm, head_dim 16 != hidden 32 / 4 heads
+  mistral  Mistral: sliding_window 8 on 16-token sequences
+
+Modes:
+  logits   (a) trainrun's logits (tests/llama_logits.cpp) equal transformers' (eager attention)
+           within 1e-5 relative, fp32.
+  train    (b) 10 AdamW steps through `trainrun` on a uint32 token file: per-step losses within
+           1e-4 relative of a transformers + torch.optim.AdamW loop on the same batches;
+           (c) <run_dir>/hf/ loads in AutoModelForCausalLM.from_pretrained with no missing or
+           unexpected keys and gives trainrun's logits (1e-5); save_dtype/max_shard_size write
+           bf16 shards + index that load too.
+  lora     (d) a LoRA run's adapter loads in peft.PeftModel.from_pretrained with the stated
+           adapter_config keys and gives trainrun's logits within 1e-5; (e) `trainrun merge-lora`
+           on the HF base gives an HF directory whose logits equal the adapter model's.
+  bad      bad input, each exit 2 with a message naming the fault and no <run_dir>/hf/: no
+           config.json, an unsupported model_type, a shard listed in the index but missing, a
+           truncated safetensors file, a tensor of the wrong shape, a LoRA target matching nothing.
+
+"Relative" is max|x - ref| / max|ref| over the whole tensor.
+
+usage: llama_e2e.py TRAINRUN LLAMA_LOGITS WORK MODE VARIANT
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import torch
+
+TRAINRUN, LOGITS_EXE, WORK, MODE, VARIANT = sys.argv[1:6]
+T, B = 16, 4  # sequence length, sequences per batch
+torch.set_num_threads(1)
+
+
+def fail(msg):
+    print("FAIL:", msg, flush=True)
+    sys.exit(1)
+
+
+def rel(x, ref):
+    return ((x.double() - ref.double()).abs().max() / ref.double().abs().max()).item()
+
+
+def make_model(variant, out):
+    from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
+
+    common = dict(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                  rms_norm_eps=1e-6, bos_token_id=1, eos_token_id=2)
+    if variant == "llama3":
+        cfg = LlamaConfig(**common, tie_word_embeddings=True,
+                          rope_parameters={"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0,
+                                           "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                           "original_max_position_embeddings": 16})
+    elif variant == "qwen2":
+        cfg = Qwen2Config(**common, tie_word_embeddings=False)
+    elif variant == "qwen3":
+        cfg = Qwen3Config(**common, head_dim=16, tie_word_embeddings=False)
+    elif variant == "mistral":
+        cfg = MistralConfig(**common, sliding_window=8, tie_word_embeddings=False)
+    else:
+        fail(f"unknown variant {variant}")
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager")
+    # Norm gains and biases start at 1 and 0: perturb them so that a wrong use shows.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 1:
+                p.add_(0.1 * torch.randn_like(p))
+    model.save_pretrained(out)
+    return model
+
+
+def hf_model(path, adapter=None):
+    from transformers import AutoModelForCausalLM
+
+    model, info = AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager",
+                                                       output_loading_info=True, dtype=torch.float32)
+    for k in ("missing_keys", "unexpected_keys", "mismatched_keys"):
+        if info.get(k):
+            fail(f"{path}: from_pretrained reports {k} {info[k]}")
+    if adapter:
+        from peft import PeftModel
+        model = PeftModel.from_pretrained(model, adapter)
+    return model.eval()
+
+
+def ids_file(path, seed=1):
+    from safetensors.torch import save_file
+
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, 96, (3, T), generator=g)
+    save_file({"input_ids": ids}, path)
+    return ids
+
+
+def trainrun_logits(model_dir, ids_path, adapter=None):
+    from safetensors.torch import load_file
+
+    out = os.path.join(WORK, "logits-%d.safetensors" % len(os.listdir(WORK)))
+    cmd = [LOGITS_EXE, model_dir, ids_path, out] + ([adapter] if adapter else [])
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    print(r.stdout + r.stderr, end="")
+    if r.returncode != 0:
+        fail(f"llama_logits exited {r.returncode}")
+    return load_file(out)["logits"]
+
+
+def compare_logits(model_dir, what, adapter=None, ref_model=None, tol=1e-5):
+    ids_path = os.path.join(WORK, "ids.safetensors")
+    ids = ids_file(ids_path)
+    ours = trainrun_logits(model_dir, ids_path, adapter)
+    model = ref_model or hf_model(model_dir, adapter)
+    with torch.no_grad():
+        ref = model(input_ids=ids).logits
+    r = rel(ours, ref)
+    print(f"{VARIANT} {what}: logits {tuple(ref.shape)}, max relative difference {r:.2e} (tolerance {tol:g})")
+    if not r <= tol:
+        fail(f"{what}: trainrun's logits differ from the reference by {r:.2e} > {tol:g}")
+    return ours
+
+
+def token_file(path):
+    """B training windows of T+1 tokens (one optimizer step sees all of them), then T+1 held-out
+    tokens; raw little-endian uint32 (the text dataset's format = "uint32")."""
+    g = torch.Generator().manual_seed(2)
+    n_train = T + B
+    toks = torch.randint(3, 96, (n_train + T + 1,), generator=g)
+    toks.to(torch.int32).numpy().astype("<u4").tofile(path)
+    frac = (T + 1.5) / toks.numel()  # the dataset holds out int(n * frac) = T + 1 tokens
+    return toks[:n_train], frac
+
+
+def job(path, model_dir, tokens, frac, run_dir, steps, lr, extra=""):
+    with open(path, "w") as f:
+        f.write(f"""[trainer]
+max_steps = {steps}
+global_batch_size = {B}
+seed = 3
+log_every = 1
+run_dir = "{run_dir}"
+
+[model]
+plugin = "llama"
+path = "{model_dir}"
+
+[data]
+plugin = "text"
+format = "uint32"
+vocab_size = 96
+block_size = {T}
+eval_fraction = {frac!r}
+paths = ["{tokens}"]
+
+[optimizer]
+plugin = "adamw"
+lr = {lr}
+weight_decay = 0.1
+
+[accelerator]
+plugin = "cpu"
+threads = 1
+{extra}""")
+
+
+def run_trainrun(args, expect_rc=0):
+    r = subprocess.run([TRAINRUN] + args, capture_output=True, text=True)
+    print(r.stdout + r.stderr, end="")
+    if r.returncode != expect_rc:
+        fail(f"trainrun {' '.join(args)} exited {r.returncode}, expected {expect_rc}")
+    return r.stdout + r.stderr
+
+
+def losses(run_dir):
+    rows = [json.loads(l) for l in open(os.path.join(run_dir, "metrics.jsonl"))]
+    return [r["loss"] for r in rows if "loss" in r and "eval_loss" not in r]
+
+
+def reference_losses(model_dir, train_tokens, steps, lr):
+    model = hf_model(model_dir).train()
+    windows = torch.stack([train_tokens[i:i + T + 1] for i in range(B)])
+    x, y = windows[:, :T], windows[:, 1:]
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+                            lr=lr, betas=(0.9, 0.999), eps=1e-8)
+    out = []
+    for _ in range(steps):
+        logits = model(input_ids=x).logits
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), y.reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        out.append(loss.item())
+    return out, model.eval()
+
+
+def main():
+    shutil.rmtree(WORK, ignore_errors=True)
+    os.makedirs(WORK)
+    base = os.path.join(WORK, "base")
+    make_model(VARIANT, base)
+    if MODE == "logits":
+        compare_logits(base, "transformers")
+    elif MODE == "train":
+        tokens = os.path.join(WORK, "tokens.u32")
+        train, frac = token_file(tokens)
+        run_dir = os.path.join(WORK, "run")
+        job(os.path.join(WORK, "job.toml"), base, tokens, frac, run_dir, 10, 1e-2)
+        run_trainrun(["--config", os.path.join(WORK, "job.toml")])
+        ours = losses(run_dir)
+        ref, trained = reference_losses(base, train, 10, 1e-2)
+        worst = max(abs(a - b) / abs(b) for a, b in zip(ours, ref))
+        print(f"{VARIANT} train: trainrun {['%.6f' % l for l in ours]}\n{VARIANT} train: torch    "
+              f"{['%.6f' % l for l in ref]}\n{VARIANT} train: worst relative difference {worst:.2e} (tolerance 1e-4)")
+        if len(ours) != 10 or not worst <= 1e-4:
+            fail(f"losses differ: worst {worst:.2e}")
+        if not ref[-1] < ref[0] * 0.9:
+            fail("the reference did not train")
+        hf_dir = os.path.join(run_dir, "hf")
+        for f in ("config.json", "generation_config.json", "model.safetensors"):
+            if not os.path.isfile(os.path.join(hf_dir, f)):
+                fail(f"{hf_dir} has no {f}")
+        cfg = json.load(open(os.path.join(hf_dir, "config.json")))
+        for k in ("torch_dtype", "dtype", "rope_theta", "rope_parameters"):
+            if k not in cfg:
+                fail(f"{hf_dir}/config.json lacks {k}")
+        compare_logits(hf_dir, "<run_dir>/hf/ in from_pretrained")
+        # The trained weights, not only a loadable file: the reference after the same 10 steps.
+        compare_logits(hf_dir, "<run_dir>/hf/ vs the reference's trained model", ref_model=trained, tol=1e-4)
+        # bf16 shards with an index.
+        run2 = os.path.join(WORK, "run-bf16")
+        job(os.path.join(WORK, "job2.toml"), base, tokens, frac, run2, 1, 1e-2)
+        run_trainrun(["--config", os.path.join(WORK, "job2.toml"), "--set", "model.save_dtype=bfloat16",
+                      "--set", "model.max_shard_size=20KB"])
+        idx = json.load(open(os.path.join(run2, "hf", "model.safetensors.index.json")))
+        shards = sorted(set(idx["weight_map"].values()))
+        print(f"{VARIANT} bf16 save: {len(shards)} shards {shards}")
+        if len(shards) < 2:
+            fail("max_shard_size 20KB wrote a single shard")
+        from safetensors import safe_open
+        with safe_open(os.path.join(run2, "hf", shards[0]), "pt") as f:
+            if f.metadata().get("format") != "pt":
+                fail("shard metadata lacks format = pt")
+            if f.get_tensor(next(iter(f.keys()))).dtype != torch.bfloat16:
+                fail("save_dtype bfloat16 wrote another dtype")
+        hf_model(os.path.join(run2, "hf"))
+    elif MODE == "lora":
+        tokens = os.path.join(WORK, "tokens.u32")
+        train, frac = token_file(tokens)
+        run_dir = os.path.join(WORK, "run")
+        job(os.path.join(WORK, "job.toml"), base, tokens, frac, run_dir, 5, 5e-2,
+            '\n[[callbacks]]\nplugin = "lora"\nr = 4\nlora_alpha = 8.0\n'
+            'target_modules = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]\n')
+        out = run_trainrun(["--config", os.path.join(WORK, "job.toml")])
+        if "hf/ not written" not in out:
+            fail("a LoRA run should not write <run_dir>/hf/ (the adapter holds the result)")
+        adapter = os.path.join(run_dir, "adapter")
+        acfg = json.load(open(os.path.join(adapter, "adapter_config.json")))
+        want = {"peft_type": "LORA", "r": 4, "lora_alpha": 8.0, "task_type": "CAUSAL_LM", "bias": "none",
+                "use_rslora": False, "base_model_name_or_path": os.path.abspath(base)}
+        for k, v in want.items():
+            if acfg.get(k) != v:
+                fail(f"adapter_config.json: {k} = {acfg.get(k)!r}, expected {v!r}")
+        from safetensors import safe_open
+        with safe_open(os.path.join(adapter, "adapter_model.safetensors"), "pt") as f:
+            name = "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"
+            if name not in f.keys():
+                fail(f"adapter has no {name}: {sorted(f.keys())[:4]}")
+            if f.get_tensor(name.replace("lora_A", "lora_B")).abs().max() == 0:
+                fail("lora_B is still zero after training")
+        peft_logits = compare_logits(base, "PEFT adapter", adapter=adapter)
+        merged = os.path.join(WORK, "merged")
+        run_trainrun(["merge-lora", "--base", base, "--adapter", adapter, "--output", merged])
+        model = hf_model(merged)
+        ids = ids_file(os.path.join(WORK, "ids.safetensors"))
+        with torch.no_grad():
+            m = model(input_ids=ids).logits
+        r = rel(m, peft_logits)
+        print(f"{VARIANT} merged: max relative difference to the adapter model {r:.2e} (tolerance 1e-5)")
+        if not r <= 1e-5:
+            fail(f"merged model differs from the adapter model by {r:.2e}")
+    elif MODE == "qlora":
+        # QLoRA on the llama (nf4 base with double quantization + LoRA on all-linear) at 2 ranks:
+        # fsdp (the packed base sharded per decoder layer) and ddp give the same losses.
+        tokens = os.path.join(WORK, "tokens.u32")
+        _, frac = token_file(tokens)
+        runs = {}
+        for strategy in ("fsdp", "ddp"):
+            run_dir = os.path.join(WORK, strategy)
+            job(os.path.join(WORK, strategy + ".toml"), base, tokens, frac, run_dir, 6, 2e-2,
+                '\n[precision]\nplugin = "quant-nf4"\ntarget_modules = ["all-linear"]\nblocksize = 16\n'
+                'double_quant = true\n\n[[callbacks]]\nplugin = "lora"\nr = 4\nlora_alpha = 8.0\n'
+                'target_modules = ["all-linear"]\n')
+            out = run_trainrun(["--config", os.path.join(WORK, strategy + ".toml"), "--set", f"strategy.plugin={strategy}",
+                                "--set", "launch.nproc_per_node=2", "--set", "accelerator.plugin=gloo-cpu"])
+            if "quant-nf4: 14 Linear layer(s) quantized" not in out:
+                fail("expected the 14 decoder projections quantized (lm_head is tied or skipped)")
+            runs[strategy] = losses(run_dir)
+            if not os.path.isfile(os.path.join(run_dir, "adapter", "adapter_model.safetensors")):
+                fail(f"{strategy}: no adapter written")
+        a, b = runs["fsdp"], runs["ddp"]
+        worst = max(abs(x - y) / abs(y) for x, y in zip(a, b))
+        print(f"{VARIANT} qlora: fsdp {['%.6f' % l for l in a]}\n{VARIANT} qlora: ddp  {['%.6f' % l for l in b]}\n"
+              f"{VARIANT} qlora: worst relative difference {worst:.2e} (tolerance 1e-5)")
+        if len(a) != 6 or len(b) != 6 or not worst <= 1e-5:
+            fail("QLoRA under fsdp and ddp disagree")
+        if not a[-1] < a[0]:
+            fail("QLoRA did not lower the loss")
+    elif MODE == "bad":
+        bad(base)
+    else:
+        fail(f"unknown mode {MODE}")
+    print("OK")
+
+
+def bad(base):
+    tokens = os.path.join(WORK, "tokens.u32")
+    _, frac = token_file(tokens)
+
+    def case(name, mutate, expect, extra="", model_dir=None):
+        d = os.path.join(WORK, "bad-" + name)
+        shutil.copytree(base, d)
+        mutate(d)
+        run_dir = os.path.join(WORK, "run-" + name)
+        job(os.path.join(WORK, name + ".toml"), model_dir or d, tokens, frac, run_dir, 2, 1e-2, extra)
+        out = run_trainrun(["--config", os.path.join(WORK, name + ".toml")], expect_rc=2)
+        import re
+        if not re.search(expect, out):
+            fail(f"{name}: the error does not match /{expect}/")
+        for f in ("hf", "model.safetensors", "adapter"):
+            if os.path.exists(os.path.join(run_dir, f)):
+                fail(f"{name}: {run_dir}/{f} was written")
+        print(f"bad input '{name}': exit 2, message matches /{expect}/")
+
+    def edit_config(d, **kv):
+        p = os.path.join(d, "config.json")
+        c = json.load(open(p))
+        c.update(kv)
+        json.dump(c, open(p, "w"))
+
+    def shard(d):
+        from transformers import AutoModelForCausalLM
+        os.remove(os.path.join(d, "model.safetensors"))
+        AutoModelForCausalLM.from_pretrained(base).save_pretrained(d, max_shard_size="20KB")
+        idx = json.load(open(os.path.join(d, "model.safetensors.index.json")))
+        os.remove(os.path.join(d, sorted(set(idx["weight_map"].values()))[-1]))
+
+    def truncate(d):
+        p = os.path.join(d, "model.safetensors")
+        os.truncate(p, os.path.getsize(p) - 100)
+
+    case("no-config", lambda d: os.remove(os.path.join(d, "config.json")), r"has no config\.json")
+    case("architecture", lambda d: edit_config(d, model_type="gpt2", architectures=["GPT2LMHeadModel"]),
+         r'model_type "gpt2" is not supported.*supported: llama, mistral, qwen2, qwen3')
+    case("missing-shard", shard, r"shard 'model-0000\d-of-0000\d\.safetensors' is listed in the index but missing")
+    case("truncated", truncate, r"model\.safetensors.*truncated")
+    case("shape", lambda d: edit_config(d, intermediate_size=48),
+         r"model\.safetensors: tensor 'model\.layers\.0\.mlp\.gate_proj\.weight' has shape \[64, 32\], config\.json makes it \[48, 32\]")
+    case("lora-target", lambda d: None, r"no trainrun Linear layers match target_modules \[\"qproj\"\]",
+         extra='\n[[callbacks]]\nplugin = "lora"\ntarget_modules = ["qproj"]\n')
+
+
+main()
