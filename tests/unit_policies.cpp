@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "callbacks/callbacks.hpp"
+#include "test_options.hpp"
 #include "cpu/cpu.hpp"
 #include "optim/optim.hpp"
 #include "precision/precision.hpp"
@@ -29,20 +30,7 @@ using namespace trainrun::plugins;
 
 namespace {
 
-// Options as the host would deliver them: every declared option, defaults filled in, then the
-// given overrides (which must be declared, or the test is wrong).
-template <class Impl>
-Options make_options(const std::map<std::string, OptionValue>& overrides = {}) {
-  OptionSchema schema;
-  Impl::declare_options(schema);
-  std::map<std::string, OptionValue> values;
-  for (const auto& spec : schema.specs()) values[spec.name] = spec.default_value;
-  for (const auto& [key, value] : overrides) {
-    REQUIRE_MESSAGE(schema.find(key) != nullptr, "undeclared option ", key);
-    values[key] = value;
-  }
-  return Options(std::move(values), "[test]");
-}
+using trainrun::test::make_options;
 
 RunContext make_ctx(int rank = 0, int world_size = 1, const std::string& run_dir = {}) {
   RunContext ctx;

@@ -16,6 +16,7 @@
 
 #include "tensorboard/event_file.hpp"
 #include "tensorboard/tensorboard.hpp"
+#include "test_options.hpp"
 
 namespace fs = std::filesystem;
 using namespace trainrun::v1;
@@ -37,15 +38,7 @@ uint32_t le32(const std::string& s, size_t at) {
 }
 
 Options make_options(const std::map<std::string, OptionValue>& overrides = {}) {
-  OptionSchema schema;
-  TensorBoardCallback::declare_options(schema);
-  std::map<std::string, OptionValue> values;
-  for (const auto& spec : schema.specs()) values[spec.name] = spec.default_value;
-  for (const auto& [key, value] : overrides) {
-    REQUIRE_MESSAGE(schema.find(key) != nullptr, "undeclared option ", key);
-    values[key] = value;
-  }
-  return Options(std::move(values), "[test]");
+  return trainrun::test::make_options<TensorBoardCallback>(overrides);
 }
 
 std::string read_all(const std::string& path) {
