@@ -19,6 +19,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <functional>
 #include <iomanip>
 #include <iostream>
@@ -299,6 +300,37 @@ void expect_error(Ctx& c, const std::string& what, const std::string& needle, F&
   }
 }
 
+// A barrier must not let any rank leave before the last one entered. Rank 0 enters 200 ms
+// late; every rank's exit must come after every rank's entry. steady_clock (CLOCK_MONOTONIC) is
+// comparable across processes only within one boot of one host, so the check is made when every
+// rank reads the same /proc boot_id, and left out (not counted) otherwise.
+void check_barrier(Ctx& c, v1::Communicator& comm) {
+  const auto now = [] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  };
+  std::string boot;
+  std::ifstream("/proc/sys/kernel/random/boot_id") >> boot;
+  if (c.rank == 0) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  const double enter = now();
+  comm.barrier()->wait();
+  const double leave = now();
+  const int n = c.world;
+  auto times = torch::tensor({enter, leave}, torch::kDouble);
+  auto all_times = torch::empty({2 * n}, torch::kDouble);
+  comm.all_gather(times, all_times)->wait();
+  auto id = torch::tensor({static_cast<int64_t>(std::hash<std::string>{}(boot))}, torch::kLong);
+  auto ids = torch::empty({n}, torch::kLong);
+  comm.all_gather(id, ids)->wait();
+  if (boot.empty() || (ids != ids[0]).any().item<bool>()) return;
+  const auto t = all_times.view({n, 2});
+  const double last_enter = t.select(1, 0).max().item<double>();
+  const double first_leave = t.select(1, 1).min().item<double>();
+  std::ostringstream os;
+  os << "barrier: a rank left " << (last_enter - first_leave) * 1e3
+     << " ms before the last rank entered";
+  report(c, first_leave >= last_enter, os.str());
+}
+
 int verify(Ctx& c, const std::vector<int64_t>& counts) {
   auto& comm = *c.comm;
   const int n = c.world;
@@ -344,8 +376,7 @@ int verify(Ctx& c, const std::vector<int64_t>& counts) {
         report(c, err < 0, "send/recv " + dt + " count " + std::to_string(count));
       }
   }
-  comm.barrier()->wait();
-  report(c, true, "barrier");
+  check_barrier(c, comm);
   // Sub-groups: the even ranks, and every rank in reverse order (group rank != global rank).
   {
     std::vector<int> even, reversed;
