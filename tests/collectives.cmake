@@ -7,15 +7,44 @@
 #    Ctrl-C.
 set(_tr $<TARGET_FILE:trainrun>)
 set(_cw ${CMAKE_CURRENT_BINARY_DIR}/work)
+set(_expect ${CMAKE_CURRENT_SOURCE_DIR}/expect.sh)
 
+# How many checks rank 0 must report for the full matrix at world size N, stated here
+# independently of the bench so that a matrix that silently shrank fails: 7 dtypes x 4 counts x
+# (all-reduce and reduce-scatter with 4 reduce ops each, all-gather, broadcast from each of N
+# roots), send/recv per dtype and count when N > 1, one barrier, two sub-groups rank 0 belongs
+# to (membership, world_size, one check per operation) and 5 precondition errors.
+# OPS is "all" (the four operations) or "allreduce" (the ring's part of the matrix).
+function(_verify_checks out n ops)
+  set(d 7)
+  set(c 4)
+  set(r 4)
+  if(ops STREQUAL "all")
+    math(EXPR k "${d}*${c}*(${r} + ${r} + 1 + ${n})")
+    set(nops 4)
+  else()
+    math(EXPR k "${d}*${c}*${r}")
+    set(nops 1)
+  endif()
+  if(n GREATER 1)
+    math(EXPR k "${k} + ${d}*${c}")
+  endif()
+  math(EXPR k "${k} + 1 + 2*(2 + ${nops}) + 5")
+  set(${out} ${k} PARENT_SCOPE)
+endfunction()
+
+_verify_checks(_k 1 all)
 add_test(NAME collectives_verify.cpp.w1
-  COMMAND ${_tr} bench collectives --backend cpu --verify --set accelerator.threads=1)
+  COMMAND ${_expect} 0 "world_size 1, ${_k} checks per rank, 0 failure" --
+          ${_tr} bench collectives --backend cpu --verify --set accelerator.threads=1)
 set_tests_properties(collectives_verify.cpp.w1 PROPERTIES TIMEOUT 120)
 
 foreach(backend gloo-cpu mpi)
   foreach(n 1 2 3 4)
+    _verify_checks(_k ${n} all)
     add_test(NAME collectives_verify.${backend}.w${n}
-      COMMAND ${_tr} bench collectives --backend ${backend} --nproc ${n} --verify
+      COMMAND ${_expect} 0 "world_size ${n}, ${_k} checks per rank, 0 failure" --
+              ${_tr} bench collectives --backend ${backend} --nproc ${n} --verify
               --set accelerator.threads=1)
     # A world of 4 on 2 cores runs the 1000003-element matrix in about a minute.
     set_tests_properties(collectives_verify.${backend}.w${n} PROPERTIES TIMEOUT 300
@@ -29,8 +58,10 @@ endforeach()
 # the fusion bench (20 tensors copied into one buffer and back) against the reference.
 foreach(backend gloo-cpu mpi)
   foreach(n 2 3 4)
+    _verify_checks(_k ${n} allreduce)
     add_test(NAME collectives_verify_ring.${backend}.w${n}
-      COMMAND ${_tr} bench collectives --backend ${backend} --nproc ${n} --verify --op allreduce
+      COMMAND ${_expect} 0 "world_size ${n}, ${_k} checks per rank, 0 failure" --
+              ${_tr} bench collectives --backend ${backend} --nproc ${n} --verify --op allreduce
               --algo ring --chunk 64K --set accelerator.threads=1)
     set_tests_properties(collectives_verify_ring.${backend}.w${n} PROPERTIES TIMEOUT 300
       ENVIRONMENT "OMP_NUM_THREADS=1;OPENBLAS_NUM_THREADS=1")
@@ -43,15 +74,16 @@ foreach(backend gloo-cpu mpi)
 endforeach()
 # A chunk below 1 KiB is refused before any rank starts (it once ran with 4-byte chunks).
 add_test(NAME collectives_ring_bad_chunk
-  COMMAND ${_tr} bench collectives --backend gloo-cpu --nproc 2 --algo ring --chunk 0)
-set_tests_properties(collectives_ring_bad_chunk PROPERTIES TIMEOUT 30
-  PASS_REGULAR_EXPRESSION "--chunk 0: the ring's chunk must be at least 1K")
+  COMMAND ${_expect} 2 "--chunk 0: the ring's chunk must be at least 1K" --
+          ${_tr} bench collectives --backend gloo-cpu --nproc 2 --algo ring --chunk 0)
+set_tests_properties(collectives_ring_bad_chunk PROPERTIES TIMEOUT 30)
 
 # The user's own mpiexec, without the trainrun launcher.
 find_program(_mpiexec NAMES mpiexec.hydra mpiexec)
 if(_mpiexec)
+  _verify_checks(_k 2 all)
   add_test(NAME collectives_verify.mpi.user_mpiexec
-    COMMAND ${_mpiexec} -n 2 ${_tr} bench collectives --backend mpi --verify
+    COMMAND ${_expect} 0 "world_size 2, ${_k} checks per rank, 0 failure" -- ${_mpiexec} -n 2 ${_tr} bench collectives --backend mpi --verify
             --counts 0,1,7,100003 --set accelerator.threads=1)
   set_tests_properties(collectives_verify.mpi.user_mpiexec PROPERTIES TIMEOUT 300
     ENVIRONMENT "OMP_NUM_THREADS=1;OPENBLAS_NUM_THREADS=1")
