@@ -32,16 +32,28 @@ endforeach()
 # (world 2 for the distributed strategies) that must end with a finite loss. A strategy joins
 # with one precision_matrix() line; its extra --set arguments follow the strategy's name.
 # precision_matrix(<strategy> <world size> [--set key=value ...])
+# The fp32 cell is a fixture of the strategy's other cells, which compare their losses with it.
+set(_pm_work ${CMAKE_CURRENT_BINARY_DIR}/work/precision-matrix)
 function(precision_matrix strategy world)
   foreach(precision fp32 bf16-mixed fp16-mixed)
     set(_name precision_matrix.${strategy}.${precision})
+    if(precision STREQUAL "fp32")
+      set(_ref -)
+    else()
+      set(_ref ${_pm_work}/${strategy}-fp32/run)
+    endif()
     add_test(NAME ${_name}
       COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/precision_matrix.sh $<TARGET_FILE:trainrun>
               ${CMAKE_CURRENT_SOURCE_DIR}/jobs/precision-matrix.toml
-              ${CMAKE_CURRENT_BINARY_DIR}/work/precision-matrix/${strategy}-${precision}
-              ${strategy} ${precision} ${world} ${ARGN})
+              ${_pm_work}/${strategy}-${precision}
+              ${strategy} ${precision} ${world} ${_ref} ${ARGN})
     set_tests_properties(${_name} PROPERTIES TIMEOUT 120 LABELS precision_matrix
       ENVIRONMENT "OMP_NUM_THREADS=1;OPENBLAS_NUM_THREADS=1")
+    if(precision STREQUAL "fp32")
+      set_tests_properties(${_name} PROPERTIES FIXTURES_SETUP precision_fp32_${strategy})
+    else()
+      set_tests_properties(${_name} PROPERTIES FIXTURES_REQUIRED precision_fp32_${strategy})
+    endif()
   endforeach()
 endfunction()
 
@@ -58,9 +70,9 @@ foreach(cell "single;bf16-true;1" "ddp;bf16-true;2" "single;auto;1")
   add_test(NAME precision_extra.${_s}.${_p}
     COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/precision_matrix.sh $<TARGET_FILE:trainrun>
             ${CMAKE_CURRENT_SOURCE_DIR}/jobs/precision-matrix.toml
-            ${CMAKE_CURRENT_BINARY_DIR}/work/precision-matrix/${_s}-${_p} ${_s} ${_p} ${_w})
+            ${_pm_work}/${_s}-${_p} ${_s} ${_p} ${_w} ${_pm_work}/${_s}-fp32/run)
   set_tests_properties(precision_extra.${_s}.${_p} PROPERTIES TIMEOUT 120 LABELS precision_matrix
-    ENVIRONMENT "OMP_NUM_THREADS=1;OPENBLAS_NUM_THREADS=1")
+    FIXTURES_REQUIRED precision_fp32_${_s} ENVIRONMENT "OMP_NUM_THREADS=1;OPENBLAS_NUM_THREADS=1")
 endforeach()
 
 # The sharded strategies join the matrix: zero at stage 3 (the gpt-less matrix model is one unit,
