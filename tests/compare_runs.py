@@ -49,6 +49,8 @@ def main():
         raise SystemExit(f"{a.label}: {len(run_steps)} steps logged, reference has {len(ref_steps)}")
     worst_loss, worst_step = 0.0, 0
     for x, y in zip(ref_steps, run_steps):
+        if x["step"] != y["step"]:
+            errors.append(f"step numbers differ: {y['step']} logged where the reference has {x['step']}")
         rel = abs(x["loss"] - y["loss"]) / max(abs(x["loss"]), 1e-30)
         if rel > worst_loss:
             worst_loss, worst_step = rel, x["step"]
@@ -56,7 +58,10 @@ def main():
             errors.append(f"step {x['step']}: loss {y['loss']!r} vs reference {x['loss']!r} (rel {rel:.2e})")
     worst_norm, worst_norm_step = 0.0, 0
     for x, y in zip(ref_steps, run_steps):
+        # Every step logs its gradient norm; a missing one is a failure, not a skipped check.
         if "grad_norm" not in x or "grad_norm" not in y:
+            errors.append(f"step {x['step']}: grad_norm missing from "
+                          f"{'the reference' if 'grad_norm' not in x else 'the run'}")
             continue
         rel = abs(x["grad_norm"] - y["grad_norm"]) / max(abs(x["grad_norm"]), 1e-30)
         if rel > worst_norm:

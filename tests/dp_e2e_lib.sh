@@ -73,41 +73,43 @@ for s in sorted(a):
     assert rel <= tol, f"step {s}: loss {x!r} (single) vs {y!r} ({strategy}), rel {rel:.2e} > {tol}"
 assert a[1][0]["loss"] > a[20][0]["loss"], "the model did not train"
 print(f"OK: {run} vs {ref}: worst relative loss difference {worst:.2e} over 20 steps (tolerance {tol})")
-# Final weights (the trainer's model.safetensors, where it writes one): same tolerance, per
-# tensor relative to its largest entry. Read without numpy: JSON header, then raw float32.
+# Final weights (every run writes model.safetensors): same tolerance, per tensor relative to its
+# largest entry. Read without numpy: JSON header, then raw float32; any other dtype or a missing
+# file fails rather than leaving tensors out of the comparison.
 import os, struct
 def tensors(d):
     path = f"{work}/{d}/model.safetensors"
-    if not os.path.exists(path):
-        return None
+    assert os.path.exists(path), f"{path} is missing"
     with open(path, "rb") as f:
         n = struct.unpack("<Q", f.read(8))[0]
         header = json.loads(f.read(n))
         data = f.read()
     out = {}
     for name, t in header.items():
-        if name == "__metadata__" or t["dtype"] != "F32":
+        if name == "__metadata__":
             continue
+        assert t["dtype"] == "F32", f"{path}: {name} is {t['dtype']}, expected F32"
         lo, hi = t["data_offsets"]
         out[name] = struct.unpack(f"<{(hi - lo) // 4}f", data[lo:hi])
     return out
 wa, wb = tensors(ref), tensors(run)
-if wa is not None and wb is not None:
-    assert wa.keys() == wb.keys(), f"tensors differ: {sorted(wa)} vs {sorted(wb)}"
-    worst_w, where = 0.0, ""
-    for name in wa:
-        scale = max(max(abs(v) for v in wa[name]), 1e-12)
-        d = max(abs(x - y) for x, y in zip(wa[name], wb[name])) / scale
-        if d > worst_w:
-            worst_w, where = d, name
-    assert worst_w <= wtol, f"final weights: {where} differs by {worst_w:.2e} (relative) > {wtol}"
-    print(f"OK: final weights: worst relative difference {worst_w:.2e} ({where or 'none'}, tolerance {wtol})")
+assert wa and wa.keys() == wb.keys(), f"tensors differ: {sorted(wa)} vs {sorted(wb)}"
+worst_w, where = 0.0, ""
+for name in wa:
+    assert len(wa[name]) == len(wb[name]), f"{name}: {len(wb[name])} elements vs {len(wa[name])}"
+    scale = max(max(abs(v) for v in wa[name]), 1e-12)
+    d = max(abs(x - y) for x, y in zip(wa[name], wb[name])) / scale
+    if d > worst_w:
+        worst_w, where = d, name
+assert worst_w <= wtol, f"final weights: {where} differs by {worst_w:.2e} (relative) > {wtol}"
+print(f"OK: final weights: worst relative difference {worst_w:.2e} ({where or 'none'}, tolerance {wtol})")
 last = b[20][0]
-if "comm_bytes" in last:
-    print(f"{strategy} metrics (rank 0, step 20):",
-          {k: last[k] for k in ("step_time_s", "comm_bytes", "comm_exposed_s", "buckets",
-                                "buckets_overlapped", "fused_buffers", "negotiation_rounds")
-           if k in last})
-    assert last["comm_bytes"] > 0 and last.get("buckets", 1) >= 1
+# A data-parallel run communicates every step and says how much.
+assert "comm_bytes" in last, f"{strategy}: step 20 does not log comm_bytes"
+print(f"{strategy} metrics (rank 0, step 20):",
+      {k: last[k] for k in ("step_time_s", "comm_bytes", "comm_exposed_s", "buckets",
+                            "buckets_overlapped", "fused_buffers", "negotiation_rounds")
+       if k in last})
+assert last["comm_bytes"] > 0 and last.get("buckets", 1) >= 1
 PY
 }

@@ -53,10 +53,16 @@ for s in sorted(set(ref) & set(run)):
     worst = max(worst, abs(x - y) / abs(x))
     same += x == y
     for key, want in (("fsdp_max_unit_full_bytes", a.gather_ratio), ("comm_bytes", a.comm_ratio)):
-        if want is not None and ref[s].get(key):
-            got = run[s][key] / ref[s][key]
-            if abs(got - want) > 1e-9:
-                errors.append(f"step {s}: {key} ratio {got:.6f}, expected {want}")
+        if want is None:
+            continue
+        # Asked for a ratio: the figure must be logged (and non-zero) by both runs.
+        if not ref[s].get(key) or not run[s].get(key):
+            errors.append(f"step {s}: {key} missing or zero (reference {ref[s].get(key)}, "
+                          f"run {run[s].get(key)})")
+            continue
+        got = run[s][key] / ref[s][key]
+        if abs(got - want) > 1e-9:
+            errors.append(f"step {s}: {key} ratio {got:.6f}, expected {want}")
 if worst > a.loss_rtol:
     errors.append(f"worst training-loss difference {worst:.3g} > {a.loss_rtol}")
 if same == len(ref):
@@ -67,7 +73,10 @@ else:
     e = abs(ref_eval[-1] - run_eval[-1]) / abs(ref_eval[-1])
     if e > a.loss_rtol:
         errors.append(f"evaluation loss {run_eval[-1]} vs {ref_eval[-1]}: {e:.3g} > {a.loss_rtol}")
-bad = {k: v for k, v in dtypes(f"{a.run}/model.safetensors").items() if v != "F32"}
+saved = dtypes(f"{a.run}/model.safetensors")
+bad = {k: v for k, v in saved.items() if v != "F32"}
+if not saved:
+    errors.append("model.safetensors holds no tensors")
 if bad:
     errors.append(f"model.safetensors has non-float32 tensors: {bad}")
 print(f"{a.label}: {len(ref)} steps, worst loss difference vs float32 {worst:.2e}, evaluation "
