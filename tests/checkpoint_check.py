@@ -4,8 +4,11 @@ of the safetensors format).
 
   checkpoint_check.py same-weights A.safetensors B.safetensors
       every tensor of A is in B with the same dtype, shape and BYTES (tolerance 0), and no extra
-  checkpoint_check.py same-losses REF_DIR RUN_DIR FIRST_STEP
-      metrics.jsonl losses of steps >= FIRST_STEP are equal (exactly) in both runs
+  checkpoint_check.py same-losses REF_DIR RUN_DIR FIRST_STEP [--skips]
+      RUN_DIR (a resumed run) logged exactly the steps FIRST_STEP..last of REF_DIR, no earlier
+      ones (a resume that retrained from step 1 fails), with the same losses (exactly) and the
+      same skipped steps; with --skips at least one of those steps was skipped (fp16-mixed's
+      overflow after the resume point)
   checkpoint_check.py consolidated OUT_DIR REF.safetensors
       OUT_DIR's model.safetensors, or the shards its model.safetensors.index.json lists, hold
       exactly REF's tensor names with the same bytes
@@ -48,20 +51,27 @@ def same_weights(a, b):
     print(f"bitwise equal: {len(ta)} tensors, {nbytes} bytes, 0 differing bits")
 
 
-def losses(run_dir):
+def step_rows(run_dir):
     rows = [json.loads(l) for l in open(os.path.join(run_dir, "metrics.jsonl"))]
-    return {r["step"]: r["loss"] for r in rows if "loss" in r and "eval_loss" not in r}
+    return {r["step"]: r for r in rows if "loss" in r and "eval_loss" not in r}
 
 
-def same_losses(ref, run, first):
-    a, b = losses(ref), losses(run)
-    steps = sorted(s for s in b if s >= first)
-    if not steps:
-        sys.exit(f"{run}: no step >= {first} in metrics.jsonl")
+def same_losses(ref, run, first, want_skip=False):
+    a, b = step_rows(ref), step_rows(run)
+    steps = sorted(b)
+    want = [s for s in sorted(a) if s >= first]
+    if steps != want:
+        sys.exit(f"{run}: logged steps {steps[:3]}...{steps[-3:]}, expected exactly "
+                 f"{want[:1]}..{want[-1:]} (a resume continues at step {first})")
     for s in steps:
-        if a.get(s) != b[s]:
-            sys.exit(f"step {s}: loss {b[s]!r} vs reference {a.get(s)!r}")
-    print(f"losses equal (exactly) at steps {steps[0]}..{steps[-1]}")
+        if a[s]["loss"] != b[s]["loss"]:
+            sys.exit(f"step {s}: loss {b[s]['loss']!r} vs reference {a[s]['loss']!r}")
+        if bool(a[s].get("skipped")) != bool(b[s].get("skipped")):
+            sys.exit(f"step {s}: skipped {b[s].get('skipped')} vs reference {a[s].get('skipped')}")
+    skipped = [s for s in steps if b[s].get("skipped")]
+    if want_skip and not skipped:
+        sys.exit(f"{run}: no step was skipped after step {first - 1}, expected fp16's overflow skip")
+    print(f"losses equal (exactly) at steps {steps[0]}..{steps[-1]}, skipped steps {skipped}")
 
 
 def consolidated(out, ref):
@@ -97,7 +107,7 @@ if __name__ == "__main__":
     if cmd == "same-weights":
         same_weights(*args)
     elif cmd == "same-losses":
-        same_losses(args[0], args[1], int(args[2]))
+        same_losses(args[0], args[1], int(args[2]), "--skips" in args[3:])
     elif cmd == "consolidated":
         consolidated(*args)
     elif cmd == "eval-loss":

@@ -56,13 +56,13 @@ exact() {
     --set trainer.resume=latest --set trainer.run_dir="$work/resumed"
   expect_in "$work/second.log" "resumed from .*step-0000010 at step 10"
   check same-weights "$work/straight/model.safetensors" "$work/resumed/model.safetensors"
-  check same-losses "$work/straight" "$work/resumed" 11
+  check same-losses "$work/straight" "$work/resumed" 11 ${skips:+--skips}
 }
 
 case $case in
   exact_single) exact mlp --set strategy.plugin=single --set accelerator.plugin=cpu ;;
   exact_ddp) exact mlp --set strategy.plugin=ddp --set launch.nproc_per_node=2 ;;
-  exact_ddp_fp16) exact mlp --set strategy.plugin=ddp --set launch.nproc_per_node=2 --set precision.plugin=fp16-mixed ;;
+  exact_ddp_fp16) skips=1 exact mlp --set strategy.plugin=ddp --set launch.nproc_per_node=2 --set precision.plugin=fp16-mixed ;;
   exact_bf16_true) exact mlp --set strategy.plugin=single --set accelerator.plugin=cpu --set precision.plugin=bf16-true ;;
   exact_ring) exact mlp --set strategy.plugin=ring --set launch.nproc_per_node=2 ;;
   exact_zero3) exact gpt --set strategy.plugin=zero --set strategy.stage=3 --set launch.nproc_per_node=2 ;;
