@@ -38,6 +38,8 @@ kill9)
   rc=0; wait "$launcher" || rc=$?
   t=$(elapsed "$t0")
   cat "$work/out" "$work/err"
+  # A shell's code for a process killed by SIGKILL: the launcher passes on the killed rank's.
+  [ "$backend" = mpi ] || expect_rc 137 "$rc"
   [ "$rc" -ne 0 ] || fail "exit code 0 after a rank was killed"
   within 15 "$t" "kill -9 of rank 1 (pid $victim) to the end of the job"
   if [ "$backend" = mpi ]; then
@@ -71,6 +73,8 @@ kill9_no_launcher)
     t=$(elapsed "$t0")
     cat "$work/out-$r"
     [ "$rc" -ne 0 ] || fail "rank $r exited 0 after its peer died"
+    # The survivor's communicator fails the operation: an error exit, not a crash or a kill.
+    [ "$rc" -lt 128 ] || fail "rank $r ended with exit code $rc (a signal) instead of an error"
     within 15 "$t" "kill -9 of rank 1 to rank $r's error exit"
     expect_in "$work/out-$r" "(all_reduce\(sum, float32 x 4194304, 16777216 B\)|barrier\(\)) #[0-9]+ in group world"
   done
@@ -80,33 +84,36 @@ mismatch)
   # Rank 1 all-reduces 11 elements where rank 0 all-reduces 10: an immediate error naming both.
   t0=$(now)
   rc=0
-  "$tr" "${bench[@]}" --nproc 2 --inject mismatch:1 --op allreduce --sizes 4K --iters 1 --warmup 0 --set accelerator.timeout_s=60 >"$work/out" 2>&1 || rc=$?
+  "$tr" "${bench[@]}" --nproc 2 --inject mismatch:1 --op allreduce --sizes 4K --iters 1 --warmup 0 --label "$tag" --set accelerator.timeout_s=60 >"$work/out" 2>&1 || rc=$?
   t=$(elapsed "$t0")
   cat "$work/out"
   [ "$rc" -ne 0 ] || fail "exit code 0"
   within 30 "$t" "mismatched collective to the end of the job"
   expect_in "$work/out" "collective mismatch at #1 in group world: rank [01] issued all_reduce\(sum, float32 x 1[01], 4[04] B\) but rank [01] issued all_reduce\(sum, float32 x 1[01], 4[04] B\)"
+  no_leftovers "$tag"
   ;;
 stall)
   # Rank 1 arrives 4 s late with stall_warning_s = 1: the others are told who is missing, with
   # host, pid and progress; then the job completes normally.
   rc=0
-  "$tr" "${bench[@]}" --nproc 2 --inject stall:1:4 --set accelerator.stall_warning_s=1 --op allreduce --sizes 4K --iters 1 --warmup 0 >"$work/out" 2>&1 || rc=$?
+  "$tr" "${bench[@]}" --nproc 2 --inject stall:1:4 --set accelerator.stall_warning_s=1 --op allreduce --sizes 4K --iters 1 --warmup 0 --label "$tag" >"$work/out" 2>&1 || rc=$?
   cat "$work/out"
   [ "$rc" -eq 0 ] || fail "exit code $rc"
   expect_in "$work/out" "warning: rank 0: all_reduce\(sum, float32 x 10, 40 B\) #1 in group world has waited [0-9.]+ s; not arrived: rank 1 \(host [^,]+, pid [0-9]+\): last completed none, first pending none, last heard"
+  no_leftovers "$tag"
   ;;
 timeout)
   # Rank 1 arrives 20 s late and the operation timeout is 3 s: rank 0's error names the
   # operation, the group and the missing rank, within the timeout (plus start-up).
   t0=$(now)
   rc=0
-  "$tr" "${bench[@]}" --nproc 2 --inject stall:1:20 --set accelerator.timeout_s=3 --op allreduce --sizes 4K --iters 1 --warmup 0 >"$work/out" 2>&1 || rc=$?
+  "$tr" "${bench[@]}" --nproc 2 --inject stall:1:20 --set accelerator.timeout_s=3 --op allreduce --sizes 4K --iters 1 --warmup 0 --label "$tag" >"$work/out" 2>&1 || rc=$?
   t=$(elapsed "$t0")
   cat "$work/out"
   [ "$rc" -ne 0 ] || fail "exit code 0"
   within 15 "$t" "a 3 s operation timeout to the end of the job"
   expect_in "$work/out" "all_reduce\(sum, float32 x 10, 40 B\) #1 in group world timed out after 3(\.0)? s; not arrived: rank 1 \(host [^,]+, pid [0-9]+\)"
+  no_leftovers "$tag"
   ;;
 rendezvous)
   # Rank 1 never starts: rank 0 reports it by number within the rendezvous timeout.

@@ -30,8 +30,21 @@ wait_for() {
   cat "$1"; fail "no /$2/ in $1 after ${3:-20} s"
 }
 # no_leftovers <pattern>: no process whose command line contains <pattern> is still running.
+# Also no shared-memory segment of the gloo-cpu transport (/dev/shm/trainrun-*) that was not
+# there when the test started: segments are unlinked as soon as both ends map them, so one of a
+# concurrent test may exist for a moment, and a leftover is one still there 3 s later.
+shm_segments() { ls /dev/shm 2>/dev/null | grep '^trainrun-' | sort || true; }
+shm_at_start=$(shm_segments)
 no_leftovers() {
+  command -v pgrep >/dev/null || fail "pgrep (Debian's procps) is missing: cannot check for leftover processes"
   sleep 0.5
   if pgrep -af -- "$1" | grep -v -e pgrep -e "$0"; then fail "processes left behind (above)"; fi
-  echo "no processes left behind"
+  local new=""
+  for _ in $(seq 1 30); do
+    new=$(comm -13 <(echo "$shm_at_start") <(shm_segments))
+    [ -z "$new" ] && break
+    sleep 0.1
+  done
+  [ -z "$new" ] || fail "shared-memory segments left behind in /dev/shm: $new"
+  echo "no processes or shared-memory segments left behind"
 }
