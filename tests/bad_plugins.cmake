@@ -44,6 +44,29 @@ trainrun_test_plugin(bad-duplicate-a duplicate-a SOURCES ${_bad_src}/duplicate.c
 trainrun_test_plugin(bad-duplicate-b duplicate-b SOURCES ${_bad_src}/duplicate.cpp
   DEFINITIONS DUP_COMPONENT_NAME="dup-second")
 
+trainrun_test_plugin(bad-struct-size struct-size SOURCES ${_bad_src}/handmade_descriptor.cpp
+  DEFINITIONS BAD_STRUCT_SIZE=16 BAD_PLUGIN_NAME="bad-struct-size" BAD_COMPONENT_NAME="short-net")
+trainrun_test_plugin(bad-cxx11-abi cxx11-abi SOURCES ${_bad_src}/handmade_descriptor.cpp
+  DEFINITIONS BAD_CXX11_ABI BAD_PLUGIN_NAME="bad-cxx11-abi" BAD_COMPONENT_NAME="cxxabi-net")
+trainrun_test_plugin(bad-torch-copy torch-copy SOURCES ${_bad_src}/handmade_descriptor.cpp
+  DEFINITIONS BAD_TORCH_ANCHOR BAD_PLUGIN_NAME="bad-torch-copy" BAD_COMPONENT_NAME="copy-net")
+trainrun_test_plugin(bad-entry-throws entry-throws SOURCES ${_bad_src}/handmade_descriptor.cpp
+  DEFINITIONS BAD_ENTRY_THROWS BAD_PLUGIN_NAME="bad-entry-throws" BAD_COMPONENT_NAME="unused")
+trainrun_test_plugin(bad-entry-null entry-null SOURCES ${_bad_src}/handmade_descriptor.cpp
+  DEFINITIONS BAD_ENTRY_NULL BAD_PLUGIN_NAME="bad-entry-null" BAD_COMPONENT_NAME="unused")
+trainrun_test_plugin(bad-declare-throws declare-throws SOURCES ${_bad_src}/handmade_descriptor.cpp
+  DEFINITIONS BAD_DECLARE_THROWS BAD_PLUGIN_NAME="bad-declare-throws" BAD_COMPONENT_NAME="declare-net")
+
+# A plugin whose dependency is missing: dep.cpp's library carries the SONAME
+# libtrainrun-test-absent.so (no CMake-made SONAME), which the plugin records as needed and
+# which no file is named.
+add_library(bad-dep SHARED ${_bad_src}/dep.cpp)
+set_target_properties(bad-dep PROPERTIES NO_SONAME ON OUTPUT_NAME trainrun-test-dep
+  LIBRARY_OUTPUT_DIRECTORY ${_bad_out}/dep-lib)
+target_link_options(bad-dep PRIVATE "-Wl,-soname,libtrainrun-test-absent.so")
+trainrun_test_plugin(bad-missing-dep missing-dep SOURCES ${_bad_src}/missing_dep.cpp)
+target_link_libraries(bad-missing-dep PRIVATE bad-dep)
+
 # An ordinary shared library: no trainrun headers, no entry symbol.
 add_library(bad-not-a-plugin SHARED ${_bad_src}/not_a_plugin.cpp)
 set_target_properties(bad-not-a-plugin PROPERTIES
@@ -61,7 +84,8 @@ set_target_properties(bad-entry-v2 PROPERTIES
 trainrun_use_pch(bad-entry-v2)
 
 set(_bad_targets bad-abi-major bad-abi-minor bad-null-components bad-abi-major-layout bad-torch-version bad-exploding bad-duplicate-a
-                 bad-duplicate-b bad-not-a-plugin bad-entry-v2)
+                 bad-duplicate-b bad-not-a-plugin bad-entry-v2 bad-struct-size bad-cxx11-abi
+                 bad-torch-copy bad-entry-throws bad-entry-null bad-declare-throws bad-missing-dep)
 add_custom_target(bad_plugins DEPENDS ${_bad_targets})
 
 # Corrupt files are made at test time (a fixture), from a real plugin.
@@ -176,6 +200,32 @@ bad_plugin_test(bad_plugin_abi_major_layout 0
   "warning: plugin ${_f}: built for ABI 2\\.${TRAINRUN_ABI_MINOR}, this trainrun supports ABI 1\\.${TRAINRUN_ABI_MINOR}.*skipped"
   -- ${_trainrun} plugins --plugin-path ${_bad_out}/abi-major-layout)
 
+# The loader's other refusals, each named explicitly (exit 2, the check that failed) and in a
+# directory (a warning; the shipped plugins still load).
+foreach(case
+    "struct-size|bad-struct-size|descriptor is 16 bytes, at least [0-9]+ expected"
+    "cxx11-abi|bad-cxx11-abi|built with _GLIBCXX_USE_CXX11_ABI=[01], this trainrun uses _GLIBCXX_USE_CXX11_ABI=[01]"
+    "torch-copy|bad-torch-copy|resolves LibTorch to a different copy than this trainrun \\(two LibTorch libraries in one process\\)"
+    "entry-throws|bad-entry-throws|entry point threw: cannot initialise: licence file missing"
+    "entry-null|bad-entry-null|entry point returned no descriptor"
+    "declare-throws|bad-declare-throws|component 'declare-net' failed to declare its options: option table not ready"
+    "missing-dep|bad-missing-dep|could not be loaded: .*libtrainrun-test-absent\\.so")
+  string(REPLACE "|" ";" case "${case}")
+  list(GET case 0 _dir)
+  list(GET case 1 _target)
+  list(GET case 2 _why)
+  set(_f ${_bad_out}/${_dir}/libtrainrun-${_target}.so)
+  bad_plugin_test(bad_plugin_${_dir}_file 2 "error: plugin ${_f}: ${_why}"
+    -- ${_trainrun} plugins --plugin-path ${_f})
+  bad_plugin_test(bad_plugin_${_dir}_dir 0 "warning: plugin ${_f}: ${_why}.*skipped" "mlp +model"
+    -- ${_trainrun} plugins --plugin-path ${_bad_out}/${_dir})
+endforeach()
+# A job naming a component of a refused plugin gets the reason.
+bad_plugin_test(bad_plugin_cxx11_abi_job 2
+  "model plugin 'cxxabi-net' cannot be used: plugin ${_bad_out}/cxx11-abi/libtrainrun-bad-cxx11-abi.so: built with _GLIBCXX_USE_CXX11_ABI"
+  -- ${_trainrun} check --config ${_jobs}/mlp_idx.toml --set model.plugin=cxxabi-net
+     --plugin-path ${_bad_out}/cxx11-abi)
+
 # The same plugin name in two directories: the first on the path wins, the warning names both.
 set(_a ${_bad_out}/duplicate-a/libtrainrun-bad-duplicate-a.so)
 set(_b ${_bad_out}/duplicate-b/libtrainrun-bad-duplicate-b.so)
@@ -191,7 +241,8 @@ bad_plugin_test(bad_plugin_duplicate_name_reversed 0
 # Every broken plugin on the path at once: a job that needs none of them still trains.
 set(_all)
 foreach(c abi-major abi-minor torch-version not-a-plugin entry-v2 corrupt-truncated corrupt-text
-          corrupt-empty exploding duplicate-a duplicate-b null-components abi-major-layout)
+          corrupt-empty exploding duplicate-a duplicate-b null-components abi-major-layout
+          struct-size cxx11-abi torch-copy entry-throws entry-null declare-throws missing-dep)
   list(APPEND _all --plugin-path ${_bad_out}/${c})
 endforeach()
 bad_plugin_test(bad_plugins_good_job_still_trains 0

@@ -4,7 +4,7 @@ source "$(dirname "$0")/e2e_lib.sh"
 tr=$1 jobs=$2 work=$3
 rm -rf "$work" && mkdir -p "$work"
 run "$work/check" "$tr" check --config "$jobs/mlp-small.toml"
-grep -q "valid" "$work/check" && grep -q "^\[optimizer\]" "$work/check" || fail "check did not print the job"
+grep -qE "^# .*mlp-small.toml: valid$" "$work/check" && grep -q "^\[optimizer\]" "$work/check" || fail "check did not print the job"
 run "$work/plugins" "$tr" plugins
 for c in mlp cnn gpt torchscript idx text single cpu fp32 sgd adamw metrics progress tensorboard; do
   grep -qE "^$c +" "$work/plugins" || fail "trainrun plugins does not list $c"

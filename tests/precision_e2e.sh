@@ -29,8 +29,8 @@ fails_with() {
   local rc=0
   timeout 100 "$tr" "$@" >"$work/fail.log" 2>&1 || rc=$?
   cat "$work/fail.log"
-  [ "$rc" -ne 0 ] || fail "the run succeeded; expected an error"
   [ "$rc" -ne 124 ] || fail "the run hung"
+  expect_rc 2 "$rc"
   expect_in "$work/fail.log" "$re"
 }
 

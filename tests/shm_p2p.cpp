@@ -334,7 +334,8 @@ int run_rank(const std::string& mode, int rank, int n, int port, const std::vect
     auto c = connect(port, rank, n, true, 60);
     c->barrier()->wait();
     if (rank == 0) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(3000));
+      // Longer than rank 1's widest accepted wait, so its recv can only end by timing out.
+      std::this_thread::sleep_for(std::chrono::milliseconds(8000));
       return 0;
     }
     auto t = torch::zeros({1000});
@@ -342,7 +343,9 @@ int run_rank(const std::string& mode, int rank, int n, int port, const std::vect
     const std::string e = error_of([&] { c->recv(t, {0, 4, 1.0})->wait(); });
     const double s = std::chrono::duration<double>(Clock::now() - t0).count();
     std::cout << "rank 1 error after " << s << " s: " << e << std::endl;
-    expect(s > 0.9 && s < 2.5, rank, "timeout after " + std::to_string(s) + " s");
+    // A 1 s timeout: never early; late by up to 5 s when ctest -j2 loads the 2 cores (the
+    // property under test is that it ends by itself, naming the peer, not its exact latency).
+    expect(s > 0.9 && s < 6.0, rank, "timeout after " + std::to_string(s) + " s");
     expect(contains(e, "from rank 0, tag 4") && contains(e, "timed out"), rank,
            "error does not name the recv and the timeout");
     return failures;

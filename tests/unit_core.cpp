@@ -9,6 +9,8 @@
 #include <torch/torch.h>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "job_files.hpp"
 #include "trainrun/core/config.hpp"
 #include "trainrun/core/registry.hpp"
@@ -66,6 +68,26 @@ TEST_CASE("sizes and durations with units") {
   CHECK(core::parse_duration("2.5") == doctest::Approx(2.5));
   CHECK_THROWS_AS(core::parse_duration("soon"), std::invalid_argument);
   CHECK_THROWS_AS(core::parse_duration("5 fortnights"), std::invalid_argument);
+}
+
+TEST_CASE("parse errors quote at most 40 printable characters of what they read") {
+  // A meta.json cut short inside a 3 KB base64 string: nlohmann quotes all of it.
+  const std::string damaged = "{\"rng\": \"" + std::string(3000, 'A') + "\x01\x02";
+  std::string raw;
+  try {
+    (void)nlohmann::json::parse(damaged);
+  } catch (const nlohmann::json::parse_error& e) {
+    raw = e.what();
+  }
+  REQUIRE(raw.size() > 3000);
+  const std::string text = v1::parse_error_text(raw);
+  CHECK(text.size() < 200);
+  CHECK(text.find("last read: '...AAAA") != std::string::npos);
+  for (char c : text) CHECK((c >= 0x20 && c <= 0x7e));
+  CHECK(text.substr(0, 30) == raw.substr(0, 30));
+  // Short excerpts and messages without one are kept as they are.
+  CHECK(v1::parse_error_text("x; last read: 'ab'") == "x; last read: 'ab'");
+  CHECK(v1::parse_error_text("no excerpt here") == "no excerpt here");
 }
 
 TEST_CASE("did you mean") {

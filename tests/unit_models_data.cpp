@@ -551,7 +551,7 @@ TEST_SUITE("determinism") {
     }
   }
 
-  TEST_CASE("dropout: same seed, same loss") {
+  TEST_CASE("dropout: same seed, same loss; another seed or eval mode, another") {
     Overrides o = small_gpt();
     o["dropout"] = 0.2;
     torch::manual_seed(5);
@@ -563,6 +563,17 @@ TEST_SUITE("determinism") {
     torch::manual_seed(9);
     const double l2 = m->forward(b).loss_sum.item<double>();
     CHECK(l1 == l2);
+    // Dropout must act: another seed draws other masks, and evaluation (no dropout) differs from
+    // both; a dropout that did nothing would give the same loss all three times.
+    torch::manual_seed(10);
+    const double l3 = m->forward(b).loss_sum.item<double>();
+    CHECK(l3 != l1);
+    m->train(false);
+    torch::manual_seed(9);
+    const double eval = m->forward(b).loss_sum.item<double>();
+    torch::manual_seed(10);
+    CHECK(m->forward(b).loss_sum.item<double>() == eval);
+    CHECK(eval != l1);
   }
 }
 

@@ -8,7 +8,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -602,14 +606,58 @@ TEST_SUITE("callbacks") {
     CHECK(lines[0]["rank"] == 1);
   }
 
+  // What the code under test writes to stderr (fd 2) between construction and finish().
+  struct StderrCapture {
+    FILE* file = std::tmpfile();
+    int saved = -1;
+    StderrCapture() {
+      std::fflush(stderr);
+      saved = dup(STDERR_FILENO);
+      dup2(fileno(file), STDERR_FILENO);
+    }
+    std::string finish() {
+      std::fflush(stderr);
+      dup2(saved, STDERR_FILENO);
+      close(saved);
+      std::rewind(file);
+      std::string out;
+      char buf[4096];
+      size_t n;
+      while ((n = std::fread(buf, 1, sizeof buf, file)) > 0) out.append(buf, n);
+      std::fclose(file);
+      return out;
+    }
+  };
+
+  // A full training of 3 steps: rank 0 draws (\r-redrawn, the last line at 3/3) when stderr is a
+  // terminal or the launcher says its own is (TRAINRUN_TTY=1); nothing otherwise, and never on
+  // another rank.
+  void run_progress(int rank, const char* tty, std::string* out) {
+    if (tty) setenv("TRAINRUN_TTY", tty, 1);
+    else unsetenv("TRAINRUN_TTY");
+    setenv("COLUMNS", "100", 1);
+    StderrCapture capture;
+    {
+      ProgressCallback cb(make_options<ProgressCallback>({{"refresh_s", 0.0}}), make_ctx(rank, 2));
+      cb.on_train_start(make_plan(3));
+      for (int64_t s = 1; s <= 3; ++s) cb.on_step_end(step_metrics(s, 3));
+      cb.on_train_end({});
+    }
+    *out = capture.finish();
+    unsetenv("TRAINRUN_TTY");
+    unsetenv("COLUMNS");
+  }
+
   TEST_CASE("progress runs through a training (draws only when stderr is a terminal)") {
-    ProgressCallback cb(make_options<ProgressCallback>({{"refresh_s", 0.0}}), make_ctx());
-    cb.on_train_start(make_plan(3));
-    for (int64_t s = 1; s <= 3; ++s) cb.on_step_end(step_metrics(s, 3));
-    cb.on_train_end({});
-    ProgressCallback other_rank(make_options<ProgressCallback>(), make_ctx(1, 2));
-    other_rank.on_step_end(step_metrics(1, 3));
-    other_rank.on_train_end({});
+    std::string out;
+    run_progress(0, nullptr, &out);
+    CHECK(out.empty());
+    run_progress(0, "1", &out);
+    CHECK(std::count(out.begin(), out.end(), '\r') == 3);
+    CHECK(out.find("3/3 loss") != std::string::npos);
+    CHECK(out.find("100% [") != std::string::npos);
+    run_progress(1, "1", &out);
+    CHECK(out.empty());
   }
 
   TEST_CASE("progress line layout") {

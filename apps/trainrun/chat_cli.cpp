@@ -58,7 +58,7 @@ int run_chat_template_command(int argc, char** argv) {
     try {
       doc = nlohmann::ordered_json::parse(input);
     } catch (const nlohmann::ordered_json::parse_error& e) {
-      std::cerr << "trainrun chat-template: error: stdin: invalid JSON: " << e.what() << "\n";
+      std::cerr << "trainrun chat-template: error: stdin: invalid JSON: " << trainrun::v1::parse_error_text(e.what()) << "\n";
       return 2;
     }
     if (!doc.is_object() || !doc.contains("messages")) {

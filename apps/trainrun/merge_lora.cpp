@@ -68,7 +68,7 @@ int merge(const std::string& base_path, const std::string& adapter_dir, const st
     std::ifstream f(cfg_path);
     cfg = nlohmann::json::parse(f);
   } catch (const nlohmann::json::exception& e) {
-    throw ConfigError(cfg_path.string() + ": not valid JSON: " + e.what());
+    throw ConfigError(cfg_path.string() + ": not valid JSON: " + trainrun::v1::parse_error_text(e.what()));
   }
   const double scaling = scaling_of(cfg, cfg_path.string());
 

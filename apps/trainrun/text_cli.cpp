@@ -80,7 +80,7 @@ std::vector<json> read_jsonl(const std::string& input) {
     try {
       rows.push_back(json::parse(text));
     } catch (const json::parse_error& e) {
-      throw v1::ConfigError("stdin:" + std::to_string(line) + ": not a JSON object: " + e.what());
+      throw v1::ConfigError("stdin:" + std::to_string(line) + ": not a JSON object: " + v1::parse_error_text(e.what()));
     }
     if (!rows.back().is_object()) throw v1::ConfigError("stdin:" + std::to_string(line) + ": not a JSON object");
   }
@@ -197,7 +197,7 @@ int run_decode_command(int argc, char** argv) {
       try {
         j = json::parse(input);
       } catch (const json::parse_error& e) {
-        throw v1::ConfigError(std::string("stdin: not a JSON array of token ids: ") + e.what());
+        throw v1::ConfigError(std::string("stdin: not a JSON array of token ids: ") + v1::parse_error_text(e.what()));
       }
       out = tok.decode(ids_of(j, "stdin"), o.special);
     }

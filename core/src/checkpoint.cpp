@@ -324,7 +324,7 @@ nlohmann::json verify_checkpoint(const std::string& dir) {
     std::ifstream f(mp);
     meta = nlohmann::json::parse(f);
   } catch (const std::exception& e) {
-    throw CheckpointError("checkpoint " + mp.string() + ": corrupt: " + e.what());
+    throw CheckpointError("checkpoint " + mp.string() + ": corrupt: " + v1::parse_error_text(e.what()));
   }
   if (meta.value("format", "") != "trainrun-checkpoint" || !meta.contains("files"))
     throw CheckpointError("checkpoint " + mp.string() + ": not a trainrun checkpoint");

@@ -98,7 +98,7 @@ ModelDir::ModelDir(std::string dir) : dir_(std::move(dir)) {
     try {
       j = nlohmann::json::parse(read_text_file(index.string()));
     } catch (const nlohmann::json::exception& e) {
-      throw ConfigError(index.string() + ": not valid JSON: " + e.what());
+      throw ConfigError(index.string() + ": not valid JSON: " + trainrun::v1::parse_error_text(e.what()));
     }
     TR_CHECK_TYPED(ConfigError, j.contains("weight_map") && j["weight_map"].is_object(),
                    index.string(), ": no \"weight_map\" object");

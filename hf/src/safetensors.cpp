@@ -83,7 +83,7 @@ SafetensorsFile::SafetensorsFile(std::string path) : path_(std::move(path)) {
     try {
       header = nlohmann::ordered_json::parse(text);
     } catch (const std::exception& e) {
-      throw v1::Error(path_ + ": malformed safetensors header: " + e.what());
+      throw v1::Error(path_ + ": malformed safetensors header: " + v1::parse_error_text(e.what()));
     }
     TR_CHECK(header.is_object(), path_, ": malformed safetensors header (not a JSON object)");
     const uint64_t data_start = 8 + n, data_size = size - data_start;

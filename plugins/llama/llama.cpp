@@ -56,7 +56,7 @@ LlamaConfig LlamaConfig::from_json(const std::string& text, const std::string& s
   try {
     j = json::parse(text);
   } catch (const json::exception& e) {
-    throw ConfigError(src + ": not valid JSON: " + e.what());
+    throw ConfigError(src + ": not valid JSON: " + trainrun::v1::parse_error_text(e.what()));
   }
   TR_CHECK_TYPED(ConfigError, j.is_object(), src, ": not a JSON object");
   LlamaConfig c;

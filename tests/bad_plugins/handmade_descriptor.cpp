@@ -7,6 +7,13 @@
 //   BAD_DANGLING_COMPONENTS                components = a wild pointer, num_components = 3
 //                                          (what a plugin for another ABI major whose
 //                                          descriptor is laid out differently looks like)
+//   BAD_STRUCT_SIZE                        struct_size (default: the real size)
+//   BAD_CXX11_ABI                          cxx11_abi flipped (a plugin built with the other
+//                                          libstdc++ string ABI)
+//   BAD_TORCH_ANCHOR                       torch_anchor pointing into this plugin instead of
+//                                          LibTorch (what a second copy of LibTorch looks like)
+//   BAD_ENTRY_THROWS, BAD_ENTRY_NULL       the entry point throws / returns no descriptor
+//   BAD_DECLARE_THROWS                     the component's options declaration throws
 #include <trainrun/trainrun.hpp>
 
 #include "tiny_model.hpp"
@@ -30,23 +37,64 @@
 #ifndef BAD_TORCH_VERSION
 #define BAD_TORCH_VERSION TRAINRUN_BUILD_TORCH_VERSION
 #endif
+#ifndef BAD_STRUCT_SIZE
+#define BAD_STRUCT_SIZE sizeof(trainrun_plugin_descriptor_v1)
+#endif
+#ifdef BAD_CXX11_ABI
+#define BAD_CXX11_ABI_VALUE (1 - _GLIBCXX_USE_CXX11_ABI)
+#else
+#define BAD_CXX11_ABI_VALUE _GLIBCXX_USE_CXX11_ABI
+#endif
+
+#include <stdexcept>
+
+namespace {
+// Stands in for LibTorch's c10::GetCPUAllocator as a second copy of LibTorch would resolve it: an
+// address that is not the one trainrun's LibTorch has.
+[[maybe_unused]] void not_the_torch_allocator() {}
+
+#ifdef BAD_DECLARE_THROWS
+class ThrowingOptionsModel : public trainrun_test::TinyModel {
+ public:
+  using TinyModel::TinyModel;
+  static void declare_options(trainrun::v1::OptionSchema&) {
+    throw std::runtime_error("option table not ready");
+  }
+};
+using ComponentModel = ThrowingOptionsModel;
+#else
+using ComponentModel = trainrun_test::TinyModel;
+#endif
+}  // namespace
+
+#ifdef BAD_TORCH_ANCHOR
+#define BAD_ANCHOR reinterpret_cast<const void*>(&not_the_torch_allocator)
+#else
+#define BAD_ANCHOR reinterpret_cast<const void*>(&::c10::GetCPUAllocator)
+#endif
 
 extern "C" __attribute__((visibility("default"))) const trainrun_plugin_descriptor_v1*
 trainrun_plugin_entry(void) {
+#if defined(BAD_ENTRY_THROWS)
+  throw std::runtime_error("cannot initialise: licence file missing");
+#elif defined(BAD_ENTRY_NULL)
+  return nullptr;
+#else
   [[maybe_unused]] static const trainrun_component_v1 components[] = {
-      trainrun::v1::component<trainrun::v1::Model, trainrun_test::TinyModel>(
+      trainrun::v1::component<trainrun::v1::Model, ComponentModel>(
           BAD_COMPONENT_NAME, "test plugin with a deliberately wrong descriptor")};
   static const trainrun_plugin_descriptor_v1 descriptor = {
-      sizeof(trainrun_plugin_descriptor_v1),
+      static_cast<uint32_t>(BAD_STRUCT_SIZE),
       BAD_ABI_MAJOR,
       BAD_ABI_MINOR,
       BAD_TORCH_VERSION,
-      _GLIBCXX_USE_CXX11_ABI,
+      BAD_CXX11_ABI_VALUE,
       TRAINRUN_BUILD_COMPILER_ID,
       BAD_PLUGIN_NAME,
       "0.0.1",
-      reinterpret_cast<const void*>(&::c10::GetCPUAllocator),
+      BAD_ANCHOR,
       BAD_NUM_COMPONENTS,
       BAD_COMPONENTS};
   return &descriptor;
+#endif
 }

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "jinja_render.hpp"
+#include "trainrun/error.hpp"
 #include "jinja_syntax.hpp"
 
 namespace trainrun::text {
@@ -31,7 +32,7 @@ json read_json(const std::filesystem::path& p) {
   try {
     return json::parse(read_file(p));
   } catch (const json::parse_error& e) {
-    throw std::runtime_error(p.string() + ": invalid JSON: " + e.what());
+    throw std::runtime_error(p.string() + ": invalid JSON: " + trainrun::v1::parse_error_text(e.what()));
   }
 }
 

@@ -29,7 +29,7 @@ json read_json(const fs::path& p) {
   try {
     return json::parse(ss.str());
   } catch (const json::parse_error& e) {
-    throw v1::ConfigError(p.string() + ": not valid JSON: " + e.what());
+    throw v1::ConfigError(p.string() + ": not valid JSON: " + v1::parse_error_text(e.what()));
   }
 }
 

@@ -54,6 +54,25 @@ std::string cat(const A&... a) {
 }
 }  // namespace detail
 
+/// A parser's error message made fit to print: nlohmann::json quotes what it read last
+/// ("...; last read: '<excerpt>'"), which for a damaged file can be kilobytes of base64 or
+/// binary. The excerpt is cut to its last `max_chars` bytes (marked "...") and every byte that
+/// is not printable ASCII is shown as '?'. Messages without an excerpt are returned unchanged.
+inline std::string parse_error_text(const std::string& what, size_t max_chars = 40) {
+  const std::string marker = "last read: '";
+  const size_t at = what.find(marker);
+  if (at == std::string::npos) return what;
+  const size_t begin = at + marker.size();
+  size_t end = what.size();
+  if (end > begin && what[end - 1] == '\'') --end;
+  std::string excerpt = what.substr(begin, end - begin);
+  const bool cut = excerpt.size() > max_chars;
+  if (cut) excerpt = excerpt.substr(excerpt.size() - max_chars);
+  for (char& c : excerpt)
+    if (c < 0x20 || c > 0x7e) c = '?';
+  return what.substr(0, begin) + (cut ? "..." : "") + excerpt + "'";
+}
+
 }  // namespace trainrun::v1
 
 /// TR_CHECK(cond, msg...): throws trainrun::v1::Error(msg) carrying file:line when cond is false.
