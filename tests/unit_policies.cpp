@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <map>
 #include <string>
@@ -82,12 +83,16 @@ void check_close(const at::Tensor& ours, const at::Tensor& ref, const char* what
 
 // Runs `ours` and torch::optim `ref` over the fixture's gradients; `ref_lr(step)` lets the test
 // drive torch's learning rate per step, as a PyTorch LR scheduler would.
+// `lr_at` is the learning rate the test expects at each 0-based step, stated by the test itself
+// (not read from the optimizer under test): torch steps with it, and ours must report it too.
 template <class RefOptimizer, class RefOptions>
 void compare_with_torch(Optimizer& ours, RefOptimizer& ref, at::Tensor& ow, at::Tensor& ob,
-                        at::Tensor& rw, at::Tensor& rb, const Fixture& fx, int steps) {
+                        at::Tensor& rw, at::Tensor& rb, const Fixture& fx, int steps,
+                        const std::function<double(int64_t)>& lr_at) {
   for (int64_t s = 0; s < steps; ++s) {
+    CHECK(ours.lr(s) == doctest::Approx(lr_at(s)).epsilon(1e-12));
     for (auto& group : ref.param_groups())
-      static_cast<RefOptions&>(group.options()).lr(ours.lr(s));
+      static_cast<RefOptions&>(group.options()).lr(lr_at(s));
     fx.set_grads(s, ow, ob);
     fx.set_grads(s, rw, rb);
     ours.step(s);
@@ -134,8 +139,8 @@ TEST_SUITE("optim") {
                                             .dampening(c.dampening)
                                             .weight_decay(c.weight_decay)
                                             .nesterov(c.nesterov));
-        compare_with_torch<torch::optim::SGD, torch::optim::SGDOptions>(ours, ref, ow, ob, rw,
-                                                                         rb, fx, steps);
+        compare_with_torch<torch::optim::SGD, torch::optim::SGDOptions>(
+            ours, ref, ow, ob, rw, rb, fx, steps, [](int64_t) { return 0.1; });
         if (c.momentum != 0) {
           const auto st = ours.state();
           REQUIRE(st.size() == 4);
@@ -186,8 +191,8 @@ TEST_SUITE("optim") {
                                 torch::optim::AdamWOptions(opts).weight_decay(
                                     no_decay_1d ? 0.0 : 0.1)));
         torch::optim::AdamW ref(std::move(groups), opts);
-        compare_with_torch<torch::optim::AdamW, torch::optim::AdamWOptions>(ours, ref, ow, ob,
-                                                                             rw, rb, fx, steps);
+        compare_with_torch<torch::optim::AdamW, torch::optim::AdamWOptions>(
+            ours, ref, ow, ob, rw, rb, fx, steps, [](int64_t) { return 0.01; });
 
         const auto st = ours.state();
         REQUIRE(st.size() == 6);
@@ -222,8 +227,15 @@ TEST_SUITE("optim") {
                         std::make_unique<torch::optim::AdamWOptions>(
                             torch::optim::AdamWOptions(0.05).weight_decay(0.0)));
     torch::optim::AdamW ref(std::move(groups), torch::optim::AdamWOptions(0.05));
+    // Warm-up (s + 1) / 3 of the peak on steps 0-2, then PyTorch's CosineAnnealingLR closed
+    // form with T_max = 9 - 3 and eta_min = 0.005 from step 3 (lr_schedule.hpp's contract).
+    const auto lr_at = [](int64_t s) {
+      if (s < 3) return 0.05 * static_cast<double>(s + 1) / 3.0;
+      const double pi = std::acos(-1.0);
+      return 0.005 + (0.05 - 0.005) * (1.0 + std::cos(pi * static_cast<double>(s - 3) / 6.0)) / 2.0;
+    };
     compare_with_torch<torch::optim::AdamW, torch::optim::AdamWOptions>(ours, ref, ow, ob, rw,
-                                                                         rb, fx, steps);
+                                                                         rb, fx, steps, lr_at);
   }
 
   TEST_CASE("parameters without requires_grad-produced grads are left untouched") {
