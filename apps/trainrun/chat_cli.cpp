@@ -8,6 +8,7 @@
 #include <iterator>
 #include <string>
 
+#include "trainrun/error.hpp"
 #include "trainrun/text/chat_template.hpp"
 
 namespace trainrun::app {
