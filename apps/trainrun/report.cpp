@@ -77,6 +77,7 @@ struct Run {
   std::string job_toml;
   std::vector<std::string> banner;
   std::vector<std::pair<std::string, std::string>> runtime_files;  ///< name, pretty JSON
+  std::string components;          ///< "model cnn | data idx | ...", from the validated job
   std::string estimate_note;       ///< why there is no estimate, or which stage it shows
   std::vector<std::pair<std::string, double>> estimates;  ///< label, model-state bytes per rank
   std::vector<std::string> estimate_lines;
@@ -150,6 +151,9 @@ void add_estimate(Run& run) {
     core::Registry reg;
     reg.load_search_path(core::Registry::search_path({}, job_file.plugin_paths()));
     const core::JobConfig job = job_file.validate(reg);
+    run.components = "model " + job.model.plugin + " | data " + job.data.plugin + " | strategy " +
+                     job.strategy.plugin + " | accelerator " + job.accelerator.plugin +
+                     " | precision " + job.precision.plugin + " | optimizer " + job.optimizer.plugin;
     const core::MemoryCheck check = core::check_memory(job, reg);
     run.estimate_lines = check.lines;
     const int stage = stage_of(job);
@@ -226,6 +230,7 @@ Run load_run(const fs::path& dir) {
     }
   }
   add_estimate(run);
+  if (!banner_from_log && !run.components.empty()) run.banner.insert(run.banner.begin(), run.components);
 
   Json& s = run.summary;
   s["run_dir"] = fs::absolute(dir).lexically_normal().string();
@@ -339,7 +344,10 @@ Json build_charts(const std::vector<Run>& runs) {
   charts.push_back(std::move(st));
 
   if (any([](const Run& r) { return r.main.has("mem_model_state_bytes") || r.main.has("mem_peak_bytes"); })) {
-    Json mem = chart("memory", "Memory per rank vs the estimate (MiB)", "MiB");
+    // Model state against the estimate, and the step's peak (mostly activations) apart: on one
+    // axis the peak flattens the comparison the estimate is for.
+    Json mem = chart("memory", "Model state per rank vs the estimate (MiB)", "MiB");
+    Json peak_chart = chart("memory_peak", "Peak memory per rank in the step (MiB)", "MiB");
     constexpr double kMiB = 1.0 / (1024.0 * 1024.0);
     for (size_t i = 0; i < runs.size(); ++i) {
       std::vector<const MetricsFile*> files;
@@ -348,9 +356,7 @@ Json build_charts(const std::vector<Run>& runs) {
       for (const MetricsFile* f : files) {
         const std::string r = "rank " + std::to_string(f->rank) + " ";
         mem["datasets"].push_back(series(runs[i], i, *f, "train", r + "model state (measured)", key("mem_model_state_bytes"), kMiB));
-        Json peak = series(runs[i], i, *f, "train", r + "peak in step", key("mem_peak_bytes"), kMiB);
-        peak["style"] = "dotted";
-        mem["datasets"].push_back(std::move(peak));
+        peak_chart["datasets"].push_back(series(runs[i], i, *f, "train", r + "peak in step", key("mem_peak_bytes"), kMiB));
       }
       for (const auto& [label, bytes] : runs[i].estimates) {
         const double b = bytes;
@@ -360,6 +366,7 @@ Json build_charts(const std::vector<Run>& runs) {
       }
     }
     charts.push_back(std::move(mem));
+    charts.push_back(std::move(peak_chart));
   }
 
   if (any([](const Run& r) { return r.main.has("loss_scale") || r.main.has("skipped_steps"); })) {
@@ -419,10 +426,21 @@ const char* const kPageScript = R"js(
       if (c.stacked) { d.fill = true; d.backgroundColor = col + '55'; }
       return d;
     });
+    // A constant series (a fixed learning rate, the estimate) would get Chart.js's default
+    // range of +-1 around it and look like zero: give it +-50% of its value instead.
+    var ys = [];
+    c.datasets.forEach(function (ds) { ds.points.forEach(function (p) { if (typeof p[1] === 'number' && (ds.axis || 'y') === 'y') ys.push(p[1]); }); });
+    var lo = Math.min.apply(null, ys), hi = Math.max.apply(null, ys);
+    var flat = ys.length > 0 && hi - lo <= 1e-9 * Math.max(Math.abs(hi), 1e-30);
     var scales = {
       x: {type: 'linear', title: {display: true, text: 'step'}},
       y: {title: {display: true, text: c.y_label}, stacked: !!c.stacked}
     };
+    if (flat && !c.stacked) {
+      var half = hi !== 0 ? Math.abs(hi) * 0.5 : 1;
+      scales.y.min = hi - half;
+      scales.y.max = hi + half;
+    }
     if (c.y2_label) scales.y2 = {position: 'right', title: {display: true, text: c.y2_label}, grid: {drawOnChartArea: false}};
     new Chart(canvas, {
       type: 'line',
