@@ -1,36 +1,14 @@
 #include "report.hpp"
 
-#include <spawn.h>
-#include <sys/wait.h>
-#include <unistd.h>
+#include <trainrun/report/report.hpp>
 
-#include <cerrno>
-#include <cstring>
 #include <filesystem>
 #include <iostream>
-
-extern char** environ;
 
 namespace trainrun::plugins {
 
 namespace fs = std::filesystem;
 using namespace trainrun::v1;
-
-namespace report {
-
-std::vector<std::string> command(const std::string& exe, const std::string& run_dir,
-                                 const std::string& output) {
-  return {exe, "report", run_dir, "--output", output};
-}
-
-std::string trainrun_executable() {
-  std::error_code ec;
-  const fs::path self = fs::read_symlink("/proc/self/exe", ec);
-  if (ec || self.filename() != "trainrun") return "";
-  return self.string();
-}
-
-}  // namespace report
 
 void ReportCallback::declare_options(OptionSchema& schema) {
   schema.boolean("enabled", true,
@@ -49,37 +27,18 @@ ReportCallback::ReportCallback(const Options& options, const RunContext& ctx) {
 
 void ReportCallback::on_train_end(const TrainSummary&) {
   if (output_.empty()) return;
-  const std::string exe = report::trainrun_executable();
-  if (exe.empty()) {
-    std::cerr << "[trainrun] report: this process is not the trainrun binary; run `trainrun "
-                 "report " << run_dir_ << "` for " << output_ << std::endl;
-    return;
-  }
-  const auto args = report::command(exe, run_dir_, output_);
-  std::vector<char*> argv;
-  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  // The child's "wrote ..." line goes to stderr with the other notes: stdout's last line stays
-  // the final evaluation.
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, STDERR_FILENO, STDOUT_FILENO);
-  pid_t pid = 0;
-  const int rc = posix_spawn(&pid, exe.c_str(), &actions, nullptr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  if (rc != 0) {
-    std::cerr << "[trainrun] warning: report: cannot start " << exe << ": " << std::strerror(rc)
+  try {
+    report::write_report({run_dir_}, output_, [](const std::string& run_dir) {
+      report::Estimate e;
+      e.note = "not in the page written at the end of the run: `trainrun report " + run_dir +
+               "` adds trainrun check's estimate";
+      return e;
+    });
+    std::cerr << "[trainrun] wrote " << output_ << std::endl;
+  } catch (const std::exception& e) {
+    std::cerr << "[trainrun] warning: report: " << output_ << " not written: " << e.what()
               << std::endl;
-    return;
   }
-  int status = 0;
-  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
-    std::cerr << "[trainrun] warning: report: `trainrun report " << run_dir_ << "` failed ("
-              << (WIFEXITED(status) ? "exit " + std::to_string(WEXITSTATUS(status))
-                                    : "signal " + std::to_string(WTERMSIG(status)))
-              << "); " << output_ << " not written" << std::endl;
 }
 
 }  // namespace trainrun::plugins
