@@ -17,6 +17,7 @@
 #include "chat_cli.hpp"
 #include "collectives.hpp"
 #include "merge_lora.hpp"
+#include "report.hpp"
 #include "text_cli.hpp"
 #include "trainrun/core/checkpoint.hpp"
 #include "trainrun/core/config.hpp"
@@ -174,6 +175,7 @@ int main(int argc, char** argv) {
   if (argc > 1 && std::string(argv[1]) == "encode") return trainrun::app::run_encode_command(argc, argv);
   if (argc > 1 && std::string(argv[1]) == "decode") return trainrun::app::run_decode_command(argc, argv);
   if (argc > 1 && std::string(argv[1]) == "chat-template") return trainrun::app::run_chat_template_command(argc, argv);
+  if (argc > 1 && std::string(argv[1]) == "report") return trainrun::app::run_report_command(argc, argv);
   // `consolidate <checkpoint> <out> [--max-shard-size BYTES]`: one full model from the pieces.
   if (argc > 1 && std::string(argv[1]) == "consolidate") {
     std::vector<std::string> args;
@@ -273,6 +275,7 @@ int main(int argc, char** argv) {
                  "       trainrun merge-lora --base MODEL --adapter DIR --output FILE\n"
                  "       trainrun encode|decode --tokenizer DIR [--jsonl] (see trainrun encode --help)\n"
                  "       trainrun chat-template --tokenizer DIR [--add-generation-prompt] [--template NAME]\n"
+                 "       trainrun report RUN_DIR [--compare OTHER_RUN_DIR]... [--output FILE]\n"
                  "       trainrun bench collectives --backend gloo-cpu|mpi --nproc N [--verify] "
                  "(see trainrun bench collectives --help)\n\n"
               << opts << std::endl;

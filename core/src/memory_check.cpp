@@ -31,7 +31,7 @@ v1::MemoryInputs memory_inputs(const v1::Precision* precision, const v1::Optimiz
   return mi;
 }
 
-std::vector<std::string> check_memory_lines(const JobConfig& job, const Registry& registry) {
+MemoryCheck check_memory(const JobConfig& job, const Registry& registry) {
   const int nproc = static_cast<int>(job.launch.get_int("nproc_per_node"));
   const int nnodes = static_cast<int>(job.launch.get_int("nnodes"));
   const int world = std::max(1, nproc * nnodes);
@@ -127,7 +127,16 @@ std::vector<std::string> check_memory_lines(const JobConfig& job, const Registry
     lines.push_back("budget per rank " + v1::memory::format_bytes(static_cast<double>(budget)) +
                     " (" + budget_source + ")");
   lines.push_back("per rank, after Rajbhandari et al., ZeRO (SC20), sec. 3.1 and 5; 1 MiB = 2^20 bytes");
-  return lines;
+  MemoryCheck out;
+  out.stages = stages;
+  out.trainable_params = psi;
+  out.world_size = world;
+  out.lines = std::move(lines);
+  return out;
+}
+
+std::vector<std::string> check_memory_lines(const JobConfig& job, const Registry& registry) {
+  return check_memory(job, registry).lines;
 }
 
 }  // namespace trainrun::core

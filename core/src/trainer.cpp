@@ -367,10 +367,10 @@ int train(const JobConfig& job, const Registry& registry) {
   auto optimizer = build<v1::Optimizer>(registry, job.optimizer, ctx);
   std::vector<Slot<v1::Callback>> callbacks;
   for (const auto& c : job.callbacks) callbacks.push_back(build<v1::Callback>(registry, c, ctx));
-  // Every run leaves metrics.jsonl and TensorBoard event files behind, listed or not. A listed
+  // Every run leaves metrics.jsonl, TensorBoard event files and report.html behind, listed or not. A listed
   // one replaces its default (so `plugin = "tensorboard"` with `enabled = false` turns it off).
   const std::pair<std::string, std::string> default_callbacks[] = {
-      {"metrics", "metrics.jsonl"}, {"tensorboard", "TensorBoard event files"}};
+      {"metrics", "metrics.jsonl"}, {"tensorboard", "TensorBoard event files"}, {"report", "report.html"}};
   for (const auto& [name, output] : default_callbacks) {
     const bool listed = std::any_of(job.callbacks.begin(), job.callbacks.end(),
                                     [&](const ComponentConfig& c) { return c.plugin == name; });

@@ -3,11 +3,13 @@
 // the memory figures the core hands to strategies and prints in `trainrun check`.
 // Plugins read the tracker through the SDK's trainrun/memory.hpp, which finds the extern "C"
 // functions this file's implementation exports (see there for why).
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include <trainrun/interfaces.hpp>
+#include <trainrun/memory_estimate.hpp>
 
 #include "trainrun/core/config.hpp"
 #include "trainrun/core/registry.hpp"
@@ -31,9 +33,19 @@ v1::MemoryInputs memory_inputs(const v1::Precision* precision, const v1::Optimiz
                                int64_t accelerator_total_bytes, int local_world_size,
                                int world_size);
 
-/// `trainrun check`: the "# memory estimate (ZeRO stages 0-3)" section for the job's model at
-/// the job's world size, without training (builds the dataset, the model, the precision and the
-/// optimizer; nothing else). Lines without the leading "#   ".
+/// The ZeRO memory estimate of a job at its world size, as figures and as the text of
+/// `trainrun check` (lines without the leading "#   "). Builds the dataset, the model, the
+/// precision and the optimizer; nothing else, and no run_dir. Errors of those components
+/// propagate (PluginError, ConfigError).
+struct MemoryCheck {
+  std::array<v1::memory::ZeroStageEstimate, 4> stages;  ///< stages 0-3, bytes per rank
+  int64_t trainable_params = 0;                          ///< Psi, a tied tensor once
+  int world_size = 1;
+  std::vector<std::string> lines;
+};
+MemoryCheck check_memory(const JobConfig& job, const Registry& registry);
+
+/// `trainrun check`: check_memory(job, registry).lines.
 std::vector<std::string> check_memory_lines(const JobConfig& job, const Registry& registry);
 
 }  // namespace trainrun::core
