@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
 #include <c10/core/GradMode.h>
+#include <torch/version.h>
 
 #include <cmath>
 #include <fstream>
@@ -25,19 +26,48 @@ bool is_reduced(at::ScalarType t) { return t == at::kBFloat16 || t == at::kHalf;
 
 // --- autocast ---------------------------------------------------------------------------------
 
+// LibTorch 2.4 replaced the per-device autocast functions (is_cpu_enabled, set_enabled,
+// get_autocast_gpu_dtype, ...) by ones taking the device type; the old ones are deprecated.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+static bool autocast_enabled(at::DeviceType d) { return at::autocast::is_autocast_enabled(d); }
+static void set_autocast_enabled(at::DeviceType d, bool on) { at::autocast::set_autocast_enabled(d, on); }
+static at::ScalarType autocast_dtype(at::DeviceType d) { return at::autocast::get_autocast_dtype(d); }
+static void set_autocast_dtype(at::DeviceType d, at::ScalarType t) { at::autocast::set_autocast_dtype(d, t); }
+#else
+static bool autocast_enabled(at::DeviceType d) {
+  return d == at::kCPU ? at::autocast::is_cpu_enabled() : at::autocast::is_enabled();
+}
+static void set_autocast_enabled(at::DeviceType d, bool on) {
+  if (d == at::kCPU)
+    at::autocast::set_cpu_enabled(on);
+  else
+    at::autocast::set_enabled(on);
+}
+static at::ScalarType autocast_dtype(at::DeviceType d) {
+  return d == at::kCPU ? at::autocast::get_autocast_cpu_dtype()
+                       : at::autocast::get_autocast_gpu_dtype();
+}
+static void set_autocast_dtype(at::DeviceType d, at::ScalarType t) {
+  if (d == at::kCPU)
+    at::autocast::set_autocast_cpu_dtype(t);
+  else
+    at::autocast::set_autocast_gpu_dtype(t);
+}
+#endif
+
 AutocastScope::AutocastScope(std::optional<at::ScalarType> cpu_dtype,
                              std::optional<at::ScalarType> cuda_dtype)
-    : prev_cpu_(at::autocast::is_cpu_enabled()),
-      prev_cuda_(at::autocast::is_enabled()),
-      prev_cpu_dtype_(at::autocast::get_autocast_cpu_dtype()),
-      prev_cuda_dtype_(at::autocast::get_autocast_gpu_dtype()) {
+    : prev_cpu_(autocast_enabled(at::kCPU)),
+      prev_cuda_(autocast_enabled(at::kCUDA)),
+      prev_cpu_dtype_(autocast_dtype(at::kCPU)),
+      prev_cuda_dtype_(autocast_dtype(at::kCUDA)) {
   if (cpu_dtype) {
-    at::autocast::set_autocast_cpu_dtype(*cpu_dtype);
-    at::autocast::set_cpu_enabled(true);
+    set_autocast_dtype(at::kCPU, *cpu_dtype);
+    set_autocast_enabled(at::kCPU, true);
   }
   if (cuda_dtype) {
-    at::autocast::set_autocast_gpu_dtype(*cuda_dtype);
-    at::autocast::set_enabled(true);
+    set_autocast_dtype(at::kCUDA, *cuda_dtype);
+    set_autocast_enabled(at::kCUDA, true);
   }
   // As torch.autocast.__enter__/__exit__: the cache of casted weights lives as long as the
   // outermost autocast region, so a weight is cast once per forward, not once per use.
@@ -46,10 +76,10 @@ AutocastScope::AutocastScope(std::optional<at::ScalarType> cpu_dtype,
 
 AutocastScope::~AutocastScope() {
   if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-  at::autocast::set_cpu_enabled(prev_cpu_);
-  at::autocast::set_autocast_cpu_dtype(prev_cpu_dtype_);
-  at::autocast::set_enabled(prev_cuda_);
-  at::autocast::set_autocast_gpu_dtype(prev_cuda_dtype_);
+  set_autocast_enabled(at::kCPU, prev_cpu_);
+  set_autocast_dtype(at::kCPU, prev_cpu_dtype_);
+  set_autocast_enabled(at::kCUDA, prev_cuda_);
+  set_autocast_dtype(at::kCUDA, prev_cuda_dtype_);
 }
 
 // --- overflow check ---------------------------------------------------------------------------
