@@ -3,7 +3,7 @@
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
 #include <c10/core/GradMode.h>
-#include <torch/version.h>
+#include <trainrun/torch_compat.hpp>
 
 #include <cmath>
 #include <fstream>
@@ -26,34 +26,11 @@ bool is_reduced(at::ScalarType t) { return t == at::kBFloat16 || t == at::kHalf;
 
 // --- autocast ---------------------------------------------------------------------------------
 
-// LibTorch 2.4 replaced the per-device autocast functions (is_cpu_enabled, set_enabled,
-// get_autocast_gpu_dtype, ...) by ones taking the device type; the old ones are deprecated.
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
-static bool autocast_enabled(at::DeviceType d) { return at::autocast::is_autocast_enabled(d); }
-static void set_autocast_enabled(at::DeviceType d, bool on) { at::autocast::set_autocast_enabled(d, on); }
-static at::ScalarType autocast_dtype(at::DeviceType d) { return at::autocast::get_autocast_dtype(d); }
-static void set_autocast_dtype(at::DeviceType d, at::ScalarType t) { at::autocast::set_autocast_dtype(d, t); }
-#else
-static bool autocast_enabled(at::DeviceType d) {
-  return d == at::kCPU ? at::autocast::is_cpu_enabled() : at::autocast::is_enabled();
-}
-static void set_autocast_enabled(at::DeviceType d, bool on) {
-  if (d == at::kCPU)
-    at::autocast::set_cpu_enabled(on);
-  else
-    at::autocast::set_enabled(on);
-}
-static at::ScalarType autocast_dtype(at::DeviceType d) {
-  return d == at::kCPU ? at::autocast::get_autocast_cpu_dtype()
-                       : at::autocast::get_autocast_gpu_dtype();
-}
-static void set_autocast_dtype(at::DeviceType d, at::ScalarType t) {
-  if (d == at::kCPU)
-    at::autocast::set_autocast_cpu_dtype(t);
-  else
-    at::autocast::set_autocast_gpu_dtype(t);
-}
-#endif
+// The per-device-type autocast API on every LibTorch (SDK trainrun/torch_compat.hpp).
+using v1::compat::autocast_dtype;
+using v1::compat::autocast_enabled;
+using v1::compat::set_autocast_dtype;
+using v1::compat::set_autocast_enabled;
 
 AutocastScope::AutocastScope(std::optional<at::ScalarType> cpu_dtype,
                              std::optional<at::ScalarType> cuda_dtype)
