@@ -114,8 +114,9 @@ inline std::optional<at::Tensor> combined_mask(const at::Tensor& q, const at::Te
 
 }  // namespace detail
 
-/// The explicit form on every LibTorch: softmax(q k^T * scale + mask) v, scores and softmax in
-/// float32 (then cast back to q's dtype), as transformers' eager attention computes them.
+/// The explicit form on every LibTorch, step for step as transformers' eager attention:
+/// scores = q k^T * scale in q's dtype, the mask applied (-inf where a bool mask is false, an
+/// additive mask added), softmax in float32, cast back to q's dtype, times v.
 /// q: [B, H, Tq, D]; k, v: [B, Hkv, Tk, D] with H a multiple of Hkv (grouped-query attention);
 /// any floating dtype, all three equal. Returns [B, H, Tq, D] in q's dtype. Throws Error on
 /// mismatched shapes or dtypes.
@@ -125,14 +126,14 @@ inline at::Tensor attention_math(const at::Tensor& q, const at::Tensor& k, const
   const int64_t h = q.size(1);
   const at::Tensor kk = detail::repeat_kv(k, h), vv = detail::repeat_kv(v, h);
   const double scale = o.scale ? *o.scale : 1.0 / std::sqrt(static_cast<double>(q.size(3)));
-  at::Tensor att = at::matmul(q, kk.transpose(-2, -1)).to(at::kFloat) * scale;
+  at::Tensor att = at::matmul(q, kk.transpose(-2, -1)) * scale;
   if (auto m = detail::combined_mask(q, k, o)) {
     if (m->scalar_type() == at::kBool)
       att = att.masked_fill(m->logical_not(), -std::numeric_limits<float>::infinity());
     else
-      att = att + m->to(at::kFloat);
+      att = att + *m;
   }
-  att = at::softmax(att, -1).to(q.scalar_type());
+  att = at::softmax(att, -1, at::kFloat).to(q.scalar_type());
   if (o.training && o.dropout_p > 0) att = at::dropout(att, o.dropout_p, /*train=*/true);
   return at::matmul(att, vv);
 }
