@@ -129,7 +129,7 @@ TEST_SUITE("attention_sdpa") {
     auto v = randn({2, hkv, tk, 16}, dtype).requires_grad_(true);
     at::Tensor a = attention(q, k, v, o), b = attention_math(q, k, v, o);
     CHECK(a.sizes() == b.sizes());
-    CHECK(a.scalar_type() == dtype);
+    CHECK(static_cast<bool>(a.scalar_type() == dtype));
     CHECK(max_abs_diff(a, b) < tol);
     at::Tensor g = randn({2, h, tq, 16}, dtype);
     auto ga = torch::autograd::grad({a}, {q, k, v}, {g});
