@@ -162,7 +162,22 @@ v1::Options accelerator_options(const core::ComponentInfo& info, const std::vect
         case v1::OptionType::Duration: values[key] = core::parse_duration(text); break;
         case v1::OptionType::String:
         case v1::OptionType::Choice: values[key] = text; break;
-        default: throw std::invalid_argument("list options cannot be set here");
+        case v1::OptionType::IntList: {
+          // "[0, 0]" or "0,0" (cuda's device_ids: two ranks sharing one GPU).
+          std::vector<int64_t> ids;
+          std::string item;
+          for (char ch : text + ",") {
+            if (ch == ',') {
+              if (!item.empty()) ids.push_back(std::stoll(item));
+              item.clear();
+            } else if (ch != '[' && ch != ']' && ch != ' ') {
+              item += ch;
+            }
+          }
+          values[key] = ids;
+          break;
+        }
+        default: throw std::invalid_argument("string-list options cannot be set here");
       }
     } catch (const std::exception& e) {
       throw v1::ConfigError("--set " + kv + ": " + e.what());
@@ -173,9 +188,13 @@ v1::Options accelerator_options(const core::ComponentInfo& info, const std::vect
 
 // Rank r's input: small integers (1..11), exact in every dtype, so sums over 4 ranks and their
 // averages compare exactly or within one rounding of the dtype.
+// The accelerator's device: every tensor the bench hands the communicator lives there (a cuda
+// accelerator's communicators take device tensors only).
+c10::Device g_device(c10::kCPU);
+
 torch::Tensor input_of(int rank, int64_t count, c10::ScalarType dtype, int64_t offset = 0) {
   auto i = torch::arange(offset, offset + count, torch::kLong);
-  return ((i * 7 + rank * 3).remainder(11) + 1).to(dtype);
+  return ((i * 7 + rank * 3).remainder(11) + 1).to(dtype).to(g_device);
 }
 
 torch::Tensor reduce_reference(const std::vector<int>& ranks, int64_t count, int64_t offset,
@@ -199,8 +218,8 @@ torch::Tensor reduce_reference(const std::vector<int>& ranks, int64_t count, int
 double mismatch(const torch::Tensor& got, const torch::Tensor& want) {
   if (got.numel() != want.numel()) return std::numeric_limits<double>::infinity();
   if (got.numel() == 0) return -1;
-  auto g = got.to(torch::kDouble).view(-1);
-  auto w = want.to(got.scalar_type()).to(torch::kDouble).view(-1);
+  auto g = got.to(torch::kCPU).to(torch::kDouble).view(-1);
+  auto w = want.to(torch::kCPU).to(got.scalar_type()).to(torch::kDouble).view(-1);
   const double err = (g - w).abs().max().item<double>();
   return err == 0 ? -1 : err;
 }
@@ -399,27 +418,27 @@ int verify(Ctx& c, const std::vector<int64_t>& counts) {
   // Precondition errors are raised locally and identically on every rank, so no rank is left
   // inside a collective.
   {
-    auto t = torch::ones({4, 4});
+    auto t = torch::ones({4, 4}, g_device);
     auto nc = t.t();
     expect_error(c, "non-contiguous all_reduce", "contiguous", [&] { comm.all_reduce(nc)->wait(); });
-    auto i16 = torch::ones({4}, torch::kShort);
+    auto i16 = torch::ones({4}, torch::TensorOptions(torch::kShort).device(g_device));
     expect_error(c, "int16 all_reduce", "dtype", [&] { comm.all_reduce(i16)->wait(); });
-    auto in = torch::ones({n * 4 + 1});
-    auto out = torch::empty({4});
+    auto in = torch::ones({n * 4 + 1}, g_device);
+    auto out = torch::empty({4}, g_device);
     expect_error(c, "reduce_scatter size mismatch", "element",
                  [&] { comm.reduce_scatter(in, out)->wait(); });
-    auto g_in = torch::ones({3});
-    auto g_out = torch::empty({3 * n + 2});
+    auto g_in = torch::ones({3}, g_device);
+    auto g_out = torch::empty({3 * n + 2}, g_device);
     expect_error(c, "all_gather size mismatch", "element",
                  [&] { comm.all_gather(g_in, g_out)->wait(); });
-    auto b = torch::ones({3});
+    auto b = torch::ones({3}, g_device);
     v1::BroadcastOptions bo;
     bo.root = n;
     expect_error(c, "broadcast root out of range", "root", [&] { comm.broadcast(b, bo)->wait(); });
   }
   comm.barrier()->wait();
   // Everyone learns the total so each rank's exit code reflects all ranks.
-  auto f = torch::tensor({static_cast<double>(c.failures)}, torch::kDouble);
+  auto f = torch::tensor({static_cast<double>(c.failures)}, torch::kDouble).to(g_device);
   comm.all_reduce(f)->wait();
   const int total = static_cast<int>(f.item<double>());
   if (c.rank == 0)
@@ -436,9 +455,11 @@ double time_per_iteration(Ctx& c, const std::function<void()>& once) {
   comm.barrier()->wait();
   const auto t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < c.args.iters; ++i) once();
+  // Work::wait() on a device only orders the compute stream: the host waits for the device here.
+  if (g_device.is_cuda()) torch::cuda::synchronize(g_device.index());
   const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() /
                     std::max(1, c.args.iters);
-  auto tt = torch::tensor({dt}, torch::kDouble);
+  auto tt = torch::tensor({dt}, torch::kDouble).to(g_device);
   v1::AllReduceOptions mx;
   mx.op = ReduceOp::Max;
   comm.all_reduce(tt, mx)->wait();
@@ -515,7 +536,7 @@ int bench(Ctx& c) {
                   << "  " << check << std::endl;
     }
   }
-  auto f = torch::tensor({static_cast<double>(c.failures)}, torch::kDouble);
+  auto f = torch::tensor({static_cast<double>(c.failures)}, torch::kDouble).to(g_device);
   comm.all_reduce(f)->wait();
   return f.item<double>() == 0 ? 0 : 1;
 }
@@ -562,7 +583,7 @@ int fusion_bench(Ctx& c) {
                 << std::setprecision(2) << separate / together << "x" << std::defaultfloat
                 << std::endl;
   }
-  auto f = torch::tensor({static_cast<double>(c.failures)}, torch::kDouble);
+  auto f = torch::tensor({static_cast<double>(c.failures)}, torch::kDouble).to(g_device);
   comm.all_reduce(f)->wait();
   return f.item<double>() == 0 ? 0 : 1;
 }
@@ -600,7 +621,7 @@ int run_bench_command(int argc, char** argv) {
   Args a;
   po::options_description opts("trainrun bench collectives options");
   opts.add_options()("help,h", "show this help")(
-      "backend", po::value(&a.backend)->default_value(a.backend), "accelerator plugin: gloo-cpu, mpi, cpu, ...")(
+      "backend", po::value(&a.backend)->default_value(a.backend), "accelerator plugin: gloo-cpu, mpi, cpu, cuda (NCCL, or Gloo via host memory with --set accelerator.collectives=gloo), ...")(
       "nproc", po::value(&a.nproc)->default_value(a.nproc), "ranks to launch on this machine (ignored under a launcher)")(
       "op", po::value(&a.op)->default_value(a.op), "allreduce|reducescatter|allgather|broadcast, a comma list, or all")(
       "dtype", po::value(&a.dtype)->default_value(a.dtype), "float32|float64|bfloat16|float16|int32|int64|uint8 (--verify: list or all)")(
@@ -656,7 +677,7 @@ int run_bench_command(int argc, char** argv) {
   }
   // positional = {"bench", "collectives"}
   if (vm.count("help") || positional.size() < 2 || positional[1] != "collectives") {
-    std::cout << "usage: trainrun bench collectives --backend gloo-cpu|mpi --nproc N "
+    std::cout << "usage: trainrun bench collectives --backend gloo-cpu|mpi|cuda --nproc N "
                  "[--op allreduce] [--sizes 4K:256M] [--iters 20] [--warmup 5] [--verify] "
                  "[--algo native|ring] [--chunk 4M] [--fusion K] [--set accelerator.KEY=VALUE]\n\n"
               << opts << std::endl;
@@ -686,6 +707,7 @@ int run_bench_command(int argc, char** argv) {
     auto acc = core::guarded(core::describe_component(info), "create", [&] {
       return reg.create<v1::Accelerator>(info, accelerator_options(info, a.sets), ctx);
     });
+    g_device = acc->device();
     Ctx c{&acc->communicator(), ctx.rank, ctx.world_size, a};
     if (c.comm->world_size() != ctx.world_size)
       throw v1::Error("backend " + a.backend + " reports world_size " +

@@ -283,7 +283,11 @@ int main(int argc, char** argv) {
   }
   if (vm.count("version")) {
     std::cout << "trainrun " << TRAINRUN_VERSION << " (ABI " << v1::kAbiMajor << "."
-              << v1::kAbiMinor << ", LibTorch " << TRAINRUN_BUILD_TORCH_VERSION << ")" << std::endl;
+              << v1::kAbiMinor << ", LibTorch " << TRAINRUN_BUILD_TORCH_VERSION
+              << (std::string(TRAINRUN_BUILD_TORCH_CUDA).empty()
+                      ? std::string(" CPU-only")
+                      : std::string(" with CUDA ") + TRAINRUN_BUILD_TORCH_CUDA)
+              << " from " << TRAINRUN_BUILD_TORCH_ORIGIN << ")" << std::endl;
     return 0;
   }
   // The launch flags are --set overrides, applied after the --set flags, so they win.

@@ -9,10 +9,20 @@
 #include "trainrun/core/memory.hpp"
 
 #include <c10/core/Allocator.h>
+#include <torch/version.h>
 
 #include <atomic>
 #include <cstring>
 #include <limits>
+
+// LibTorch 2.3 made Allocator::allocate non-const and copy_data pure virtual.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
+#define TRAINRUN_ALLOCATE_CONST
+#define TRAINRUN_ALLOCATOR_COPY_DATA 1
+#else
+#define TRAINRUN_ALLOCATE_CONST const
+#define TRAINRUN_ALLOCATOR_COPY_DATA 0
+#endif
 
 namespace {
 
@@ -40,7 +50,7 @@ void tracked_delete(void* data) {
 
 class TrackingAllocator final : public c10::Allocator {
  public:
-  c10::DataPtr allocate(size_t n) const override {
+  c10::DataPtr allocate(size_t n) TRAINRUN_ALLOCATE_CONST override {
     const c10::Device cpu(c10::DeviceType::CPU);
     if (n == 0) return {nullptr, nullptr, &tracked_delete, cpu};
     c10::DataPtr inner = g_wrapped->allocate(n + kHeader);
@@ -56,6 +66,12 @@ class TrackingAllocator final : public c10::Allocator {
     return {base + kHeader, base + kHeader, &tracked_delete, cpu};
   }
   c10::DeleterFnPtr raw_deleter() const override { return &tracked_delete; }
+#if TRAINRUN_ALLOCATOR_COPY_DATA
+  // Plain host memory on both sides: c10's memcpy.
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
+#endif
 };
 
 TrackingAllocator g_tracker;

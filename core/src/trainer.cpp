@@ -356,9 +356,20 @@ int train(const JobConfig& job, const Registry& registry) {
   // Re-seed so the model's initial weights depend on the seed alone, not on what the dataset
   // or accelerator drew while being built.
   torch::manual_seed(ctx.seed);
+  // On a device (cuda) the mem_* metrics are the accelerator's allocator statistics (bytes held
+  // by tensors on the device, as the CPU tracker counts host tensors); its peak is the peak since
+  // the start (the Accelerator interface has no reset), the CPU tracker's the step's.
+  const bool device_memory =
+      !accelerator.call("device", [](v1::Accelerator& a) { return a.device(); }).is_cpu();
+  auto memory_now = [&](bool peak) -> int64_t {
+    if (!device_memory) return peak ? tracked_peak_bytes() : tracked_current_bytes();
+    const v1::MemoryStats m =
+        accelerator.call("memory_stats", [](v1::Accelerator& a) { return a.memory_stats(); });
+    return peak ? m.peak_bytes : m.current_bytes;
+  };
   // What the process holds before the model exists (libraries, dataset): mem_model_state_bytes
   // is measured from here.
-  const int64_t mem_baseline = tracked_current_bytes();
+  const int64_t mem_baseline = memory_now(false);
   auto model = build<v1::Model>(registry, job.model, ctx);
   if (const std::string init = job.trainer.get_string("init_weights"); !init.empty())
     load_initial_weights(*model.obj, init, model.label);
@@ -802,7 +813,7 @@ int train(const JobConfig& job, const Registry& registry) {
     }
     // Parameters, gradients and optimizer state at rest (what ZeRO's formulas predict): the
     // gradients are still alive until zero_grad; the step's batches are included (small).
-    const int64_t mem_model_state = tracked_current_bytes();
+    const int64_t mem_model_state = memory_now(false);
     precision.call("update", [&](v1::Precision& p) { p.update(!finite); return 0; });
     strategy.call("zero_grad", [](v1::Strategy& s) { s.zero_grad(); return 0; });
 
@@ -830,8 +841,8 @@ int train(const JobConfig& job, const Registry& registry) {
     if (!finite) m.extra["skipped"] = 1;
     if (skipped_steps > 0) m.extra["skipped_steps"] = static_cast<double>(skipped_steps);
     if (mem_baseline >= 0) {
-      m.extra["mem_peak_bytes"] = static_cast<double>(tracked_peak_bytes());
-      m.extra["mem_current_bytes"] = static_cast<double>(tracked_current_bytes());
+      m.extra["mem_peak_bytes"] = static_cast<double>(memory_now(true));
+      m.extra["mem_current_bytes"] = static_cast<double>(memory_now(false));
       m.extra["mem_model_state_bytes"] = static_cast<double>(mem_model_state - mem_baseline);
     }
     for (auto& [label, source] : metric_sources)

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
 #include <c10/core/GradMode.h>
+#include <trainrun/torch_compat.hpp>
 
 #include <cmath>
 #include <fstream>
@@ -25,19 +26,25 @@ bool is_reduced(at::ScalarType t) { return t == at::kBFloat16 || t == at::kHalf;
 
 // --- autocast ---------------------------------------------------------------------------------
 
+// The per-device-type autocast API on every LibTorch (SDK trainrun/torch_compat.hpp).
+using v1::compat::autocast_dtype;
+using v1::compat::autocast_enabled;
+using v1::compat::set_autocast_dtype;
+using v1::compat::set_autocast_enabled;
+
 AutocastScope::AutocastScope(std::optional<at::ScalarType> cpu_dtype,
                              std::optional<at::ScalarType> cuda_dtype)
-    : prev_cpu_(at::autocast::is_cpu_enabled()),
-      prev_cuda_(at::autocast::is_enabled()),
-      prev_cpu_dtype_(at::autocast::get_autocast_cpu_dtype()),
-      prev_cuda_dtype_(at::autocast::get_autocast_gpu_dtype()) {
+    : prev_cpu_(autocast_enabled(at::kCPU)),
+      prev_cuda_(autocast_enabled(at::kCUDA)),
+      prev_cpu_dtype_(autocast_dtype(at::kCPU)),
+      prev_cuda_dtype_(autocast_dtype(at::kCUDA)) {
   if (cpu_dtype) {
-    at::autocast::set_autocast_cpu_dtype(*cpu_dtype);
-    at::autocast::set_cpu_enabled(true);
+    set_autocast_dtype(at::kCPU, *cpu_dtype);
+    set_autocast_enabled(at::kCPU, true);
   }
   if (cuda_dtype) {
-    at::autocast::set_autocast_gpu_dtype(*cuda_dtype);
-    at::autocast::set_enabled(true);
+    set_autocast_dtype(at::kCUDA, *cuda_dtype);
+    set_autocast_enabled(at::kCUDA, true);
   }
   // As torch.autocast.__enter__/__exit__: the cache of casted weights lives as long as the
   // outermost autocast region, so a weight is cast once per forward, not once per use.
@@ -46,10 +53,10 @@ AutocastScope::AutocastScope(std::optional<at::ScalarType> cpu_dtype,
 
 AutocastScope::~AutocastScope() {
   if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-  at::autocast::set_cpu_enabled(prev_cpu_);
-  at::autocast::set_autocast_cpu_dtype(prev_cpu_dtype_);
-  at::autocast::set_enabled(prev_cuda_);
-  at::autocast::set_autocast_gpu_dtype(prev_cuda_dtype_);
+  set_autocast_enabled(at::kCPU, prev_cpu_);
+  set_autocast_dtype(at::kCPU, prev_cpu_dtype_);
+  set_autocast_enabled(at::kCUDA, prev_cuda_);
+  set_autocast_dtype(at::kCUDA, prev_cuda_dtype_);
 }
 
 // --- overflow check ---------------------------------------------------------------------------

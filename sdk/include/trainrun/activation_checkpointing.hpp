@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "trainrun/error.hpp"
+#include "trainrun/torch_compat.hpp"
 #include "trainrun/unit.hpp"
 
 namespace trainrun::v1 {
@@ -82,24 +83,24 @@ class AutocastRestore {
  public:
   AutocastRestore(bool cpu, at::ScalarType cpu_dtype, bool cuda, at::ScalarType cuda_dtype,
                   bool cache)
-      : cpu_(at::autocast::is_cpu_enabled()),
-        cuda_(at::autocast::is_enabled()),
+      : cpu_(compat::autocast_enabled(c10::kCPU)),
+        cuda_(compat::autocast_enabled(c10::kCUDA)),
         cache_(at::autocast::is_autocast_cache_enabled()),
-        cpu_dtype_(at::autocast::get_autocast_cpu_dtype()),
-        cuda_dtype_(at::autocast::get_autocast_gpu_dtype()) {
-    at::autocast::set_cpu_enabled(cpu);
-    at::autocast::set_autocast_cpu_dtype(cpu_dtype);
-    at::autocast::set_enabled(cuda);
-    at::autocast::set_autocast_gpu_dtype(cuda_dtype);
+        cpu_dtype_(compat::autocast_dtype(c10::kCPU)),
+        cuda_dtype_(compat::autocast_dtype(c10::kCUDA)) {
+    compat::set_autocast_enabled(c10::kCPU, cpu);
+    compat::set_autocast_dtype(c10::kCPU, cpu_dtype);
+    compat::set_autocast_enabled(c10::kCUDA, cuda);
+    compat::set_autocast_dtype(c10::kCUDA, cuda_dtype);
     at::autocast::set_autocast_cache_enabled(cache);
     at::autocast::increment_nesting();
   }
   ~AutocastRestore() {
     if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-    at::autocast::set_cpu_enabled(cpu_);
-    at::autocast::set_autocast_cpu_dtype(cpu_dtype_);
-    at::autocast::set_enabled(cuda_);
-    at::autocast::set_autocast_gpu_dtype(cuda_dtype_);
+    compat::set_autocast_enabled(c10::kCPU, cpu_);
+    compat::set_autocast_dtype(c10::kCPU, cpu_dtype_);
+    compat::set_autocast_enabled(c10::kCUDA, cuda_);
+    compat::set_autocast_dtype(c10::kCUDA, cuda_dtype_);
     at::autocast::set_autocast_cache_enabled(cache_);
   }
   AutocastRestore(const AutocastRestore&) = delete;
@@ -190,11 +191,11 @@ inline at::Tensor checkpoint(const at::Tensor& input,
   record->forward = forward;
   for (const c10::Device& d : detail::rng_devices(input))
     record->rng_states.emplace_back(d, detail::generator_state(d));
-  record->autocast_cpu = at::autocast::is_cpu_enabled();
-  record->autocast_cuda = at::autocast::is_enabled();
+  record->autocast_cpu = compat::autocast_enabled(c10::kCPU);
+  record->autocast_cuda = compat::autocast_enabled(c10::kCUDA);
   record->autocast_cache = at::autocast::is_autocast_cache_enabled();
-  record->autocast_cpu_dtype = at::autocast::get_autocast_cpu_dtype();
-  record->autocast_cuda_dtype = at::autocast::get_autocast_gpu_dtype();
+  record->autocast_cpu_dtype = compat::autocast_dtype(c10::kCPU);
+  record->autocast_cuda_dtype = compat::autocast_dtype(c10::kCUDA);
   // One empty leaf per call: the node's second input (see CheckpointFunction).
   const at::Tensor anchor =
       at::empty({0}, at::TensorOptions().device(input.device())).requires_grad_(true);
