@@ -2,7 +2,10 @@
 (fortunes-min), deterministic for a given seed: OpenAI `messages` JSONL, ShareGPT
 `conversations` JSONL and an Alpaca JSON array.
 
-    chat_data.py OUT_DIR [--count N] [--seed S]   (writes openai.jsonl, sharegpt.jsonl, alpaca.json)
+    chat_data.py OUT_DIR [--count N] [--seed S] [--tokenizer-out DIR]
+writes openai.jsonl, sharegpt.jsonl, alpaca.json; with --tokenizer-out also a small byte-level BPE
+tokenizer (320 ids, ChatML special tokens and template) trained on them with `tokenizers`, so
+tests of training runs need no 100k-row embedding.
 """
 import argparse
 import json
@@ -90,10 +93,33 @@ def messages_of(path):
     return out
 
 
+CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + "
+          "'<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+
+
+def write_tokenizer(out_dir, seed, count):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    texts = [m["content"] for _, msgs in conversations(count, seed) for m in msgs]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    trainer = trainers.BpeTrainer(vocab_size=320, special_tokens=specials, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(texts, trainer)
+    os.makedirs(out_dir, exist_ok=True)
+    tok.save(os.path.join(out_dir, "tokenizer.json"))
+    with open(os.path.join(out_dir, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+        json.dump({"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "chat_template": CHATML}, f)
+
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
     ap.add_argument("--count", type=int, default=48)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--tokenizer-out")
     a = ap.parse_args()
     print("\n".join(write(a.out, a.count, a.seed)))
+    if a.tokenizer_out:
+        write_tokenizer(a.tokenizer_out, a.seed, a.count)
