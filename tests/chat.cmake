@@ -45,3 +45,12 @@ add_test(NAME chat.errors
   COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/chat_errors.sh $<TARGET_FILE:trainrun> ${TRAINRUN_REF_PYTHON}
           ${CMAKE_CURRENT_BINARY_DIR}/work/chat_errors)
 set_tests_properties(chat.errors PROPERTIES TIMEOUT 300 LABELS chat)
+
+# Batch grew in ABI 1.6: a dataset built against 1.5 (its own, shorter Batch) still trains.
+trainrun_test_plugin(abi15-data abi15-data SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_plugins/abi15_dataset.cpp)
+add_test(NAME chat.abi15_dataset
+  COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/expect.sh 0 "\\[step 4/4\\]" "\\[eval step 4\\] loss" --
+          $<TARGET_FILE:trainrun> --config ${CMAKE_CURRENT_SOURCE_DIR}/jobs/abi15-dataset.toml
+          --plugin-path ${CMAKE_BINARY_DIR}/test-plugins/abi15-data
+          --set trainer.run_dir=${CMAKE_CURRENT_BINARY_DIR}/work/chat-abi15)
+set_tests_properties(chat.abi15_dataset PROPERTIES TIMEOUT 120 LABELS chat)
