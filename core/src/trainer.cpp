@@ -425,13 +425,18 @@ int train(const JobConfig& job, const Registry& registry) {
   // fields) a model must not read them, and a batch that needs them is refused.
   const uint32_t data_abi = abi_minor_of(registry, job.data);
   const uint32_t strategy_abi = abi_minor_of(registry, job.strategy);
+  auto* fields_reader = dynamic_cast<v1::BatchFieldsReader*>(model.obj.get());
   if (strategy_abi < 6)
-    if (auto* reader = dynamic_cast<v1::BatchFieldsReader*>(model.obj.get()))
+    if (auto* reader = fields_reader)
       model.call("set_batch_fields_available", [&](v1::Model&) { reader->set_batch_fields_available(false); return 0; });
   auto get_batch = [&](v1::Split split, const std::vector<int64_t>& idx) {
     v1::Batch b = dataset.call("batch", [&](v1::Dataset& d) {
       return data_abi < 6 ? legacy_batch(d, split, idx) : d.batch(split, idx);
     });
+    // A model that does not read the fields would let packed samples attend to each other.
+    if (!fields_reader && (b.position_ids.defined() || b.segment_ids.defined()))
+      throw ConfigError(dataset.label + " gives batches with position_ids/segment_ids (packing), which " +
+                        model.label + " does not read (it is no BatchFieldsReader): turn packing off");
     if (strategy_abi < 6 && (b.position_ids.defined() || b.segment_ids.defined()))
       throw ConfigError(dataset.label + " gives batches with position_ids/segment_ids (packing), which " +
                         strategy.label + ", built against ABI 1." + std::to_string(strategy_abi) +
