@@ -124,7 +124,7 @@ std::unique_ptr<v1::Model> gpt() {
   return std::unique_ptr<v1::Model>(static_cast<v1::Model*>(c.create(&o, &ctx)));
 }
 
-std::unique_ptr<v1::Model> llama(const std::string& type, int64_t window) {
+std::unique_ptr<v1::Model> make_llama(const std::string& type, int64_t window) {
   std::map<std::string, v1::OptionValue> o = {
       {"model_type", type}, {"vocab_size", kVocab}, {"hidden_size", int64_t(32)},
       {"intermediate_size", int64_t(64)}, {"num_hidden_layers", int64_t(2)},
@@ -143,13 +143,13 @@ TEST_CASE("gpt: packed losses equal unpacked") {
 }
 
 TEST_CASE("llama (qwen3, GQA): packed losses equal unpacked") {
-  auto m = llama("qwen3", 0);
+  auto m = make_llama("qwen3", 0);
   CHECK(compare(*m, "llama qwen3", true) <= 1e-5);
   CHECK(compare(*m, "llama qwen3", false) > 1e-3);
 }
 
 TEST_CASE("llama (mistral, sliding window 5): packed losses equal unpacked") {
-  auto m = llama("mistral", 5);
+  auto m = make_llama("mistral", 5);
   CHECK(compare(*m, "llama mistral window 5", true) <= 1e-5);
   CHECK(compare(*m, "llama mistral window 5", false) > 1e-3);
 }
