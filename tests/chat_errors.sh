@@ -35,7 +35,7 @@ case_() {
   while [ $# -gt 0 ] && [ "$1" != "--" ]; do sets+=("$1"); shift; done
   shift
   local file="$work/$name"
-  printf '%s' "$content" >"$file"
+  printf '%s\n' "$content" >"$file"
   bash "$here/expect.sh" 2 "$@" -- "$tr" --config "$work/job.toml" --set "data.paths=[\"$file\"]" \
     --set trainer.run_dir="$work/run-$name" "${sets[@]}" || status=1
 }
@@ -52,7 +52,7 @@ case_ noassistant.jsonl "$ok"$'\n{"messages": [{"role": "user", "content": "only
 case_ raises.jsonl $'{"messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}, {"role": "assistant", "content": "c"}]}\n' \
   --set data.chat_template=mistral -- 'raises\.jsonl:1: chat template: .*raised: After the optional system message, conversation roles must alternate'
 long=$(printf 'word %.0s' $(seq 1 200))
-case_ overlong.jsonl "$ok"$'\n{"messages": [{"role": "user", "content": "'"$long"'"}, {"role": "assistant", "content": "x"}]}\n' \
+case_ overlong.jsonl "$(printf '%s\n{"messages": [{"role": "user", "content": "%s"}, {"role": "assistant", "content": "x"}]}\n' "$ok" "$long")" \
   --set data.overlong=error -- 'overlong\.jsonl:2: the conversation has [0-9]+ tokens \([0-9]+ predictions\), more than max_seq_len = 64'
 # The same file with overlong = "drop" trains, and says what it dropped.
 printf '%s\n' "$ok" "$ok" >>"$work/overlong.jsonl"
