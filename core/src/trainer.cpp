@@ -167,6 +167,40 @@ Slot<T> build(const Registry& reg, const ComponentConfig& c, const v1::RunContex
   return Slot<T>{reg.create<T>(*c.info, c.options, ctx), describe_component(*c.info)};
 }
 
+// ABI minor of the plugin a component comes from.
+uint32_t abi_minor_of(const Registry& reg, const ComponentConfig& c) {
+  for (const auto& p : reg.plugins())
+    if (p.name == c.info->plugin_name) return p.abi_minor;
+  return v1::kAbiMinor;
+}
+
+// Batch as ABI 1.0-1.5 laid it out: a dataset built against such an SDK constructs only these
+// fields in the caller's return slot, so the core must not receive it as a 1.6 Batch (whose
+// appended tensors would be left unconstructed).
+struct BatchAbi10 {
+  at::Tensor input;
+  at::Tensor target;
+  int64_t num_samples = 0;
+  int64_t num_targets = 0;
+  int64_t num_tokens = 0;
+};
+
+// Dataset::batch of a dataset built against ABI < 1.6, through its own return layout. The
+// virtual slot is the same (the interface is unchanged); only the returned struct is shorter,
+// and both are returned through a caller-provided buffer (Itanium C++ ABI: non-trivial types).
+v1::Batch legacy_batch(v1::Dataset& d, v1::Split split, const std::vector<int64_t>& idx) {
+  using Fn = BatchAbi10 (v1::Dataset::*)(v1::Split, const std::vector<int64_t>&);
+  const Fn fn = reinterpret_cast<Fn>(&v1::Dataset::batch);
+  BatchAbi10 old = (d.*fn)(split, idx);
+  v1::Batch b;
+  b.input = std::move(old.input);
+  b.target = std::move(old.target);
+  b.num_samples = old.num_samples;
+  b.num_targets = old.num_targets;
+  b.num_tokens = old.num_tokens;
+  return b;
+}
+
 // [trainer] activation_checkpointing: a checkpointer on every unit of the model, or on those
 // named in activation_checkpointing_units. Returns "k of n units" for the banner ("" = off).
 std::string install_activation_checkpointing(const v1::Options& trainer, Slot<v1::Model>& model) {
@@ -397,6 +431,29 @@ int train(const JobConfig& job, const Registry& registry) {
     }
   }
 
+  // Batch grew in ABI 1.6 (position_ids, segment_ids): batches of an older dataset are received
+  // in their own layout; behind an older strategy (whose copies of a batch end before the new
+  // fields) a model must not read them, and a batch that needs them is refused.
+  const uint32_t data_abi = abi_minor_of(registry, job.data);
+  const uint32_t strategy_abi = abi_minor_of(registry, job.strategy);
+  auto* fields_reader = dynamic_cast<v1::BatchFieldsReader*>(model.obj.get());
+  if (strategy_abi < 6)
+    if (auto* reader = fields_reader)
+      model.call("set_batch_fields_available", [&](v1::Model&) { reader->set_batch_fields_available(false); return 0; });
+  auto get_batch = [&](v1::Split split, const std::vector<int64_t>& idx) {
+    v1::Batch b = dataset.call("batch", [&](v1::Dataset& d) {
+      return data_abi < 6 ? legacy_batch(d, split, idx) : d.batch(split, idx);
+    });
+    // A model that does not read the fields would let packed samples attend to each other.
+    if (!fields_reader && (b.position_ids.defined() || b.segment_ids.defined()))
+      throw ConfigError(dataset.label + " gives batches with position_ids/segment_ids (packing), which " +
+                        model.label + " does not read (it is no BatchFieldsReader): turn packing off");
+    if (strategy_abi < 6 && (b.position_ids.defined() || b.segment_ids.defined()))
+      throw ConfigError(dataset.label + " gives batches with position_ids/segment_ids (packing), which " +
+                        strategy.label + ", built against ABI 1." + std::to_string(strategy_abi) +
+                        ", cannot pass on (ABI 1.6 added them): rebuild that plugin against this SDK");
+    return b;
+  };
   const int64_t train_samples = dataset.call("size", [](v1::Dataset& d) { return d.size(v1::Split::Train); });
   const int64_t eval_samples = dataset.call("size", [](v1::Dataset& d) { return d.size(v1::Split::Eval); });
   const v1::TrainPlan plan = make_plan(job.trainer, ctx.world_size, train_samples);
@@ -655,7 +712,7 @@ int train(const JobConfig& job, const Registry& registry) {
         // collective); a rank whose share ran out evaluates sample 0 and discards the result.
         const bool filler = idx.empty();
         if (filler) idx = {0};
-        v1::Batch batch = dataset.call("batch", [&](v1::Dataset& d) { return d.batch(v1::Split::Eval, idx); });
+        v1::Batch batch = get_batch(v1::Split::Eval, idx);
         auto scope = precision.call("autocast", [](v1::Precision& p) { return p.autocast(); });
         v1::ModelOutput out = strategy.call("forward", [&](v1::Strategy& s) { return s.forward(batch); });
         scope.reset();
@@ -700,7 +757,7 @@ int train(const JobConfig& job, const Registry& registry) {
     for (int64_t k = 0; k < plan.accumulation_steps; ++k) {
       std::vector<int64_t> idx(mine.begin() + k * plan.micro_batch_size,
                                mine.begin() + (k + 1) * plan.micro_batch_size);
-      sb.micro.push_back(dataset.call("batch", [&](v1::Dataset& d) { return d.batch(v1::Split::Train, idx); }));
+      sb.micro.push_back(get_batch(v1::Split::Train, idx));
       sb.local[0] += static_cast<double>(sb.micro.back().num_targets);
       sb.local[1] += static_cast<double>(sb.micro.back().num_tokens);
       sb.local[2] += static_cast<double>(sb.micro.back().num_samples);

@@ -15,6 +15,7 @@
 
 #include "trainrun/hf/model_dir.hpp"
 #include "trainrun/linear.hpp"
+#include "trainrun/packed_batch.hpp"
 #include "trainrun/plugin.hpp"
 
 namespace trainrun::llama {
@@ -271,7 +272,7 @@ torch::Tensor rotate_half(const torch::Tensor& x) {
 class AttentionImpl : public torch::nn::Module {
  public:
   explicit AttentionImpl(const LlamaConfig& c)
-      : nh_(c.num_attention_heads), nkv_(c.num_key_value_heads), hd_(c.head_dim), window_(c.sliding_window) {
+      : nh_(c.num_attention_heads), nkv_(c.num_key_value_heads), hd_(c.head_dim) {
     q_proj = register_module("q_proj", linear(c.hidden_size, nh_ * hd_, c.qkv_bias));
     k_proj = register_module("k_proj", linear(c.hidden_size, nkv_ * hd_, c.qkv_bias));
     v_proj = register_module("v_proj", linear(c.hidden_size, nkv_ * hd_, c.qkv_bias));
@@ -282,9 +283,11 @@ class AttentionImpl : public torch::nn::Module {
     }
   }
 
-  // x [B, T, hidden], cos/sin [T, head_dim] -> [B, T, hidden]. Attention as matmul + softmax in
-  // float32 (LibTorch 1.13 has no scaled_dot_product_attention), as transformers' eager path.
-  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
+  // x [B, T, hidden], cos/sin [T, head_dim] or [B, 1, T, head_dim], blocked: bool [T, T] or
+  // [B, 1, T, T] from v1::attention_blocked (causal, sliding window, packed samples) ->
+  // [B, T, hidden].
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
+                        const torch::Tensor& blocked) {
     const int64_t B = x.size(0), T = x.size(1);
     torch::Tensor q = q_proj->forward(x).view({B, T, nh_, hd_});
     torch::Tensor k = k_proj->forward(x).view({B, T, nkv_, hd_});
@@ -301,26 +304,26 @@ class AttentionImpl : public torch::nn::Module {
       k = k.unsqueeze(2).expand({B, nkv_, rep, T, hd_}).reshape({B, nh_, T, hd_});
       v = v.unsqueeze(2).expand({B, nkv_, rep, T, hd_}).reshape({B, nh_, T, hd_});
     }
-    torch::Tensor att = torch::matmul(q, k.transpose(2, 3)) * (1.0 / std::sqrt(static_cast<double>(hd_)));
-    att = att.masked_fill(mask(T, x.device()), -std::numeric_limits<float>::infinity());
-    att = torch::softmax(att, -1, torch::kFloat).to(q.scalar_type());
-    torch::Tensor y = torch::matmul(att, v).transpose(1, 2).reshape({B, T, nh_ * hd_});
+    torch::Tensor y = attend(q, k, v, blocked).transpose(1, 2).reshape({B, T, nh_ * hd_});
     return o_proj->forward(y);
+  }
+
+  // The attention itself, q/k/v [B, nh, T, head_dim] -> [B, nh, T, head_dim]: matmul + softmax
+  // in float32 (LibTorch 1.13 has no scaled_dot_product_attention), as transformers' eager path,
+  // with -inf where `blocked`.
+  static torch::Tensor attend(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                              const torch::Tensor& blocked) {
+    torch::Tensor att = torch::matmul(q, k.transpose(2, 3)) * (1.0 / std::sqrt(static_cast<double>(q.size(-1))));
+    att = att.masked_fill(blocked, -std::numeric_limits<float>::infinity());
+    att = torch::softmax(att, -1, torch::kFloat).to(q.scalar_type());
+    return torch::matmul(att, v);
   }
 
   v1::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
   RMSNorm q_norm{nullptr}, k_norm{nullptr};
 
  private:
-  // True where query i must not see key j: j > i, or (sliding window w) i - j >= w.
-  torch::Tensor mask(int64_t T, c10::Device device) const {
-    torch::Tensor i = torch::arange(T, torch::TensorOptions().dtype(torch::kLong).device(device)).unsqueeze(1);
-    torch::Tensor j = i.transpose(0, 1);
-    torch::Tensor m = j > i;
-    if (window_ > 0) m = m | ((i - j) >= window_);
-    return m;
-  }
-  int64_t nh_, nkv_, hd_, window_;
+  int64_t nh_, nkv_, hd_;
 };
 TORCH_MODULE(Attention);
 
@@ -347,8 +350,9 @@ class DecoderLayerImpl : public torch::nn::Module {
     input_layernorm = register_module("input_layernorm", RMSNorm(c.hidden_size, c.rms_norm_eps));
     post_attention_layernorm = register_module("post_attention_layernorm", RMSNorm(c.hidden_size, c.rms_norm_eps));
   }
-  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
-    torch::Tensor h = x + self_attn->forward(input_layernorm->forward(x), cos, sin);
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
+                        const torch::Tensor& blocked) {
+    torch::Tensor h = x + self_attn->forward(input_layernorm->forward(x), cos, sin, blocked);
     return h + mlp->forward(post_attention_layernorm->forward(h));
   }
   Attention self_attn{nullptr};
@@ -535,25 +539,37 @@ void LlamaModel::load(const std::string& dir) {
 }
 
 at::Tensor LlamaModel::logits(const at::Tensor& ids) {
+  v1::Batch b;
+  b.input = ids;
+  return logits(b);
+}
+
+// The training forward: positions from batch.position_ids (restarting per packed sample) and a
+// block-diagonal causal mask from batch.segment_ids, both as transformers computes them.
+at::Tensor LlamaModel::logits(const v1::Batch& batch) {
+  const v1::Batch f = fields_of(batch);
+  const at::Tensor& ids = f.input;
   TR_CHECK(ids.dim() == 2, "llama: input must be token ids [B, T], got shape ", ids.sizes());
   TR_CHECK(ids.scalar_type() == at::kLong, "llama: token ids must be int64, got ", ids.scalar_type());
   auto& net = net_of(net_);
-  const int64_t T = ids.size(1);
-  // positions 0..T-1; cos/sin in float32 as transformers computes them (autocast off).
-  torch::Tensor pos = torch::arange(T, torch::TensorOptions().dtype(torch::kFloat).device(ids.device()));
-  torch::Tensor freqs = torch::outer(pos, net.inv_freq.to(ids.device()));
-  torch::Tensor emb = torch::cat({freqs, freqs}, -1);
+  const int64_t B = ids.size(0), T = ids.size(1);
+  // cos/sin in float32 as transformers computes them (autocast off): [1, 1, T, head_dim] for
+  // 0..T-1, [B, 1, T, head_dim] for given positions, broadcasting over the heads.
+  torch::Tensor pos = v1::positions_of(f, B, T, ids.device()).to(torch::kFloat);
+  torch::Tensor freqs = pos.unsqueeze(-1) * net.inv_freq.to(ids.device());
+  torch::Tensor emb = torch::cat({freqs, freqs}, -1).unsqueeze(1);
   const torch::Tensor cos = emb.cos(), sin = emb.sin();
+  const torch::Tensor blocked = v1::attention_blocked(T, ids.device(), f.segment_ids, cfg_.sliding_window);
   torch::Tensor x = net.model->embed_tokens->forward(ids);
   for (size_t i = 0; i < units_.size(); ++i)
-    x = units_[i]->run(x, [layer = net.model->layer_ptrs[i], cos, sin](const torch::Tensor& in) {
-      return layer->forward(in, cos, sin);
+    x = units_[i]->run(x, [layer = net.model->layer_ptrs[i], cos, sin, blocked](const torch::Tensor& in) {
+      return layer->forward(in, cos, sin, blocked);
     });
   x = net.model->norm->forward(x);
   return cfg_.tie_word_embeddings ? torch::linear(x, net.model->embed_tokens->weight) : net.lm_head->forward(x);
 }
 
-v1::ModelOutput LlamaModel::forward(const v1::Batch& b) { return v1::cross_entropy_sum(logits(b.input), b.target); }
+v1::ModelOutput LlamaModel::forward(const v1::Batch& b) { return v1::cross_entropy_sum(logits(b), b.target); }
 
 std::vector<v1::Unit*> LlamaModel::units() {
   std::vector<v1::Unit*> out;

@@ -11,6 +11,7 @@
 #include <trainrun/hf/model_source.hpp>
 #include <trainrun/interfaces.hpp>
 #include <trainrun/module_model.hpp>
+#include <trainrun/packed_batch.hpp>
 
 #include <memory>
 #include <string>
@@ -50,6 +51,7 @@ struct LlamaConfig {
 
 /// The model. Parameters float32, named as in HF checkpoints.
 class LlamaModel final : public v1::ModuleModel,
+                         public v1::BatchFieldsReaderBase,
                          public v1::FinalStateDictConsumer,
                          public v1::HfModelSource {
  public:
@@ -60,6 +62,9 @@ class LlamaModel final : public v1::ModuleModel,
 
   /// ids int64 [B, T] -> logits [B, T, vocab_size] (float32 unless autocast says otherwise).
   at::Tensor logits(const at::Tensor& ids);
+  /// The batch's input -> logits [B, T, vocab_size], honouring batch.position_ids and
+  /// batch.segment_ids (packed samples never attend to each other).
+  at::Tensor logits(const v1::Batch& batch);
   v1::ModelOutput forward(const v1::Batch& batch) override;
   std::vector<v1::Unit*> units() override;
   std::string describe() const override;

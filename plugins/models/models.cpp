@@ -15,6 +15,7 @@
 
 #include "trainrun/interfaces.hpp"
 #include "trainrun/linear.hpp"
+#include "trainrun/packed_batch.hpp"
 #include "trainrun/module_model.hpp"
 #include "trainrun/plugin.hpp"
 
@@ -265,20 +266,24 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
         "c_proj", v1::Linear(torch::nn::LinearOptions(c.n_embd, c.n_embd).bias(c.bias)));
   }
 
-  // x: [B, T, C] -> [B, T, C]
-  torch::Tensor forward(const torch::Tensor& x) {
+  // x: [B, T, C], blocked: bool [T, T] or [B, 1, T, T] (v1::attention_blocked) -> [B, T, C]
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& blocked) {
     const int64_t B = x.size(0), T = x.size(1), C = x.size(2), hs = C / n_head_;
     auto qkv = c_attn_->forward(x).split(n_embd_, /*dim=*/2);
     auto heads = [&](const torch::Tensor& t) { return t.view({B, T, n_head_, hs}).transpose(1, 2); };
     torch::Tensor q = heads(qkv[0]), k = heads(qkv[1]), v = heads(qkv[2]);  // [B, nh, T, hs]
-    torch::Tensor att = torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(double(hs)));
-    // Position t may attend to positions <= t only: mask the strict upper triangle.
-    torch::Tensor future =
-        torch::ones({T, T}, torch::TensorOptions().dtype(torch::kBool).device(x.device())).triu(1);
-    att = torch::softmax(att.masked_fill(future, -std::numeric_limits<float>::infinity()), -1);
-    att = maybe_dropout(att, dropout_, is_training());
-    torch::Tensor y = torch::matmul(att, v).transpose(1, 2).contiguous().view({B, T, C});
+    torch::Tensor y = attention(q, k, v, blocked).transpose(1, 2).contiguous().view({B, T, C});
     return maybe_dropout(c_proj_->forward(y), dropout_, is_training());
+  }
+
+  // The attention itself, q/k/v [B, nh, T, hs] -> [B, nh, T, hs]: softmax(q k^T / sqrt(hs)) v
+  // with -inf where `blocked` (causal, and across the samples of a packed row).
+  torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                          const torch::Tensor& blocked) {
+    torch::Tensor att = torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(double(q.size(-1))));
+    att = torch::softmax(att.masked_fill(blocked, -std::numeric_limits<float>::infinity()), -1);
+    att = maybe_dropout(att, dropout_, is_training());
+    return torch::matmul(att, v);
   }
 
  private:
@@ -314,8 +319,8 @@ class BlockImpl : public torch::nn::Module {
     ln_2_ = register_module("ln_2", LayerNorm(c.n_embd, c.bias));
     mlp_ = register_module("mlp", GptMlp(c));
   }
-  torch::Tensor forward(torch::Tensor x) {
-    x = x + attn_->forward(ln_1_->forward(x));
+  torch::Tensor forward(torch::Tensor x, const torch::Tensor& blocked) {
+    x = x + attn_->forward(ln_1_->forward(x), blocked);
     return x + mlp_->forward(ln_2_->forward(x));
   }
 
@@ -368,9 +373,8 @@ class GptNet : public torch::nn::Module {
   const GptConfig& config() const { return cfg_; }
   const std::vector<std::shared_ptr<BlockImpl>>& blocks() const { return block_ptrs_; }
 
-  torch::Tensor embed(const torch::Tensor& idx) {
-    const int64_t T = idx.size(1);
-    torch::Tensor pos = torch::arange(T, torch::TensorOptions().dtype(torch::kLong).device(idx.device()));
+  // idx int64 [B, T], pos int64 [B, T] or [1, T] (positions within each sample).
+  torch::Tensor embed(const torch::Tensor& idx, const torch::Tensor& pos) {
     return maybe_dropout(wte_->forward(idx) + wpe_->forward(pos), cfg_.dropout, is_training());
   }
   torch::Tensor head(const torch::Tensor& x) {
@@ -387,7 +391,7 @@ class GptNet : public torch::nn::Module {
   v1::Linear lm_head_{nullptr};
 };
 
-class Gpt final : public LogitsModel {
+class Gpt final : public LogitsModel, public v1::BatchFieldsReaderBase {
  public:
   static void declare_options(OptionSchema& s) {
     s.integer("n_layer", 4, "number of transformer blocks", 1, 1024);
@@ -431,21 +435,35 @@ class Gpt final : public LogitsModel {
 
   // input: int64 [B, T], T <= block_size -> logits [B, T, vocab_size]
   torch::Tensor logits(const torch::Tensor& idx) override {
+    Batch b;
+    b.input = idx;
+    return logits(b);
+  }
+  // Honours the batch's position_ids (restarting per packed sample) and segment_ids (attention
+  // never crosses samples).
+  torch::Tensor logits(const Batch& batch) {
     const GptConfig& c = net_->config();
+    const Batch f = fields_of(batch);
+    const torch::Tensor& idx = f.input;
     TR_CHECK(idx.dim() == 2, "gpt: input must be token ids [B, T], got shape ", idx.sizes());
     TR_CHECK(idx.scalar_type() == torch::kLong, "gpt: input token ids must be int64, got ",
              idx.scalar_type());
     TR_CHECK(idx.size(1) <= c.block_size, "gpt: sequence length T = ", idx.size(1),
              " exceeds block_size = ", c.block_size);
-    torch::Tensor x = net_->embed(idx);
+    const int64_t B = idx.size(0), T = idx.size(1);
+    const torch::Tensor pos = v1::positions_of(f, B, T, idx.device());
+    TR_CHECK(!f.position_ids.defined() || T == 0 || pos.max().item<int64_t>() < c.block_size,
+             "gpt: a position id exceeds block_size - 1 = ", c.block_size - 1);
+    const torch::Tensor blocked = v1::attention_blocked(T, idx.device(), f.segment_ids);
+    torch::Tensor x = net_->embed(idx, pos);
     const auto& blocks = net_->blocks();
     // The block is captured by value: with activation checkpointing the function runs again
     // during backward, after this frame is gone.
     for (size_t i = 0; i < blocks.size(); ++i)
-      x = units_[i]->run(x, [block = blocks[i]](const torch::Tensor& in) { return block->forward(in); });
+      x = units_[i]->run(x, [block = blocks[i], blocked](const torch::Tensor& in) { return block->forward(in, blocked); });
     return net_->head(x);
   }
-  ModelOutput forward(const Batch& b) override { return v1::cross_entropy_sum(logits(b.input), b.target); }
+  ModelOutput forward(const Batch& b) override { return v1::cross_entropy_sum(logits(b), b.target); }
 
   std::vector<v1::Unit*> units() override {
     std::vector<v1::Unit*> out;

@@ -501,4 +501,16 @@ class RecvReduceCommunicator {
                                             const PointToPointOptions& opts) = 0;
 };
 
+/// ABI 1.6. A Model that reads Batch::position_ids and Batch::segment_ids (packing). A Batch
+/// copied by a strategy built against an older SDK ends before those fields, so reading them
+/// there would read past the object: the core calls set_batch_fields_available(false) before
+/// training when the strategy's plugin is older than ABI 1.6, and the model must then neither
+/// read those fields nor accept batches that need them (the core refuses such a dataset first).
+/// Without the call (the default) the fields are available. Found with dynamic_cast.
+class BatchFieldsReader {
+ public:
+  virtual ~BatchFieldsReader() = default;
+  virtual void set_batch_fields_available(bool available) = 0;
+};
+
 }  // namespace trainrun::v1

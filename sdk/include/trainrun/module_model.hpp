@@ -20,7 +20,8 @@ namespace trainrun::v1 {
 ///
 /// logits: floating point [N, C] or [B, T, C] (any floating dtype; the loss is computed in
 ///         float32 so a bfloat16 forward still yields a float32 loss).
-/// target: int64 [N] or [B, T] (same leading shape as logits), values in [0, C).
+/// target: int64 [N] or [B, T] (same leading shape as logits), values in [0, C), or kIgnoreIndex
+///         (-100) for positions that do not count (they add nothing to loss_sum or num_correct).
 /// Returns ModelOutput{loss_sum: float32 scalar = sum of -log p(target) in nats, num_correct:
 /// number of targets whose arg-max prediction equals the target, counted only when autograd is
 /// off (evaluation) and -1 otherwise: training reports no accuracy, and the arg-max is a full
@@ -41,7 +42,7 @@ inline ModelOutput cross_entropy_sum(const at::Tensor& logits, const at::Tensor&
   const at::Tensor flat_target = target.reshape({-1});
   ModelOutput out;
   out.loss_sum = at::cross_entropy_loss(flat_logits, flat_target, /*weight=*/{},
-                                        at::Reduction::Sum);
+                                        at::Reduction::Sum, kIgnoreIndex);
   if (!c10::GradMode::is_enabled())
     out.num_correct = flat_logits.argmax(-1).eq(flat_target).sum().item<int64_t>();
   return out;

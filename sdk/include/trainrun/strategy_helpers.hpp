@@ -15,13 +15,13 @@
 
 namespace trainrun::v1 {
 
-/// The batch's input and target moved to `device` (the batch itself when it is the CPU, where
-/// datasets build batches).
+/// The batch's tensors (input, target, and the ABI 1.6 position_ids / segment_ids when defined)
+/// moved to `device` (the batch itself when it is the CPU, where datasets build batches).
 inline Batch batch_to_device(const Batch& batch, c10::Device device) {
   if (device.is_cpu()) return batch;
   Batch moved = batch;
-  if (moved.input.defined()) moved.input = moved.input.to(device, /*non_blocking=*/true);
-  if (moved.target.defined()) moved.target = moved.target.to(device, /*non_blocking=*/true);
+  for (at::Tensor* t : {&moved.input, &moved.target, &moved.position_ids, &moved.segment_ids})
+    if (t->defined()) *t = t->to(device, /*non_blocking=*/true);
   return moved;
 }
 

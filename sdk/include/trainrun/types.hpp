@@ -65,13 +65,36 @@ struct DataInfo {
 /// Which part of a dataset a batch is drawn from.
 enum class Split { Train, Eval };
 
+/// Target value of a position the loss ignores (prompt tokens, padding): transformers' label
+/// convention and LibTorch's default cross_entropy ignore_index, so cross_entropy_sum() and any
+/// model built on at::cross_entropy_loss skip it without knowing about masks.
+constexpr int64_t kIgnoreIndex = -100;
+
 /// One micro-batch. Tensors live on the CPU; the strategy moves them to the device.
+///
+/// Layout and ABI: the first five fields are ABI 1.0; position_ids and segment_ids were appended
+/// in ABI 1.6 and are only ever appended to. A Batch made or copied by a component built against
+/// an older SDK ends before them, so the core never hands such a copy to a reader of the 1.6
+/// fields (see BatchFieldsReader) and converts batches of older datasets (core/src/trainer.cpp).
 struct Batch {
-  at::Tensor input;
+  at::Tensor input;   ///< classification: float32 [B, ...]; language modelling: int64 [B, T]
+  /// classification: int64 [B]; language modelling: int64 [B, T], the next token at each
+  /// position, or kIgnoreIndex where the position does not count in the loss.
   at::Tensor target;
-  int64_t num_samples = 0;  ///< B
-  int64_t num_targets = 0;  ///< number of target elements the loss counts (B, or B*T)
-  int64_t num_tokens = 0;   ///< input tokens (B*T) for token models, 0 otherwise
+  int64_t num_samples = 0;  ///< B (samples; a packed row may hold several, see segment_ids)
+  /// Target elements the loss counts: those != kIgnoreIndex (B, or B*T without masking). The
+  /// core normalises the loss by their sum over the whole global batch.
+  int64_t num_targets = 0;
+  int64_t num_tokens = 0;   ///< input tokens for token models (B*T less any padding), 0 otherwise
+  // ---- ABI 1.6 ----
+  /// int64 [B, T]: position of each token within its sample (restarts at 0 for every sample of a
+  /// packed row), for positional embeddings / RoPE as transformers' position_ids. Undefined:
+  /// 0..T-1 in every row.
+  at::Tensor position_ids;
+  /// int64 [B, T]: which sample of the row a token belongs to (packing). A token attends only to
+  /// earlier-or-equal tokens with the same segment id in the same row (block-diagonal causal
+  /// mask); padding carries a segment id of its own. Undefined: one sample per row.
+  at::Tensor segment_ids;
 };
 
 /// A model's forward result on one micro-batch.

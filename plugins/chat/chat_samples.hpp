@@ -1,0 +1,60 @@
+#pragma once
+// The `chat` dataset without LibTorch: reading conversation files (OpenAI messages, ShareGPT
+// conversations, Alpaca records), rendering them with a chat template, tokenizing, and marking
+// which next-token targets count in the loss. chat.cpp packs the samples into batches; the test
+// tool tests/chat_dump.cpp prints them for comparison with transformers.
+#include <trainrun/text/chat_template.hpp>
+#include <trainrun/text/tokenizer.hpp>
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+namespace trainrun::chat {
+
+/// One conversation as read, with where it came from (for errors).
+struct Conversation {
+  std::string file;
+  int64_t line = 0;            ///< 1-based line (JSONL) or record number (JSON array)
+  std::string where() const;   ///< "FILE:LINE" or "FILE: record N"
+  bool jsonl = true;
+  nlohmann::ordered_json messages;  ///< [{role, content}, ...] with roles system/user/assistant/tool
+};
+
+/// Reads `files` (JSONL: one object per line, blank lines skipped; or a .json file holding an
+/// array of objects). Each object is OpenAI-style {"messages": [{"role", "content"}]}, ShareGPT
+/// {"conversations": [{"from", "value"}]} (human/user, gpt/assistant, system, tool) or Alpaca
+/// {"instruction", "input"?, "output", "system"?} (user = instruction, plus "\n\n" + input
+/// when non-empty; assistant = output). Throws v1::ConfigError naming the file and line (or
+/// record) and the key for malformed JSON, a missing or mistyped key, or an unknown role.
+std::vector<Conversation> read_conversations(const std::vector<std::string>& files);
+
+/// Which targets count in the loss.
+enum class TrainOn { Assistant, Last, All };
+
+/// A rendered, tokenized conversation. ids are the template's text tokenized without adding
+/// special tokens (as apply_chat_template(tokenize=True)); counted[j] says whether token j is a
+/// target the loss counts (token 0 never is: nothing predicts it).
+struct ChatSample {
+  std::vector<int32_t> ids;
+  std::vector<uint8_t> counted;
+  int64_t num_counted() const;
+};
+
+/// Renders and tokenizes `conv` and marks its trained tokens.
+///
+/// Assistant spans: with a template that marks them ({% generation %}), the generation blocks'
+/// text; otherwise, for assistant message i, the text between the rendering of messages[:i]
+/// with add_generation_prompt (the prompt up to the assistant header) and the rendering of
+/// messages[:i+1] (through the end of the turn: end-of-turn / EOS token included). Both must be
+/// prefixes of the full rendering, else the template renders earlier turns differently from its
+/// prefixes and the error says so. A character position c becomes a token index by tokenizing
+/// text[:c] and taking the length of its common prefix with the full ids. train_on = Last keeps
+/// only the last assistant span; All counts every token but the first.
+/// Throws v1::ConfigError naming conv.where(): no assistant turn (Assistant/Last), a template
+/// error (raise_exception included), a rendering that starts with BOS twice.
+ChatSample render_sample(const Conversation& conv, const text::ChatTemplate& tmpl,
+                         const text::Tokenizer& tok, TrainOn train_on);
+
+}  // namespace trainrun::chat

@@ -1,0 +1,56 @@
+# The chat dataset (issue 22): samples against transformers' apply_chat_template (token ids,
+# counted targets, BOS/EOS), packed vs unpacked losses on gpt and llama, ddp x accumulation on
+# masked variable-length data, and bad input. chat_dump is the dataset's LibTorch-free part.
+if(NOT TARGET trainrun_text OR NOT TARGET chat)
+  return()
+endif()
+find_package(doctest REQUIRED)
+find_package(nlohmann_json 3 REQUIRED)
+set(_chat_fixtures ${CMAKE_SOURCE_DIR}/../shared/fixtures/tokenizers)
+
+add_executable(chat_dump ${CMAKE_CURRENT_LIST_DIR}/chat_dump.cpp ${PROJECT_SOURCE_DIR}/plugins/chat/chat_samples.cpp)
+target_include_directories(chat_dump PRIVATE ${PROJECT_SOURCE_DIR}/plugins)
+target_link_libraries(chat_dump PRIVATE trainrun_text nlohmann_json::nlohmann_json)
+
+# Done-when 2 (token ids) and 3b/3c: 10 template/train_on cases x 40 conversations.
+add_test(NAME chat.reference
+  COMMAND ${TRAINRUN_REF_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/chat_reference.py --dump $<TARGET_FILE:chat_dump>
+          --fixtures ${_chat_fixtures} --work ${CMAKE_CURRENT_BINARY_DIR}/work/chat_reference)
+set_tests_properties(chat.reference PROPERTIES TIMEOUT 600 LABELS chat
+  ENVIRONMENT "HF_HUB_OFFLINE=1;TRANSFORMERS_OFFLINE=1;TOKENIZERS_PARALLELISM=false")
+
+# Done-when 3a: packed vs unpacked per-sample losses.
+add_executable(packing_check ${CMAKE_CURRENT_LIST_DIR}/packing_check.cpp ${PROJECT_SOURCE_DIR}/plugins/llama/llama.cpp)
+target_include_directories(packing_check PRIVATE ${PROJECT_SOURCE_DIR}/plugins ${CMAKE_CURRENT_LIST_DIR})
+target_link_libraries(packing_check PRIVATE models-objects TrainrunSDK::sdk trainrun_hf nlohmann_json::nlohmann_json
+  doctest::doctest)
+target_compile_definitions(packing_check PRIVATE TRAINRUN_NO_PLUGIN_ENTRY
+  TRAINRUN_BUILD_TORCH_VERSION="${Torch_VERSION}"
+  TRAINRUN_BUILD_COMPILER_ID="${CMAKE_CXX_COMPILER_ID}-${CMAKE_CXX_COMPILER_VERSION}")
+trainrun_use_pch(packing_check)
+add_test(NAME chat.packing COMMAND packing_check)
+set_tests_properties(chat.packing PROPERTIES TIMEOUT 120 LABELS chat ENVIRONMENT "OMP_NUM_THREADS=1")
+
+# Done-when 3d: ddp world 2 (and 1, 4) x accumulation 4 (and 1) on masked variable-length data,
+# unpacked (gpt) and packed (llama).
+foreach(model gpt llama)
+  add_test(NAME chat.equivalence.ddp.${model}
+    COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/chat_equivalence.sh $<TARGET_FILE:trainrun> ${TRAINRUN_REF_PYTHON}
+            ${CMAKE_CURRENT_SOURCE_DIR}/equivalence/chat-${model}.toml ${CMAKE_CURRENT_BINARY_DIR}/work/chat-equivalence-${model})
+  set_tests_properties(chat.equivalence.ddp.${model} PROPERTIES TIMEOUT 600 LABELS "chat;equivalence")
+endforeach()
+
+# Done-when 6 (the chat dataset's part): each bad input exits 2 naming the file and line or key.
+add_test(NAME chat.errors
+  COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/chat_errors.sh $<TARGET_FILE:trainrun> ${TRAINRUN_REF_PYTHON}
+          ${CMAKE_CURRENT_BINARY_DIR}/work/chat_errors)
+set_tests_properties(chat.errors PROPERTIES TIMEOUT 300 LABELS chat)
+
+# Batch grew in ABI 1.6: a dataset built against 1.5 (its own, shorter Batch) still trains.
+trainrun_test_plugin(abi15-data abi15-data SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_plugins/abi15_dataset.cpp)
+add_test(NAME chat.abi15_dataset
+  COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/expect.sh 0 "\\[step 4/4\\]" "\\[eval step 4\\] loss" --
+          $<TARGET_FILE:trainrun> --config ${CMAKE_CURRENT_SOURCE_DIR}/jobs/abi15-dataset.toml
+          --plugin-path ${CMAKE_BINARY_DIR}/test-plugins/abi15-data
+          --set trainer.run_dir=${CMAKE_CURRENT_BINARY_DIR}/work/chat-abi15)
+set_tests_properties(chat.abi15_dataset PROPERTIES TIMEOUT 120 LABELS chat)
