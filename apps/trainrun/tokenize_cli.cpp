@@ -59,7 +59,7 @@ class Progress {
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
     const double frac = total_ ? static_cast<double>(bytes) / static_cast<double>(total_) : 1.0;
     const int decile = static_cast<int>(frac * 10);
-    if (!tty_ && !final && decile <= last_decile_) return;
+    if (!tty_ && (final ? last_decile_ >= 10 : decile <= last_decile_)) return;
     last_decile_ = decile;
     constexpr int kWidth = 30;
     const int filled = static_cast<int>(frac * kWidth);
@@ -120,7 +120,7 @@ std::string read_file(const std::string& path) {
 }  // namespace
 
 int run_tokenize_command(int argc, char** argv) {
-  std::string tokenizer, output, dtype = "auto", text_key = "text";
+  std::string tokenizer, output, dtype = "auto", text_key = "text", eos_token;
   std::vector<std::string> files;
   int threads = 0;
   po::options_description opts("trainrun tokenize options");
@@ -128,6 +128,7 @@ int run_tokenize_command(int argc, char** argv) {
       "tokenizer", po::value(&tokenizer), "model directory with tokenizer.json (or tokenizer.model)")(
       "output,o", po::value(&output), "token file to write (its sidecar: OUTPUT.json)")(
       "dtype", po::value(&dtype), "auto (default: uint16 when every id fits, else uint32), uint16 or uint32")(
+      "eos-token", po::value(&eos_token), "token that ends every document (default: the tokenizer's eos_token)")(
       "text-key", po::value(&text_key), "JSONL files: the field holding a document's text (default \"text\")")(
       "threads", po::value(&threads), "encoding threads (default 0: all cores)");
   po::options_description hidden;
@@ -168,8 +169,10 @@ int run_tokenize_command(int argc, char** argv) {
       total_bytes += fs::file_size(f);
     }
     const text::Tokenizer tok = text::Tokenizer::from_directory(tokenizer);
-    const auto eos = tok.eos_token_id();
-    if (!eos) return bad(tokenizer + ": the tokenizer names no eos_token (tokenizer_config.json), which separates documents");
+    const auto eos = eos_token.empty() ? tok.eos_token_id() : tok.token_to_id(eos_token);
+    if (!eos && !eos_token.empty()) return bad("--eos-token '" + eos_token + "' is not a token of " + tokenizer);
+    if (!eos) return bad(tokenizer + ": the tokenizer names no eos_token (tokenizer_config.json), which separates "
+                         "documents; give --eos-token TOKEN");
     const int64_t vocab = tok.vocab_size();
     if (dtype == "auto") dtype = vocab <= 65536 ? "uint16" : "uint32";
     if (dtype == "uint16" && vocab > 65536)
@@ -247,7 +250,7 @@ int run_tokenize_command(int argc, char** argv) {
                  {"tokenizer", fs::absolute(tokenizer).lexically_normal().string()},
                  {"vocab_size", vocab},
                  {"eos_token_id", *eos},
-                 {"eos_token", tok.eos_token().value_or("")},
+                 {"eos_token", tok.id_to_token(*eos)},
                  {"documents", done.documents},
                  {"tokens", done.tokens},
                  {"text_bytes", done.bytes},
