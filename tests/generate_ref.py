@@ -14,7 +14,8 @@ Modes:
                 at step 6), both stop at its first occurrence and trainrun says finish "eos";
                 (4) --temperature 1 --top-p 1e-9 (only the most likely token survives) equals
                 greedy; (5) llama3 only: a random PEFT LoRA adapter (--adapter) equals
-                PeftModel.generate.
+                PeftModel.generate, and bad input (no config.json, a bad prompts-file line, an
+                adapter of the wrong shape, --top-p 0) exits 2 naming the fault.
   smollm2       SmolLM2-135M-Instruct (scripts/gguf_to_hf.py, cached): 8 prompts x 32 new tokens
                 equal transformers' greedy ids (plus 2 --chat prompts); KV-cache logits vs full
                 forward on one prompt; tokens/s of both (1 thread each) printed.
@@ -214,6 +215,7 @@ def tiny(variant):
     ours = trainrun_generate(model_dir, TINY_PROMPTS, max_new, ["--temperature", "1", "--top-p", "1e-9", "--seed", "5"])
     compare(f"{variant} --temperature 1 --top-p 1e-9", ours, ref)
     if variant == "llama3":
+        bad_cases(model_dir)
         from peft import LoraConfig, PeftModel, get_peft_model
 
         torch.manual_seed(1)
@@ -227,6 +229,30 @@ def tiny(variant):
             fail("the adapter does not change transformers' output: the check would prove nothing")
         ours = trainrun_generate(model_dir, TINY_PROMPTS, max_new, ["--adapter", adapter])
         compare(f"{variant} --adapter (PEFT LoRA r 4)", ours, ref_adapter, eos={2, stop})
+
+
+def bad_cases(model_dir):
+    """Bad input: exit 2 with a message naming the fault."""
+    bad_prompts = os.path.join(WORK, "bad.jsonl")
+    with open(bad_prompts, "w") as f:
+        f.write('{"prompt": "fine"}\n{"prompt": 3}\n')
+    bad_adapter = os.path.join(WORK, "bad-adapter")
+    os.makedirs(bad_adapter)
+    with open(os.path.join(bad_adapter, "adapter_config.json"), "w") as f:
+        json.dump({"peft_type": "LORA", "r": 2, "lora_alpha": 2}, f)
+    from safetensors.torch import save_file
+    save_file({"base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight": torch.zeros(2, 7),
+               "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight": torch.zeros(32, 2)},
+              os.path.join(bad_adapter, "adapter_model.safetensors"))
+    cases = [(["--model", WORK, "--prompt", "x"], "no config.json"),
+             (["--model", model_dir, "--prompts-file", bad_prompts], "bad.jsonl:2"),
+             (["--model", model_dir, "--prompt", "x", "--adapter", bad_adapter], "does not fit"),
+             (["--model", model_dir, "--prompt", "x", "--top-p", "0"], "--top-p")]
+    for args, expect in cases:
+        r = subprocess.run([TRAINRUN, "generate", "--max-new-tokens", "4", *args], capture_output=True, text=True)
+        if r.returncode != 2 or expect not in r.stderr:
+            fail(f"generate {' '.join(args)}: expected exit 2 naming {expect!r}, got {r.returncode}: {r.stderr}")
+    print(f"bad input: {len(cases)} cases exit 2 naming the fault")
 
 
 def smollm2(cache, scripts):

@@ -9,8 +9,11 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <boost/program_options.hpp>
+#include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -20,7 +23,10 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "trainrun/core/launcher.hpp"
 #include "trainrun/core/registry.hpp"
+#include "trainrun/core/runtime.hpp"
+#include "trainrun/cpu_runtime.hpp"
 #include "trainrun/generation.hpp"
 #include "trainrun/hf/safetensors.hpp"
 #include "trainrun/text/chat_template.hpp"
@@ -173,10 +179,29 @@ int64_t next_token(const at::Tensor& logits, Sampling& s) {
   return at::multinomial(probs, 1, false, s.gen).item<int64_t>();
 }
 
+// The OpenBLAS kernel as a training job's [launch] blas_coretype = "auto" picks it
+// (core/runtime.hpp): OpenBLAS 0.3.21 may load an SSE kernel on an AVX-512 CPU, which makes
+// every decode step several times slower. Applied by running this command line again with
+// OPENBLAS_CORETYPE set (OpenBLAS reads it only when it loads); "off" keeps what it loaded.
+void select_blas_kernel(const std::string& option, char** argv) {
+  if (option == "off" || std::getenv("TRAINRUN_BLAS_CHOICE")) return;
+  const core::BlasChoice choice =
+      core::resolve_blas_kernel(option, core::user_coretype_env(), v1::cpu::blas_info(),
+                                core::best_blas_kernel(core::cpu_features()), core::probe_blas_kernel);
+  if (choice.warn) std::cerr << "generate: --blas-coretype: " << choice.note << std::endl;
+  setenv("TRAINRUN_BLAS_CHOICE", choice.note.c_str(), 1);
+  if (!choice.select) return;
+  setenv("OPENBLAS_CORETYPE", choice.coretype.c_str(), 1);
+  const std::string exe = core::self_executable();
+  execv(exe.c_str(), argv);
+  std::cerr << "generate: cannot run " << exe << " again (" << std::strerror(errno) << "); keeping BLAS kernel "
+            << v1::cpu::blas_info().corename << std::endl;
+}
+
 }  // namespace
 
 int run_generate_command(int argc, char** argv) {
-  std::string model_dir, adapter, prompts_file, model_plugin = "llama";
+  std::string model_dir, adapter, prompts_file, model_plugin = "llama", blas_coretype = "auto";
   std::vector<std::string> prompts, plugin_paths;
   int64_t max_new = 0, threads = 0;
   double temperature = 0.0, top_p = 1.0;
@@ -193,6 +218,8 @@ int run_generate_command(int argc, char** argv) {
       "top-p", po::value(&top_p), "sampling: keep the most likely tokens up to this probability mass (default 1)")(
       "seed", po::value(&seed), "sampling: random seed (default 0)")(
       "threads", po::value(&threads), "LibTorch intra-op threads (default: LibTorch's choice)")(
+      "blas-coretype", po::value(&blas_coretype), "OpenBLAS kernel: auto (default: as a job's [launch] "
+      "blas_coretype), off, or a kernel name")(
       "jsonl", "print one JSON object per prompt (ids, text, timings) instead of plain text")(
       "model-plugin", po::value(&model_plugin), "model component to load the directory with (default llama)")(
       "plugin-path", po::value(&plugin_paths)->composing(), "plugin directory or file, searched first (repeatable)");
@@ -226,6 +253,7 @@ int run_generate_command(int argc, char** argv) {
     if (prompts.empty()) return bad("give at least one --prompt TEXT or a --prompts-file");
     if (!fs::is_regular_file(fs::path(model_dir) / "config.json"))
       return bad("--model " + model_dir + ": no config.json (not a Hugging Face model directory)");
+    select_blas_kernel(blas_coretype, argv);
     if (threads > 0) at::set_num_threads(static_cast<int>(threads));
 
     const text::Tokenizer tok = text::Tokenizer::from_directory(model_dir);
@@ -306,7 +334,11 @@ int run_generate_command(int argc, char** argv) {
       total_prefill_s += prefill_s;
       total_decode_s += decode_s;
       total_decode_tokens += decode_tokens;
-      const std::vector<int32_t> out32(out.begin(), out.end());
+      // Models often pad their vocabulary past the tokenizer's (Qwen: 151936 vs 151669): such
+      // an id has no text.
+      std::vector<int32_t> out32;
+      for (int64_t id : out)
+        if (id < tok.vocab_size()) out32.push_back(static_cast<int32_t>(id));
       const std::string text = tok.decode(out32, /*skip_special_tokens=*/true);
       const double prefill_tps = P / prefill_s, decode_tps = decode_tokens > 0 ? decode_tokens / decode_s : 0.0;
       if (jsonl) {
