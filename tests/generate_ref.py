@@ -7,7 +7,7 @@ Modes:
                 mistral: sliding_window 8, exceeded by prompt + generation) with a small byte-level
                 BPE tokenizer trained here by `tokenizers` and a chat template:
                 (1) the KV-cache logits (llama_logits --kv-cache: half prefill, then one token per
-                call) equal the full forward's within 1e-5 relative;
+                call), batch 2 and batch 1, equal the full forward's within 1e-5 relative;
                 (2) greedy ids equal transformers' on 4 prompts x 24 new tokens, plain and --chat
                 (prompt ids equal tokenizer(...) / apply_chat_template(..., tokenize=True));
                 (3) with a second EOS id in generation_config.json (the token transformers emits
@@ -190,7 +190,9 @@ def tiny(variant):
     model_dir = os.path.join(WORK, "model")
     model, tok = make_tiny(variant, model_dir)
     g = torch.Generator().manual_seed(3)
-    kv_logits(model_dir, torch.randint(0, len(tok), (2, 20), generator=g))
+    ids = torch.randint(0, len(tok), (2, 20), generator=g)
+    kv_logits(model_dir, ids)  # batch 2: the layers' own forward
+    kv_logits(model_dir, ids[:1])  # batch 1: the decode steps' matrix-vector path
     model = hf_model(model_dir)
     max_new = 24
     refs = {}
