@@ -2,12 +2,14 @@
 // transformers and PEFT (tests/llama_ref.py). Built from the plugin's own sources, as the unit
 // tests are.
 //
-//   llama_logits MODEL_DIR IDS.safetensors OUT.safetensors [ADAPTER_DIR] [--bf16]
+//   llama_logits MODEL_DIR IDS.safetensors OUT.safetensors [ADAPTER_DIR] [--bf16] [--kv-cache]
 //
 // IDS holds "input_ids" int64 [B, T]; OUT gets "logits" float32 [B, T, V]. With ADAPTER_DIR (PEFT
 // layout: adapter_config.json + adapter_model.safetensors) each adapted layer gets a LoRA adapter
 // of the lora plugin loaded with those weights. --bf16 casts the model to bfloat16 first (the
-// `bf16-true` precision's compute). Exit 2 on bad input, with the reason.
+// `bf16-true` precision's compute). --kv-cache computes them through the KV-cache decoder instead
+// (v1::IncrementalDecoder): the first half of the tokens as one prefill, then one token per call.
+// Exit 2 on bad input, with the reason.
 #include <torch/torch.h>
 
 #include <filesystem>
@@ -55,13 +57,14 @@ void add_adapters(llama::LlamaModel& model, const std::string& dir) {
 
 int main(int argc, char** argv) {
   std::vector<std::string> args;
-  bool bf16 = false;
+  bool bf16 = false, kv_cache = false;
   for (int i = 1; i < argc; ++i) {
     if (std::string(argv[i]) == "--bf16") bf16 = true;
+    else if (std::string(argv[i]) == "--kv-cache") kv_cache = true;
     else args.push_back(argv[i]);
   }
   if (args.size() < 3 || args.size() > 4) {
-    std::cerr << "usage: llama_logits MODEL_DIR IDS.safetensors OUT.safetensors [ADAPTER_DIR] [--bf16]\n";
+    std::cerr << "usage: llama_logits MODEL_DIR IDS.safetensors OUT.safetensors [ADAPTER_DIR] [--bf16] [--kv-cache]\n";
     return 2;
   }
   try {
@@ -75,7 +78,16 @@ int main(int argc, char** argv) {
       if (t.name == "input_ids") ids = t.tensor.to(at::kLong);
     if (!ids.defined()) throw v1::ConfigError(args[1] + ": no tensor 'input_ids'");
     torch::NoGradGuard no_grad;
-    const at::Tensor logits = model.logits(ids).to(at::kFloat);
+    at::Tensor logits;
+    if (kv_cache) {
+      const int64_t T = ids.size(1), prefill = std::max<int64_t>(1, T / 2);
+      auto state = model.new_decode_state(ids.size(0), T);
+      std::vector<at::Tensor> parts = {model.decode(ids.narrow(1, 0, prefill), *state)};
+      for (int64_t t = prefill; t < T; ++t) parts.push_back(model.decode(ids.narrow(1, t, 1), *state));
+      logits = at::cat(parts, 1);
+    } else {
+      logits = model.logits(ids).to(at::kFloat);
+    }
     hf::write_safetensors(args[2], {{"logits", logits}}, {{"format", "pt"}});
     std::cout << model.describe() << ": logits " << logits.sizes() << " -> " << args[2] << "\n";
     return 0;

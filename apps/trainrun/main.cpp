@@ -16,9 +16,11 @@
 
 #include "chat_cli.hpp"
 #include "collectives.hpp"
+#include "generate_cli.hpp"
 #include "merge_lora.hpp"
 #include "report.hpp"
 #include "text_cli.hpp"
+#include "tokenize_cli.hpp"
 #include "trainrun/core/checkpoint.hpp"
 #include "trainrun/core/config.hpp"
 #include "trainrun/core/launcher.hpp"
@@ -174,6 +176,8 @@ int main(int argc, char** argv) {
   if (argc > 1 && std::string(argv[1]) == "merge-lora") return trainrun::app::run_merge_lora_command(argc, argv);
   if (argc > 1 && std::string(argv[1]) == "encode") return trainrun::app::run_encode_command(argc, argv);
   if (argc > 1 && std::string(argv[1]) == "decode") return trainrun::app::run_decode_command(argc, argv);
+  if (argc > 1 && std::string(argv[1]) == "tokenize") return trainrun::app::run_tokenize_command(argc, argv);
+  if (argc > 1 && std::string(argv[1]) == "generate") return trainrun::app::run_generate_command(argc, argv);
   if (argc > 1 && std::string(argv[1]) == "chat-template") return trainrun::app::run_chat_template_command(argc, argv);
   if (argc > 1 && std::string(argv[1]) == "report") return trainrun::app::run_report_command(argc, argv);
   // `consolidate <checkpoint> <out> [--max-shard-size BYTES]`: one full model from the pieces.
@@ -274,6 +278,9 @@ int main(int argc, char** argv) {
                  "       trainrun consolidate <checkpoint dir> <out dir> [--max-shard-size 5GB]\n"
                  "       trainrun merge-lora --base MODEL --adapter DIR --output FILE\n"
                  "       trainrun encode|decode --tokenizer DIR [--jsonl] (see trainrun encode --help)\n"
+                 "       trainrun tokenize --tokenizer DIR --output corpus.bin FILES... (see trainrun tokenize --help)\n"
+                 "       trainrun generate --model HF_DIR [--chat] --prompt TEXT --max-new-tokens N "
+                 "(see trainrun generate --help)\n"
                  "       trainrun chat-template --tokenizer DIR [--add-generation-prompt] [--template NAME]\n"
                  "       trainrun report RUN_DIR [--compare OTHER_RUN_DIR]... [--output FILE]\n"
                  "       trainrun bench collectives --backend gloo-cpu|mpi --nproc N [--verify] "

@@ -15,7 +15,9 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <nlohmann/json.hpp>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "trainrun/interfaces.hpp"
@@ -215,10 +217,11 @@ class Text final : public v1::Dataset {
     s.add({"paths", v1::OptionType::StringList, std::monostate{}, /*required=*/true, {}, {}, {},
            "files or glob(3) patterns (with {a,b} and ~), read in this order; each pattern "
            "must match at least one file"});
-    s.choice("format", "bytes", {"bytes", "uint16", "uint32"},
+    s.choice("format", "bytes", {"bytes", "uint16", "uint32", "auto"},
              "bytes: every byte is a token (vocabulary 256); uint16 / uint32: pre-tokenized "
              "little-endian 16- or 32-bit token ids (raw, no header; uint32 for vocabularies "
-             "above 65536)");
+             "above 65536); auto: each file's sidecar FILE.json (written by `trainrun tokenize`) "
+             "names the dtype and vocabulary");
     s.integer("block_size", 128, "tokens per sample T; must equal the model's block_size", 1,
               1 << 20);
     s.real("eval_fraction", 0.1, "fraction of the stream, taken from its end, held out for "
@@ -229,16 +232,19 @@ class Text final : public v1::Dataset {
 
   Text(const Options& o, const RunContext&) {
     block_ = o.get_int("block_size");
-    const bool bytes = o.get_string("format") == "bytes";
-    const size_t width = bytes ? 1 : o.get_string("format") == "uint16" ? 2 : 4;
     const std::vector<std::string> files = expand(o.get_string_list("paths"), o.context());
+    std::string format = o.get_string("format");
+    int64_t sidecar_vocab = 0;
+    if (format == "auto") std::tie(format, sidecar_vocab) = sidecar_format(files, o.context());
+    const bool bytes = format == "bytes";
+    const size_t width = bytes ? 1 : format == "uint16" ? 2 : 4;
 
     // Tokens are kept in the narrowest type that holds them; batches widen to int64.
     std::vector<uint8_t> stream;
     for (const auto& f : files) {
       std::vector<uint8_t> b = read_raw(f, "text");
       TR_CHECK(b.size() % width == 0, "text: '", f, "' has ", b.size(), " bytes, not a multiple of ",
-               width, ", so it is not a ", o.get_string("format"), " token file");
+               width, ", so it is not a ", format, " token file");
       stream.insert(stream.end(), b.begin(), b.end());
     }
     int64_t max_token = -1;
@@ -265,7 +271,7 @@ class Text final : public v1::Dataset {
     if (tokens_.numel() > 0) max_token = tokens_.max().item<int64_t>();
 
     int64_t vocab = o.get_int("vocab_size");
-    if (vocab == 0) vocab = bytes ? 256 : max_token + 1;
+    if (vocab == 0) vocab = bytes ? 256 : sidecar_vocab > 0 ? sidecar_vocab : max_token + 1;
     TR_CHECK(max_token < vocab, o.context(), ": token id ", max_token,
              " occurs in the data but vocab_size is ", vocab);
 
@@ -307,6 +313,39 @@ class Text final : public v1::Dataset {
   }
 
  private:
+  // format = "auto": the dtype ("uint16" / "uint32") and vocab_size that every file's sidecar
+  // FILE.json (trainrun tokenize) states; they must agree across files.
+  static std::pair<std::string, int64_t> sidecar_format(const std::vector<std::string>& files,
+                                                        const std::string& context) {
+    std::string dtype;
+    int64_t vocab = 0;
+    for (const auto& f : files) {
+      const std::string side = f + ".json";
+      std::ifstream in(side);
+      TR_CHECK(in.good(), context, ": format = \"auto\" needs the sidecar '", side,
+               "' (written by `trainrun tokenize`); give format = \"uint16\" or \"uint32\" for raw token files");
+      nlohmann::json j;
+      try {
+        j = nlohmann::json::parse(in);
+      } catch (const nlohmann::json::exception& e) {
+        TR_FAIL(side, ": not valid JSON: ", e.what());
+      }
+      TR_CHECK(j.is_object() && j.contains("dtype") && j["dtype"].is_string(), side, ": no string \"dtype\"");
+      const std::string d = j["dtype"].get<std::string>();
+      TR_CHECK(d == "uint16" || d == "uint32", side, ": dtype \"", d, "\" is not supported (uint16, uint32)");
+      TR_CHECK(dtype.empty() || d == dtype, side, ": dtype ", d, " differs from ", dtype,
+               " of the files before it in paths");
+      dtype = d;
+      if (j.contains("vocab_size") && j["vocab_size"].is_number_integer()) {
+        const int64_t v = j["vocab_size"].get<int64_t>();
+        TR_CHECK(vocab == 0 || v == vocab, side, ": vocab_size ", v, " differs from ", vocab,
+                 " of the files before it in paths");
+        vocab = v;
+      }
+    }
+    return {dtype, vocab};
+  }
+
   static std::vector<std::string> expand(const std::vector<std::string>& patterns,
                                          const std::string& context) {
     TR_CHECK(!patterns.empty(), context, ": paths is required: list the text files or glob patterns");
@@ -343,7 +382,7 @@ class Text final : public v1::Dataset {
 /// The components of the "data" plugin, in the order `trainrun plugins` lists them.
 extern const trainrun_component_v1 kComponents[] = {
     v1::component<v1::Dataset, Idx>("idx", "MNIST / Fashion-MNIST IDX image files (raw or gzipped)"),
-    v1::component<v1::Dataset, Text>("text", "Language modelling on byte or uint16-token files"),
+    v1::component<v1::Dataset, Text>("text", "Language modelling on byte or uint16/uint32 token files"),
 };
 static_assert(sizeof(kComponents) / sizeof(kComponents[0]) == 2,
               "plugin.cpp and the tests list the components by index");

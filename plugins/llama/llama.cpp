@@ -638,6 +638,9 @@ void LlamaModel::on_final_state_dict(const std::vector<v1::NamedTensor>& state) 
 
 }  // namespace trainrun::llama
 
+// Incremental decoding with a KV cache, kept apart from the training forward.
+#include "llama_decode.inc"
+
 #ifndef TRAINRUN_NO_PLUGIN_ENTRY
 TRAINRUN_PLUGIN("llama", "0.1.0",
                 trainrun::v1::component<trainrun::v1::Model, trainrun::llama::LlamaModel>(

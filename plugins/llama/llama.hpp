@@ -8,6 +8,7 @@
 // mapping tables. Each decoder layer is one sharding Unit; every projection is a
 // trainrun::v1::Linear, so quant-nf4/int8 and lora apply.
 #include <ATen/core/Tensor.h>
+#include <trainrun/generation.hpp>
 #include <trainrun/hf/model_source.hpp>
 #include <trainrun/interfaces.hpp>
 #include <trainrun/module_model.hpp>
@@ -53,7 +54,8 @@ struct LlamaConfig {
 class LlamaModel final : public v1::ModuleModel,
                          public v1::BatchFieldsReaderBase,
                          public v1::FinalStateDictConsumer,
-                         public v1::HfModelSource {
+                         public v1::HfModelSource,
+                         public v1::IncrementalDecoder {
  public:
   static void declare_options(v1::OptionSchema& s);
   LlamaModel(const v1::Options& o, const v1::RunContext& ctx);
@@ -72,6 +74,11 @@ class LlamaModel final : public v1::ModuleModel,
   void on_final_state_dict(const std::vector<v1::NamedTensor>& state) override;
   std::string hf_model_dir() const override { return dir_; }
   std::string hf_task_type() const override { return "CAUSAL_LM"; }
+
+  /// KV-cache decoding (llama_decode.inc): keys/values cached per layer after RoPE, as
+  /// transformers' DynamicCache holds them; the training forward above is not used.
+  std::unique_ptr<v1::DecodeState> new_decode_state(int64_t batch_size, int64_t max_length) override;
+  at::Tensor decode(const at::Tensor& ids, v1::DecodeState& state) override;
 
   const LlamaConfig& config() const { return cfg_; }
   /// Writes an HF model directory from `state` (names as named_parameters()) in `dtype`.
