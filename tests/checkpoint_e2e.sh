@@ -24,6 +24,10 @@
 #               rank 1 of a ddp pair killed after writing its file: the same.
 #   sigterm     SIGTERM during training: the step finishes, a checkpoint (reason "signal") is
 #               written, exit code 130; resuming from it finishes the run.
+#   sigterm_slow_save  the same with a save that takes 7 s (test hook TRAINRUN_TEST_SAVE_DELAY_S)
+#               under the default stop_grace_s = 5: the launcher waits for the saving ranks
+#               (they say so on the stop protocol's fd 3) and says so, the checkpoint is complete,
+#               exit 130; the time from SIGTERM to the launcher's exit is printed.
 #   restart     [launch] max_restarts = 1, one rank SIGKILLed at step 15, checkpoints every 10:
 #               the job completes with final weights bitwise equal to the uninterrupted run.
 #   minutes     every_n_minutes shorter than a step: a checkpoint after every step.
@@ -195,6 +199,26 @@ case $case in
     run "$work/r.log" "$tr" "${s[@]}" --set trainer.max_steps=$((step + 3)) --set trainer.resume=latest \
       --set trainer.run_dir="$work/t"
     expect_in "$work/r.log" "resumed from .* at step $step"
+    ;;
+  sigterm_slow_save)
+    s=("${mlp[@]}" "${opt[@]}" --set strategy.plugin=ddp --set launch.nproc_per_node=2
+       --set trainer.max_steps=100000 --set trainer.log_every=1
+       --set 'callbacks=[{plugin="checkpoint", every_n_steps=0, save_last=false}]')
+    TRAINRUN_TEST_SAVE_DELAY_S=7 "$tr" "${s[@]}" --set trainer.run_dir="$work/t" >"$work/t.log" 2>&1 &
+    pid=$!
+    wait_for "$work/t.log" "\[step 3/" 60
+    t0=$(now)
+    kill -TERM "$pid"
+    rc=0; wait "$pid" || rc=$?
+    t=$(elapsed "$t0")
+    cat "$work/t.log"
+    expect_rc 130 "$rc"
+    expect_in "$work/t.log" "^trainrun: rank 0 is writing its checkpoint \(step [0-9]+\); waiting for it"
+    expect_in "$work/t.log" "^trainrun: rank 0 finished its checkpoint \(step [0-9]+\) in [0-9.]+ s"
+    grep -q "killing it (SIGKILL)" "$work/t.log" && fail "a saving rank was killed"
+    [ -f "$work/t/checkpoints/latest" ] || fail "no complete checkpoint after SIGTERM"
+    step=$(py -c "import json,sys; m=json.load(open(sys.argv[1]+'/meta.json')); assert m['reason']=='signal', m['reason']; print(m['step'])" "$work/t/checkpoints/$(cat "$work/t/checkpoints/latest")")
+    echo "measured: SIGTERM -> complete checkpoint (step $step, save delayed 7 s, stop_grace_s 5) and exit 130 in $t s"
     ;;
   consolidate)
     run "$work/z.log" "$tr" "${gpt[@]}" "${opt[@]}" --set trainer.max_steps=4 \

@@ -75,6 +75,47 @@ sigint)
   grep -q "exited with code 130" "$work/out" && fail "the stopped ranks were reported as failures"
   no_leftovers "$tag"
   ;;
+saving)
+  # The stop protocol: rank 0 says on fd 3 that it is writing a checkpoint and takes 3 s, past
+  # the 1 s grace: it is left to finish, and the launcher says that it waits; rank 1
+  # acknowledges the SIGTERM but never stops: it alone is killed after the grace.
+  "$probe" --launch 2 1 "$rd" -- bash -c 'trap "echo stopping >&3; if [ \$RANK = 0 ]; then echo saving 7 >&3; sleep 3; echo rank 0 checkpoint complete; echo saved 7 >&3; exit 130; fi; trap \"\" TERM" TERM; echo up; while :; do sleep 0.1; done' "$tag" \
+    >"$work/out" 2>&1 &
+  agent=$!
+  wait_for "$work/out" "^\[rank 0\] up"
+  wait_for "$work/out" "^\[rank 1\] up"
+  t0=$(now)
+  kill -TERM "$agent"
+  rc=0
+  wait "$agent" || rc=$?
+  t=$(elapsed "$t0")
+  cat "$work/out"
+  expect_rc 130 "$rc"
+  within 8 "$t" "a 3 s save to a finished launcher"
+  expect_in "$work/out" "^trainrun: rank 0 is writing its checkpoint \(step 7\); waiting for it to finish"
+  expect_in "$work/out" "^\[rank 0\] rank 0 checkpoint complete"
+  expect_in "$work/out" "^trainrun: rank 0 finished its checkpoint \(step 7\) in [0-9.]+ s"
+  expect_in "$work/out" "^trainrun: rank 1 did not stop within 1.0 s of SIGTERM \(\[launch\] stop_grace_s\) and had not begun a checkpoint: killing it"
+  grep -q "^trainrun: rank 0 .*killing it" "$work/out" && fail "the saving rank was killed"
+  no_leftovers "$tag"
+  ;;
+save_stuck)
+  # A save that never ends is stopped after stop_save_timeout_s (2 s here).
+  TRAINRUN_TEST_SAVE_TIMEOUT_S=2 "$probe" --launch 1 1 "$rd" -- bash -c 'trap "echo saving 3 >&3; trap \"\" TERM" TERM; echo up; while :; do sleep 0.1; done' "$tag" \
+    >"$work/out" 2>&1 &
+  agent=$!
+  wait_for "$work/out" "^\[rank 0\] up"
+  t0=$(now)
+  kill -TERM "$agent"
+  rc=0
+  wait "$agent" || rc=$?
+  t=$(elapsed "$t0")
+  cat "$work/out"
+  expect_rc 130 "$rc"
+  within 5 "$t" "a stuck save of a 2 s save timeout to a finished launcher"
+  expect_in "$work/out" "^trainrun: rank 0 is still writing its checkpoint [0-9.]+ s after it began \(\[launch\] stop_save_timeout_s = 2.0 s\): killing it"
+  no_leftovers "$tag"
+  ;;
 stray_child)
   # A worker that exits 0 but leaves a child holding its output pipe: the launcher still ends
   # (within about a second) and takes the child with it.

@@ -192,7 +192,7 @@ std::vector<std::string> worker_env(const std::vector<std::pair<std::string, std
   static const std::set<std::string> owned = {
       "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
       "MASTER_PORT", "TRAINRUN_AGENT_STORE", "TRAINRUN_RUN_DIR_READY", "TRAINRUN_TTY",
-      "TRAINRUN_RENDEZVOUS_TIMEOUT_S"};
+      "TRAINRUN_RENDEZVOUS_TIMEOUT_S", "TRAINRUN_CONTROL_FD"};
   std::set<std::string> added;
   for (const auto& [k, v] : add) added.insert(k);
   std::vector<std::string> out;
@@ -224,14 +224,20 @@ struct Pipe {
 
 // fork + exec with stdout/stderr into pipes, stdin from /dev/null, in a process group of its
 // own, killed with SIGKILL when the launcher dies. Returns the pid; *out/*err get the read ends.
-pid_t spawn(ExecImage& image, int* out, int* err) {
+// With `control` set, the worker also gets the write end of a third pipe as its fd 3
+// (kControlFd), on which it reports what it is doing while it stops (stop_protocol below).
+constexpr int kControlFd = 3;
+pid_t spawn(ExecImage& image, int* out, int* err, int* control = nullptr) {
   Pipe po, pe;
+  std::optional<Pipe> pc;
+  if (control) pc.emplace();
   const int devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
   const pid_t parent = getpid();
   const pid_t pid = fork();
   if (pid < 0) {
     const int e = errno;
     close(po.r), close(po.w), close(pe.r), close(pe.w), close(devnull);
+    if (pc) close(pc->r), close(pc->w);
     throw Error(std::string("launcher: fork: ") + std::strerror(e));
   }
   if (pid == 0) {
@@ -242,7 +248,12 @@ pid_t spawn(ExecImage& image, int* out, int* err) {
     if (devnull >= 0) dup2(devnull, STDIN_FILENO);
     dup2(po.w, STDOUT_FILENO);
     dup2(pe.w, STDERR_FILENO);
-    syscall(SYS_close_range, 3U, ~0U, 0U);
+    if (pc) {
+      // dup2 onto itself keeps FD_CLOEXEC, so that case clears it by hand.
+      if (pc->w == kControlFd) fcntl(kControlFd, F_SETFD, 0);
+      else dup2(pc->w, kControlFd);
+    }
+    syscall(SYS_close_range, pc ? 4U : 3U, ~0U, 0U);
     struct sigaction dfl {};
     dfl.sa_handler = SIG_DFL;
     // The handlers the agent installed; anything else (nohup's SIGHUP) stays as inherited.
@@ -261,6 +272,11 @@ pid_t spawn(ExecImage& image, int* out, int* err) {
   if (devnull >= 0) close(devnull);
   *out = po.r;
   *err = pe.r;
+  if (pc) {
+    close(pc->w);
+    fcntl(pc->r, F_SETFL, O_NONBLOCK);
+    *control = pc->r;
+  }
   return pid;
 }
 
@@ -276,6 +292,14 @@ struct Child {
   std::optional<Clock::time_point> pipes_closed;  ///< when both streams reached EOF
   bool reaped = false;
   int status = 0;
+  // The stop protocol (fd 3 of a worker, see Agent::read_control): what it said while stopping.
+  int control_fd = -1;
+  std::string control_buf;
+  std::optional<Clock::time_point> saving_since;  ///< "saving STEP" seen, no "saved" yet
+  std::optional<Clock::time_point> saved_at;      ///< "saved STEP" seen
+  std::string save_step;
+  bool stop_acknowledged = false;  ///< "stopping" seen: the signal arrived, the step finishes
+  bool killed = false;             ///< SIGKILLed by the agent
 
   bool pipes_open() const { return fds[0] >= 0 || fds[1] >= 0; }
   void signal_group(int sig) const {
@@ -352,9 +376,11 @@ class Agent {
       waitpid(c.pid, nullptr, 0);
       c.reaped = true;
     }
-    for (Child& c : children_)
+    for (Child& c : children_) {
       for (int& fd : c.fds)
         if (fd >= 0) close(fd), fd = -1;
+      if (c.control_fd >= 0) close(c.control_fd), c.control_fd = -1;
+    }
     for (RankSink& s : sinks_)
       if (s.log_fd >= 0) close(s.log_fd);
   }
@@ -375,6 +401,8 @@ class Agent {
   void start_mpiexec();
   int supervise();
   void read_ready(const std::vector<pollfd>& fds);
+  void read_control(Child& c);
+  void kill_stuck();
   void close_stream(Child& c, int s);
   void reap();
   void begin_stop();
@@ -409,6 +437,7 @@ class Agent {
   bool store_lost_ = false;
   Clock::time_point last_beat_sent_;
   std::map<int, std::pair<int64_t, Clock::time_point>> peer_beats_;  ///< node -> (count, seen)
+  Clock::time_point last_wait_note_;
 };
 
 int Agent::run() {
@@ -608,7 +637,8 @@ void Agent::start_workers() {
         {"MASTER_PORT", std::to_string(port_)},
         {"TRAINRUN_AGENT_STORE", "1"},
         {"TRAINRUN_RUN_DIR_READY", "1"},
-        {"TRAINRUN_RENDEZVOUS_TIMEOUT_S", fixed1(spec_.rendezvous_timeout_s)}};
+        {"TRAINRUN_RENDEZVOUS_TIMEOUT_S", fixed1(spec_.rendezvous_timeout_s)},
+        {"TRAINRUN_CONTROL_FD", std::to_string(kControlFd)}};
     const bool bar = tty && rank == 0;
     if (bar) {
       vars.emplace_back("TRAINRUN_TTY", "1");
@@ -622,7 +652,7 @@ void Agent::start_workers() {
     c.name = "rank " + std::to_string(rank);
     c.rank = rank;
     c.started = Clock::now();
-    c.pid = spawn(image, &c.fds[0], &c.fds[1]);
+    c.pid = spawn(image, &c.fds[0], &c.fds[1], &c.control_fd);
     RankSink* sink = &sinks_[static_cast<size_t>(local)];
     c.lines[0] = std::make_unique<LineSplitter>(sink, STDOUT_FILENO, false);
     c.lines[1] = std::make_unique<LineSplitter>(sink, STDERR_FILENO, bar);
@@ -692,6 +722,77 @@ void Agent::read_ready(const std::vector<pollfd>& fds) {
         }
       }
     }
+  }
+}
+
+// The stop protocol. A worker started by this agent finds TRAINRUN_CONTROL_FD=3 and writes one
+// line per event there: "stopping" (its SIGTERM/SIGINT handler: the signal arrived, it finishes
+// the step), "saving STEP" (a checkpoint write began), "saved STEP" (it is complete). Nothing
+// else uses the pipe, so a worker's own output can never be mistaken for a message.
+void Agent::read_control(Child& c) {
+  char buf[512];
+  for (;;) {
+    const ssize_t n = read(c.control_fd, buf, sizeof buf);
+    if (n > 0) {
+      c.control_buf.append(buf, static_cast<size_t>(n));
+      continue;
+    }
+    if (n == 0 || (errno != EINTR && errno != EAGAIN)) close(c.control_fd), c.control_fd = -1;
+    if (n < 0 && errno == EINTR) continue;
+    break;
+  }
+  for (size_t nl; (nl = c.control_buf.find('\n')) != std::string::npos;) {
+    const std::string line = c.control_buf.substr(0, nl);
+    c.control_buf.erase(0, nl + 1);
+    const std::string word = line.substr(0, line.find(' '));
+    const std::string arg = line.find(' ') == std::string::npos ? "" : line.substr(line.find(' ') + 1);
+    if (word == "stopping") {
+      c.stop_acknowledged = true;
+    } else if (word == "saving") {
+      c.saving_since = Clock::now();
+      c.save_step = arg;
+      c.saved_at.reset();
+      if (stopping_ && !c.killed)
+        say(c.name + " is writing its checkpoint (step " + arg + "); waiting for it to finish (up to " +
+            fixed1(spec_.save_timeout_s) + " s, [launch] stop_save_timeout_s)");
+    } else if (word == "saved") {
+      if (stopping_ && c.saving_since)
+        say(c.name + " finished its checkpoint (step " + arg + ") in " + fixed1(seconds_since(*c.saving_since)) + " s");
+      c.saving_since.reset();
+      c.saved_at = Clock::now();
+    }
+  }
+}
+
+// While stopping: a worker is given stop_grace_s from the SIGTERM to end by itself; one that is
+// writing a checkpoint is given until stop_save_timeout_s after its save began (and then
+// stop_grace_s to exit). Only a worker past its own deadline is killed: a stuck one.
+void Agent::kill_stuck() {
+  const auto grace = std::chrono::milliseconds(static_cast<int64_t>(spec_.grace_s * 1000));
+  const auto save = std::chrono::milliseconds(static_cast<int64_t>(spec_.save_timeout_s * 1000));
+  std::string waiting;
+  for (Child& c : children_) {
+    if (c.reaped || c.killed) continue;
+    Clock::time_point deadline = stop_at_ + grace;
+    if (c.saving_since) deadline = std::max(deadline, *c.saving_since + save);
+    else if (c.saved_at) deadline = std::max(deadline, *c.saved_at + grace);
+    if (Clock::now() < deadline) {
+      if (c.saving_since) waiting += (waiting.empty() ? "" : ", ") + c.name;
+      continue;
+    }
+    say(c.name + (c.saving_since
+                      ? " is still writing its checkpoint " + fixed1(seconds_since(*c.saving_since)) +
+                            " s after it began ([launch] stop_save_timeout_s = " + fixed1(spec_.save_timeout_s) + " s)"
+                      : " did not stop within " + fixed1(spec_.grace_s) + " s of SIGTERM ([launch] stop_grace_s)" +
+                            (c.stop_acknowledged ? " and had not begun a checkpoint" : "")) +
+        ": killing it (SIGKILL)");
+    c.signal_group(SIGKILL);
+    c.killed = true;
+  }
+  if (!waiting.empty() && seconds_since(last_wait_note_) >= 10.0) {
+    if (last_wait_note_ != Clock::time_point{})
+      say("still waiting for the checkpoint of " + waiting + " (" + fixed1(seconds_since(stop_at_)) + " s since SIGTERM)");
+    last_wait_note_ = Clock::now();
   }
 }
 
@@ -795,13 +896,17 @@ int Agent::supervise() {
   bool drain_killed = false;
   for (;;) {
     std::vector<pollfd> fds{{signals_.fd(), POLLIN, 0}};
-    for (const Child& c : children_)
+    for (const Child& c : children_) {
       for (int fd : c.fds)
         if (fd >= 0) fds.push_back({fd, POLLIN, 0});
+      if (c.control_fd >= 0) fds.push_back({c.control_fd, POLLIN, 0});
+    }
     const int n = ::poll(fds.data(), fds.size(), kTickMs);
     if (n < 0 && errno != EINTR) throw Error(std::string("launcher: poll: ") + std::strerror(errno));
     signals_.drain();
     if (n > 0) read_ready(fds);
+    for (Child& c : children_)
+      if (c.control_fd >= 0) read_control(c);
     reap();
 
     const int sigs = g_stop_signals.load();
@@ -812,7 +917,10 @@ int Agent::supervise() {
         exit_code_ = 130;
         say("interrupted (" + name + "): stopping " + std::to_string(children_.size()) + " " +
             (spec_.mpiexec ? "mpiexec" : "rank(s)") + " (SIGTERM, SIGKILL after " +
-            fixed1(spec_.grace_s) + " s); press Ctrl-C again to kill them at once");
+            fixed1(spec_.grace_s) + " s" +
+            (spec_.mpiexec ? std::string()
+                           : ", or up to " + fixed1(spec_.save_timeout_s) + " s after a rank begins writing a checkpoint") +
+            "); press Ctrl-C again to kill them at once");
         if (multi_node() && !store_lost_) {
           try {
             store_->compareSet(kFailedKey, {}, bytes("130\nnode " + std::to_string(spec_.node_rank) +
@@ -829,10 +937,7 @@ int Agent::supervise() {
       for (const Child& c : children_) c.signal_group(SIGKILL);
     }
     poll_peers();
-    if (stopping_ && !killed_ && seconds_since(stop_at_) >= spec_.grace_s) {
-      killed_ = true;
-      for (const Child& c : children_) c.signal_group(SIGKILL);
-    }
+    if (stopping_ && !killed_) kill_stuck();
 
     const bool all_reaped = std::all_of(children_.begin(), children_.end(), [](const Child& c) { return c.reaped; });
     if (!all_reaped) continue;
@@ -870,7 +975,7 @@ int Agent::finish() {
     // only an agent whose heartbeat stops is given up on.
     auto failure_deadline = [&] {
       return (stopping_ ? stop_at_ : Clock::now()) +
-             std::chrono::milliseconds(static_cast<int64_t>((spec_.grace_s + 2.0) * 1000));
+             std::chrono::milliseconds(static_cast<int64_t>((spec_.grace_s + spec_.save_timeout_s + 2.0) * 1000));
     };
     std::optional<Clock::time_point> give_up;
     if (exit_code_) give_up = failure_deadline();
@@ -935,6 +1040,7 @@ int launch(const LaunchSpec& spec) {
               " nodes run `mpiexec -f hostfile -n N trainrun --config ...` yourself");
   if (!(spec.rendezvous_timeout_s > 0)) throw bad("[launch] rendezvous_timeout_s must be > 0");
   if (!(spec.grace_s >= 0)) throw bad("[launch] stop_grace_s must be >= 0");
+  if (!(spec.save_timeout_s >= 0)) throw bad("[launch] stop_save_timeout_s must be >= 0");
   if (spec.max_restarts > 0 && (spec.nnodes > 1 || spec.mpiexec))
     throw bad("[launch] max_restarts works with nnodes = 1 and trainrun's own agent");
   // Elastic restarts: the failed attempt's agent has already stopped every worker and named
