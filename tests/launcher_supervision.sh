@@ -99,6 +99,16 @@ saving)
   grep -q "^trainrun: rank 0 .*killing it" "$work/out" && fail "the saving rank was killed"
   no_leftovers "$tag"
   ;;
+blame)
+  # The first cause wins: rank 0 fails on its own (an error, then 0.7 s of teardown) and rank 1,
+  # seeing its connection reset, exits first with a transport error: rank 0 is named.
+  "$probe" --launch 2 1 "$rd" -- bash -c 'if [ "$RANK" = 0 ]; then echo "trainrun: error: cannot open metrics.jsonl: Permission denied" >&2; touch "$0.failed"; sleep 0.7; exit 1; fi; while [ ! -e "$0.failed" ]; do sleep 0.02; done; echo "trainrun: error: gloo: all_reduce #5 in group world failed: Connection reset by peer" >&2; exit 1' "$work/$tag" \
+    >"$work/out" 2>&1 || true
+  cat "$work/out"
+  expect_in "$work/out" "^trainrun: rank 0 \(pid [0-9]+, node 0\) exited with code 1"
+  grep -qE "^trainrun: rank 1 \(pid [0-9]+, node 0\) exited" "$work/out" && fail "the rank with the transport error was named as the cause"
+  no_leftovers "$tag"
+  ;;
 save_stuck)
   # A save that never ends is stopped after stop_save_timeout_s (2 s here).
   TRAINRUN_TEST_SAVE_TIMEOUT_S=2 "$probe" --launch 1 1 "$rd" -- bash -c 'trap "echo saving 3 >&3; trap \"\" TERM" TERM; echo up; while :; do sleep 0.1; done' "$tag" \

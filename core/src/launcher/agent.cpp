@@ -13,7 +13,11 @@
 //    too. PR_SET_PDEATHSIG covers the launcher being killed with SIGKILL.
 //  - The first failure is the cause. Its exit time is taken from the moment its pipes closed,
 //    which poll() reports as it happens, rather than from waitpid order: ranks that fail
-//    because a peer died exit a few milliseconds later, and are then only collateral.
+//    because a peer died exit a few milliseconds later, and are then only collateral. A rank
+//    whose last lines are a transport error (a peer reset or closed the connection) may still
+//    exit before the rank that caused it (which tears its connections down while it unwinds,
+//    and only then exits): such a failure waits up to kCauseWindowS for a rank's own error,
+//    which then wins.
 #include "trainrun/core/launcher.hpp"
 #include "trainrun/core/log.hpp"
 
@@ -47,6 +51,7 @@
 #include <optional>
 #include <set>
 #include <sstream>
+#include <tuple>
 
 #include "trainrun/core/run_dir.hpp"
 #include "output.hpp"
@@ -75,6 +80,21 @@ constexpr int kTickMs = 100;
 // while node 0 waits for the other nodes to finish (running workers notice a lost peer
 // themselves, through their collectives).
 constexpr double kAgentLostS = 15.0;
+// How long a failure that looks like a consequence of another rank's (a transport error) waits
+// for that rank's own failure before it is reported as the cause.
+constexpr double kCauseWindowS = 2.0;
+
+// Whether a failed rank's last lines say that a peer went away (connection reset or closed,
+// a collective whose peers did not arrive): then it failed because of another rank.
+bool looks_collateral(const std::deque<std::string>& tail) {
+  static const char* const kMarkers[] = {"reset by peer", "closed by peer", "connection closed",
+                                         "Connection closed", "Broken pipe", "the transport failed",
+                                         "not arrived:", "ECONNRESET", "EPIPE"};
+  for (const auto& line : tail)
+    for (const char* m : kMarkers)
+      if (line.find(m) != std::string::npos) return true;
+  return false;
+}
 
 double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
@@ -407,6 +427,7 @@ class Agent {
   void reap();
   void begin_stop();
   void on_failure(Child& c);
+  void decide_cause();
   void poll_peers();
   int finish();
 
@@ -438,6 +459,8 @@ class Agent {
   Clock::time_point last_beat_sent_;
   std::map<int, std::pair<int64_t, Clock::time_point>> peer_beats_;  ///< node -> (count, seen)
   Clock::time_point last_wait_note_;
+  std::vector<Child*> failures_;  ///< failed, not yet reported (see decide_cause)
+  std::optional<Clock::time_point> first_failure_at_;
 };
 
 int Agent::run() {
@@ -857,12 +880,29 @@ void Agent::reap() {
     if (!ok) failed.push_back(&c);
   }
   if (failed.empty() || exit_code_ || stopping_) return;
-  // Several found in one tick: the earliest to close its pipes, and among equals a signal death
-  // (a rank killed from outside) before an error exit (a peer noticing it).
-  auto key = [](const Child* c) { return std::make_pair(*c->pipes_closed, WIFSIGNALED(c->status) ? 0 : 1); };
-  Child* first = *std::min_element(failed.begin(), failed.end(),
-                                   [&](const Child* a, const Child* b) { return key(a) < key(b); });
-  on_failure(*first);
+  if (!first_failure_at_) first_failure_at_ = Clock::now();
+  failures_.insert(failures_.end(), failed.begin(), failed.end());
+}
+
+// The cause among the failures seen so far: the earliest to close its pipes that failed on its
+// own (killed by a signal, or an error that is not a peer's transport error), among equal times
+// a signal death (a rank killed from outside) first. Failures that all look collateral wait up
+// to kCauseWindowS for such a one (or until every worker has ended); then the earliest wins.
+void Agent::decide_cause() {
+  if (failures_.empty() || exit_code_ || stopping_) return;
+  auto own = [&](const Child* c) {
+    if (WIFSIGNALED(c->status) || spec_.mpiexec) return true;
+    return !looks_collateral(sinks_[static_cast<size_t>(c->rank - sinks_.front().rank)].tail);
+  };
+  auto key = [&](const Child* c) {
+    return std::make_tuple(own(c) ? 0 : 1, *c->pipes_closed, WIFSIGNALED(c->status) ? 0 : 1);
+  };
+  Child* best = *std::min_element(failures_.begin(), failures_.end(),
+                                  [&](const Child* a, const Child* b) { return key(a) < key(b); });
+  const bool all_ended = std::all_of(children_.begin(), children_.end(), [](const Child& c) { return c.reaped; });
+  if (!own(best) && !all_ended && seconds_since(*first_failure_at_) < kCauseWindowS) return;
+  failures_.clear();
+  on_failure(*best);
 }
 
 void Agent::poll_peers() {
@@ -908,6 +948,7 @@ int Agent::supervise() {
     for (Child& c : children_)
       if (c.control_fd >= 0) read_control(c);
     reap();
+    decide_cause();
 
     const int sigs = g_stop_signals.load();
     if (sigs > 0 && !interrupted_) {
