@@ -35,6 +35,7 @@
 #include "trainrun/core/memory.hpp"
 #include "trainrun/core/runtime.hpp"
 #include "trainrun/core/safetensors.hpp"
+#include "trainrun/core/run_dir.hpp"
 #include "trainrun/core/sampler.hpp"
 
 namespace fs = std::filesystem;
@@ -413,6 +414,9 @@ int train(const JobConfig& job, const Registry& registry) {
   // and srun do not give in a portable way), leaves no stale marker behind, and is bounded by
   // the collective timeout instead of a poll on a possibly shared file system.
   const bool rotate_here = !detect_worker_environment().run_dir_ready;
+  // The process that prepares run_dir holds its lock for the whole run (run_dir.hpp).
+  std::unique_ptr<RunDirLock> run_dir_lock;
+  if (rotate_here && lead) run_dir_lock = RunDirLock::acquire(ctx.run_dir);
   fs::create_directories(ctx.run_dir);
   auto write_job = [&] {
     std::ofstream f(fs::path(ctx.run_dir) / "job.toml");

@@ -1087,6 +1087,11 @@ int launch(const LaunchSpec& spec) {
   // Elastic restarts: the failed attempt's agent has already stopped every worker and named
   // the failing rank and its cause; a fresh agent (new rendezvous, new port) starts them all
   // again, and TRAINRUN_RESTART tells the trainers to resume from the latest checkpoint.
+  // Node 0 locks run_dir for the whole job (restarts included) before it moves an earlier run
+  // aside; the workers it starts do not lock again (TRAINRUN_RUN_DIR_READY).
+  std::unique_ptr<RunDirLock> run_dir_lock;
+  if (spec.node_rank == 0 && spec.rotate_run_dir && !spec.run_dir.empty())
+    run_dir_lock = RunDirLock::acquire(spec.run_dir);
   LaunchSpec attempt_spec = spec;
   for (int attempt = 0;; ++attempt) {
     int code = 0;
