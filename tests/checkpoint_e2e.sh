@@ -28,6 +28,10 @@
 #               under the default stop_grace_s = 5: the launcher waits for the saving ranks
 #               (they say so on the stop protocol's fd 3) and says so, the checkpoint is complete,
 #               exit 130; the time from SIGTERM to the launcher's exit is printed.
+#   resume_checks  what a resume would change silently: resumed at step 6 with
+#               stop_after_steps = 6 it runs no step; another seed and an init_weights that the
+#               resume overrides are warnings saying what happens; another optimizer (its state
+#               would be dropped) and a checkpoint of another model are errors (exit 2).
 #   restart     [launch] max_restarts = 1, one rank SIGKILLed at step 15, checkpoints every 10:
 #               the job completes with final weights bitwise equal to the uninterrupted run.
 #   minutes     every_n_minutes shorter than a step: a checkpoint after every step.
@@ -219,6 +223,28 @@ case $case in
     [ -f "$work/t/checkpoints/latest" ] || fail "no complete checkpoint after SIGTERM"
     step=$(py -c "import json,sys; m=json.load(open(sys.argv[1]+'/meta.json')); assert m['reason']=='signal', m['reason']; print(m['step'])" "$work/t/checkpoints/$(cat "$work/t/checkpoints/latest")")
     echo "measured: SIGTERM -> complete checkpoint (step $step, save delayed 7 s, stop_grace_s 5) and exit 130 in $t s"
+    ;;
+  resume_checks)
+    s=("${mlp[@]}" "${opt[@]}" --set strategy.plugin=single --set accelerator.plugin=cpu --set trainer.log_every=1
+       --set 'callbacks=[{plugin="checkpoint", every_n_steps=3}]' --set trainer.run_dir="$work/r")
+    run "$work/first.log" "$tr" "${s[@]}" --set trainer.stop_after_steps=6
+    run "$work/again.log" "$tr" "${s[@]}" --set trainer.stop_after_steps=6 --set trainer.resume=latest
+    expect_in "$work/again.log" "resumed from .*step-0000006 at step 6"
+    expect_in "$work/again.log" "stopped after 6 of 20 steps"
+    grep -q "^\[step 7/" "$work/again.log" && fail "a run resumed at stop_after_steps ran another step"
+    run "$work/seed.log" "$tr" "${s[@]}" --set trainer.resume=latest --set trainer.seed=12 --set trainer.stop_after_steps=7
+    expect_in "$work/seed.log" "warning: resume: checkpoint .* was written with \[trainer\] seed = 11, this run uses 12: the data order"
+    run "$work/w.log" "$tr" "${mlp[@]}" "${opt[@]}" --set strategy.plugin=single --set accelerator.plugin=cpu \
+      --set trainer.max_steps=1 --set trainer.run_dir="$work/w"
+    run "$work/init.log" "$tr" "${s[@]}" --set trainer.resume=latest --set trainer.stop_after_steps=7 \
+      --set trainer.init_weights="$work/w/model.safetensors"
+    expect_in "$work/init.log" "warning: resume: \[trainer\] init_weights = .* is ignored: the weights come from checkpoint"
+    rc=0; "$tr" "${s[@]}" --set trainer.resume=latest --set optimizer.plugin=sgd >"$work/sgd.log" 2>&1 || rc=$?
+    cat "$work/sgd.log"; expect_rc 2 "$rc"
+    expect_in "$work/sgd.log" "was written with \[optimizer\] plugin = \"adamw\", this run uses \"sgd\": its optimizer state"
+    rc=0; "$tr" "${s[@]}" --set trainer.resume=latest --set 'model.hidden=[48, 32]' >"$work/model.log" 2>&1 || rc=$?
+    cat "$work/model.log"; expect_rc 2 "$rc"
+    expect_in "$work/model.log" "it is not a checkpoint of this job's model"
     ;;
   consolidate)
     run "$work/z.log" "$tr" "${gpt[@]}" "${opt[@]}" --set trainer.max_steps=4 \

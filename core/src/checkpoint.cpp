@@ -395,14 +395,16 @@ void load_checkpoint_pieces(const std::string& dir, const nlohmann::json& meta,
   at::NoGradGuard no_grad;
   for (auto& cp : targets) {
     auto& t = cp.piece;
+    // A checkpoint that does not fit this run's model is bad input (exit 2), not a failure.
     if (!index.contains(t.name))
-      throw CheckpointError("checkpoint " + dir + ": no " + section + " tensor '" + t.name + "'");
+      throw v1::ConfigError("[trainer] resume: checkpoint " + dir + " has no " + section + " tensor '" + t.name +
+                            "': it is not a checkpoint of this job's model");
     const auto& e = index[t.name];
     const auto shape = e.at("shape").get<std::vector<int64_t>>();
     if (shape != t.shape)
-      throw CheckpointError("checkpoint " + dir + ": " + section + " tensor '" + t.name + "' has shape " +
-                            c10::str(c10::IntArrayRef(shape)) + ", this run's has " +
-                            c10::str(c10::IntArrayRef(t.shape)));
+      throw v1::ConfigError("[trainer] resume: checkpoint " + dir + ": " + section + " tensor '" + t.name +
+                            "' has shape " + c10::str(c10::IntArrayRef(shape)) + ", this run's has " +
+                            c10::str(c10::IntArrayRef(t.shape)) + ": it is not a checkpoint of this job's model");
     const int64_t lo = t.offset, hi = t.offset + t.data.numel();
     int64_t covered = 0;
     for (const auto& s : e.at("slices")) {

@@ -239,6 +239,32 @@ bool all_finite(const std::vector<v1::NamedTensor>& tensors) {
   return true;
 }
 
+// What a resume would silently change, checked against the checkpoint's metadata before any
+// tensor is read: another optimizer is an error (its state would be dropped), another seed and
+// an init_weights that resume overrides are warnings saying what the run does.
+void check_resume(const nlohmann::json& meta, const JobConfig& job, const std::string& path,
+                  uint64_t seed, bool from_restart, bool lead) {
+  std::string saved_optimizer;
+  for (const auto& p : meta.at("job").value("plugins", nlohmann::json::array()))
+    if (p.value("role", std::string()) == "optimizer") saved_optimizer = p.value("component", std::string());
+  if (!saved_optimizer.empty() && saved_optimizer != job.optimizer.plugin)
+    throw ConfigError("[trainer] resume: checkpoint " + path + " was written with [optimizer] plugin = \"" +
+                      saved_optimizer + "\", this run uses \"" + job.optimizer.plugin +
+                      "\": its optimizer state (e.g. moments) would be dropped. Resume with the same "
+                      "optimizer, or start a new run from its weights (`trainrun consolidate " + path +
+                      " DIR`, then [trainer] init_weights = \"DIR/model.safetensors\")");
+  if (!lead) return;
+  const auto& ts = meta.at("trainer_state");
+  if (ts.contains("seed") && ts.at("seed").get<uint64_t>() != seed)
+    log_warn("resume: checkpoint " + path + " was written with [trainer] seed = " + ts.at("seed").dump() +
+             ", this run uses " + std::to_string(seed) + ": the data order of the current epoch is "
+             "drawn again from the new seed (samples of this epoch may repeat or be left out) and "
+             "dropout streams differ; the run is not the continuation of the checkpointed one");
+  if (!job.trainer.get_string("init_weights").empty() && !from_restart)
+    log_warn("resume: [trainer] init_weights = \"" + job.trainer.get_string("init_weights") +
+             "\" is ignored: the weights come from checkpoint " + path);
+}
+
 template <class T>
 v1::StepMetricsSource* metrics_source(Slot<T>& slot) {
   return dynamic_cast<v1::StepMetricsSource*>(slot.obj.get());
@@ -571,6 +597,7 @@ int train(const JobConfig& job, const Registry& registry) {
     const auto t0 = clock::now();
     const std::string path = resolve_checkpoint(resume, ckpt_root, lead);
     const nlohmann::json meta = verify_checkpoint(path);
+    check_resume(meta, job, path, ctx.seed, job.trainer.get_string("resume").empty(), lead);
     auto& c = checkpointable();
     auto model_pieces = strategy.call("model_checkpoint_pieces", [&](v1::Strategy&) { return c.model_checkpoint_pieces(); });
     load_checkpoint_pieces(path, meta, "model", model_pieces);
@@ -703,7 +730,7 @@ int train(const JobConfig& job, const Registry& registry) {
     for (const auto& cb : job.callbacks) add_plugin("callback", cb);
     req.job = {{"file", job.file}, {"strategy", job.strategy.plugin}, {"plugins", plugins},
                {"toml", job.resolved_toml}};
-    req.trainer_state = {{"skipped_steps", skipped_steps}};
+    req.trainer_state = {{"skipped_steps", skipped_steps}, {"seed", ctx.seed}};
     for (auto& [key, holder] : state_holders()) req.component_state[key] = holder->checkpoint_state();
     req.model = strategy.call("model_checkpoint_pieces", [&](v1::Strategy&) { return c.model_checkpoint_pieces(); });
     req.optimizer = optimizer_pieces();
@@ -819,7 +846,10 @@ int train(const JobConfig& job, const Registry& registry) {
   const int64_t kill_at = kill_at_env && !std::getenv("TRAINRUN_RESTART") ? std::atoll(kill_at_env) : -1;
   const char* kill_rank_env = std::getenv("TRAINRUN_TEST_SIGKILL_RANK");
   const int kill_rank = kill_rank_env ? std::atoi(kill_rank_env) : 0;
-  for (; step < plan.total_steps; ++step) {
+  // A run resumed at or past stop_after_steps has nothing to do (the check below runs at the end
+  // of a step, which would be one step too late).
+  if (stop_after > 0 && step >= stop_after && step < plan.total_steps) stopped_early = true;
+  for (; step < plan.total_steps && !stopped_early; ++step) {
     if (step + 1 == kill_at && ctx.rank == kill_rank) {
       std::cerr << "test hook: rank " << ctx.rank << " SIGKILLs itself at step " << kill_at << std::endl;
       ::kill(::getpid(), SIGKILL);
