@@ -12,7 +12,7 @@ foreach(suite environment launch)
   set_tests_properties(unit_launcher.${suite} PROPERTIES TIMEOUT 60)
 endforeach()
 
-foreach(case kill9 term_ignored sigint saving save_stuck blame stray_child launcher_killed progress mpiexec_fail mpiexec_sigint)
+foreach(case kill9 term_ignored sigint saving save_stuck blame store_listen stray_child launcher_killed progress mpiexec_fail mpiexec_sigint)
   add_test(NAME launcher_supervision.${case}
     COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/launcher_supervision.sh $<TARGET_FILE:unit_launcher>
             ${CMAKE_CURRENT_BINARY_DIR}/work/launcher-sup-${case} ${case})

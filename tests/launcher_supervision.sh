@@ -99,6 +99,37 @@ saving)
   grep -q "^trainrun: rank 0 .*killing it" "$work/out" && fail "the saving rank was killed"
   no_leftovers "$tag"
   ;;
+store_listen)
+  # The rendezvous store listens on master_addr (127.0.0.1) only, not on every interface; with
+  # store_listen = "all" (here the probe's TRAINRUN_TEST_STORE_LISTEN_ALL) on the wildcard.
+  listeners() {  # listeners <port>: the local addresses listening on that TCP port (hex, /proc)
+    py - "$1" <<'PY'
+import sys
+port = "%04X" % int(sys.argv[1])
+for f in ("/proc/net/tcp", "/proc/net/tcp6"):
+    for line in open(f).readlines()[1:]:
+        local, state = line.split()[1], line.split()[3]
+        if state == "0A" and local.endswith(":" + port):
+            print(local)
+PY
+  }
+  for mode in master_addr all; do
+    env $([ $mode = all ] && echo TRAINRUN_TEST_STORE_LISTEN_ALL=1) "$probe" --launch 1 1 - -- bash -c 'echo "port $MASTER_PORT"; sleep 3' "$tag" >"$work/out-$mode" 2>&1 &
+    agent=$!
+    wait_for "$work/out-$mode" "^\[rank 0\] port [0-9]+"
+    port=$(sed -nE 's/^\[rank 0\] port ([0-9]+)$/\1/p' "$work/out-$mode")
+    listeners "$port" >"$work/listen-$mode"
+    wait "$agent" || true
+    echo "$mode: port $port, listening on: $(tr '\n' ' ' <"$work/listen-$mode")"
+    [ -s "$work/listen-$mode" ] || fail "$mode: nothing listens on port $port"
+    if [ $mode = master_addr ]; then
+      grep -qvE "^0100007F:" "$work/listen-$mode" && fail "the store listens beyond 127.0.0.1: $(cat "$work/listen-$mode")"
+    else
+      grep -qE "^(00000000|0{32}):" "$work/listen-$mode" || fail "store_listen = all: no wildcard listener"
+    fi
+  done
+  no_leftovers "$tag"
+  ;;
 blame)
   # The first cause wins: rank 0 fails on its own (an error, then 0.7 s of teardown) and rank 1,
   # seeing its connection reset, exits first with a transport error: rank 0 is named.

@@ -356,6 +356,14 @@ std::string resolve_checkpoint(const std::string& resume, const std::string& roo
     if (!f) throw v1::ConfigError("[trainer] resume = \"latest\": no " + lp.string() + " (no checkpoint was completed there)");
     std::string name;
     std::getline(f, name);
+    // `latest` names a checkpoint of this directory and nothing else: a path ("../..", "/etc",
+    // "a/b") would make resume read, and the next save prune, outside it.
+    const bool plain = !name.empty() && name != "." && name != ".." &&
+                       name.find('/') == std::string::npos && name.find('\0') == std::string::npos;
+    if (!plain)
+      throw v1::ConfigError("[trainer] resume = \"latest\": " + lp.string() + " names \"" + name +
+                            "\", which is not a checkpoint inside " + root +
+                            " (a checkpoint reference must be a directory name such as step-0000010)");
     return (fs::path(root) / name).string();
   }
   if (resume == "latest-valid") {

@@ -196,6 +196,10 @@ v1::OptionSchema launch_schema() {
   s.string("master_addr", "127.0.0.1", "Address of node 0's rendezvous store");
   s.integer("master_port", 0,
             "Port of the rendezvous store; 0 = pick a free one (nnodes = 1 only)", 0, 65535);
+  s.choice("store_listen", "master_addr", {"master_addr", "all"},
+           "Where node 0's rendezvous store listens: only on master_addr (the default), or on "
+           "every interface (\"all\"); the store has no authentication, so anyone who reaches "
+           "its port can read and change the job's rendezvous keys");
   s.duration("rendezvous_timeout_s", 300.0,
              "How long agents and workers wait for each other to arrive", 0.1, 1e7);
   s.duration("stop_grace_s", 5.0,

@@ -57,6 +57,8 @@ struct LaunchSpec {
   int node_rank = 0;
   std::string master_addr = "127.0.0.1";
   int master_port = 0;            ///< 0 = pick a free port (nnodes == 1 only)
+  bool store_listen_all = false;  ///< the store listens on every interface, not master_addr's
+                                  ///< ([launch] store_listen = "all")
   double rendezvous_timeout_s = 300;  ///< agents and workers must all arrive within this
   double grace_s = 5;             ///< SIGTERM -> SIGKILL delay when stopping workers ([launch] stop_grace_s)
   double save_timeout_s = 600;    ///< a stopping worker that said it is writing a checkpoint is
