@@ -31,7 +31,8 @@
 #   resume_checks  what a resume would change silently: resumed at step 6 with
 #               stop_after_steps = 6 it runs no step; another seed and an init_weights that the
 #               resume overrides are warnings saying what happens; another optimizer (its state
-#               would be dropped) and a checkpoint of another model are errors (exit 2).
+#               would be dropped) and a checkpoint of another model are errors (exit 2), as is a
+#               `latest` naming a path outside the checkpoint directory.
 #   restart     [launch] max_restarts = 1, one rank SIGKILLed at step 15, checkpoints every 10:
 #               the job completes with final weights bitwise equal to the uninterrupted run.
 #   minutes     every_n_minutes shorter than a step: a checkpoint after every step.
@@ -245,6 +246,11 @@ case $case in
     rc=0; "$tr" "${s[@]}" --set trainer.resume=latest --set 'model.hidden=[48, 32]' >"$work/model.log" 2>&1 || rc=$?
     cat "$work/model.log"; expect_rc 2 "$rc"
     expect_in "$work/model.log" "it is not a checkpoint of this job's model"
+    # A `latest` that points outside the checkpoint directory is refused (exit 2).
+    echo "../../../../etc" >"$work/r/checkpoints/latest"
+    rc=0; "$tr" "${s[@]}" --set trainer.resume=latest >"$work/trav.log" 2>&1 || rc=$?
+    cat "$work/trav.log"; expect_rc 2 "$rc"
+    expect_in "$work/trav.log" "names \"../../../../etc\", which is not a checkpoint inside"
     ;;
   consolidate)
     run "$work/z.log" "$tr" "${gpt[@]}" "${opt[@]}" --set trainer.max_steps=4 \
