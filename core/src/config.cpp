@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <filesystem>
 #include <limits>
 #include <map>
 #include <sstream>
@@ -509,6 +510,10 @@ toml::table to_toml(const v1::Options& opts, const std::string& plugin,
 JobFile JobFile::load(const std::string& path, const std::vector<std::string>& overrides) {
   auto impl = std::make_unique<Impl>();
   impl->path = path;
+  // toml++ reads a directory as an empty document, which would then be reported as a job
+  // without its tables.
+  if (std::filesystem::is_directory(path))
+    throw ConfigError(path + ": is a directory, not a job file (give the .toml file inside it)");
   try {
     impl->root = toml::parse_file(path);
   } catch (const toml::parse_error& e) {

@@ -28,6 +28,7 @@
 #include <nlohmann/json.hpp>
 
 #include "trainrun/activation_checkpointing.hpp"
+#include "trainrun/linear.hpp"
 
 #include "trainrun/core/checkpoint.hpp"
 #include "trainrun/core/launcher.hpp"
@@ -263,6 +264,24 @@ void check_resume(const nlohmann::json& meta, const JobConfig& job, const std::s
   if (!job.trainer.get_string("init_weights").empty() && !from_restart)
     log_warn("resume: [trainer] init_weights = \"" + job.trainer.get_string("init_weights") +
              "\" is ignored: the weights come from checkpoint " + path);
+}
+
+// The model's parameter count for the banner. A Linear layer whose weight a Precision replaced
+// by a frozen quantized base holds packed bytes and quantization constants as parameters; it
+// counts as its in x out weights, as PEFT's print_trainable_parameters counts a 4-bit weight.
+int64_t count_model_parameters(v1::Model& model) {
+  std::set<const void*> quant_state;
+  int64_t n = 0;
+  if (torch::nn::Module* root = model.module())
+    for (const auto& item : root->named_modules("", false))
+      if (auto l = std::dynamic_pointer_cast<v1::LinearImpl>(item.value()); l && l->base()) {
+        n += l->options.in_features() * l->options.out_features();
+        for (const auto& q : l->named_parameters(/*recurse=*/false))
+          if (q.key() != "bias") quant_state.insert(q.value().unsafeGetTensorImpl());
+      }
+  for (const auto& p : model.named_parameters())
+    if (!quant_state.count(p.tensor.unsafeGetTensorImpl())) n += p.tensor.numel();
+  return n;
 }
 
 template <class T>
@@ -514,6 +533,7 @@ int train(const JobConfig& job, const Registry& registry) {
   for (auto& cb : callbacks) cb.call("on_setup", [&](v1::Callback& c) { c.on_setup(*model.obj, ctx); return 0; });
   if (const std::string f = freeze_parameters(job.trainer, *model.obj); !f.empty() && lead)
     log_info("freeze: " + f);
+  const int64_t n_params = model.call("count parameters", [](v1::Model& m) { return count_model_parameters(m); });
   // On the units as the callbacks left them, before a strategy hooks or shards them.
   const std::string checkpointed = install_activation_checkpointing(job.trainer, model);
   if (auto* shapes = dynamic_cast<v1::ParameterShapesAware*>(optimizer.obj.get())) {
@@ -648,9 +668,6 @@ int train(const JobConfig& job, const Registry& registry) {
   sampler_options.drop_last = job.trainer.get_bool("drop_last");
   DistributedSampler sampler(sampler_options);
 
-  int64_t n_params = 0;
-  for (const auto& p : model.call("named_parameters", [](v1::Model& m) { return m.named_parameters(); }))
-    n_params += p.tensor.numel();
   const size_t n_units = model.call("units", [](v1::Model& m) { return m.units().size(); });
   if (lead) {
     std::cout << "trainrun " << TRAINRUN_VERSION << " | LibTorch " << TRAINRUN_BUILD_TORCH_VERSION
