@@ -127,6 +127,12 @@ print("adapter metadata:", json.dumps(q)[:200])
 assert q["blocks.0.attn.c_attn"]["format"].startswith("nf4"), q
 assert q["blocks.0.attn.c_attn"]["blocksize"] == 64, q
 PY
+  # The banner counts each quantized weight as its in x out elements (as lora's total does), not
+  # its packed bytes and quantization constants.
+  nb=$(sed -nE 's/^  model .*, ([0-9]+) parameters, .*/\1/p' "$work/q.log" | head -n 1)
+  nl=$(sed -nE 's/^lora: .*trainable [0-9]+ of ([0-9]+) parameters.*/\1/p' "$work/q.log" | head -n 1)
+  echo "banner: $nb parameters; lora: $nl in all"
+  [ -n "$nb" ] && [ "$nb" = "$nl" ] || fail "the banner counts $nb parameters, lora $nl"
   run "$work/merge.log" "$tr" merge-lora --base "$base" --adapter "$work/q/adapter" --output "$work/merged.safetensors"
   expect_in "$work/merge.log" "trained against a nf4(\+dq)?-quantized base: merged into that base"
   run "$work/plainmerge.log" "$tr" merge-lora --base "$base" --adapter "$work/q/adapter" --output "$work/plain.safetensors" --plain-base

@@ -284,6 +284,27 @@ int64_t count_model_parameters(v1::Model& model) {
   return n;
 }
 
+// A checkpoint directory that cannot be written is bad input found at the start, not at the
+// first save (possibly hours later): create it and write and remove a probe file.
+void check_checkpoint_dir_writable(const std::string& dir, int rank) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  bool ok = !ec;
+  if (ok) {
+    const fs::path probe = fs::path(dir) / (".write-test-rank-" + std::to_string(rank));
+    std::ofstream f(probe);
+    f << "trainrun\n";
+    f.close();
+    ok = f.good();
+    std::error_code ignored;
+    fs::remove(probe, ignored);
+  }
+  if (!ok)
+    throw ConfigError("checkpoint directory " + dir + " is not writable (" +
+                      (ec ? ec.message() : std::string("cannot create files in it")) +
+                      "): fix its permissions or set the checkpoint callback's dir");
+}
+
 template <class T>
 v1::StepMetricsSource* metrics_source(Slot<T>& slot) {
   return dynamic_cast<v1::StepMetricsSource*>(slot.obj.get());
@@ -604,6 +625,7 @@ int train(const JobConfig& job, const Registry& registry) {
   std::string resume = job.trainer.get_string("resume");
   // Before the first step, not at the first save: a job that cannot checkpoint says so at once.
   if (policy != nullptr || !resume.empty()) checkpointable();
+  if (policy != nullptr) check_checkpoint_dir_writable(ckpt_root, ctx.rank);
   if (const char* restart = std::getenv("TRAINRUN_RESTART"); restart != nullptr && resume.empty()) {
     // An elastic restart ([launch] max_restarts): continue from the latest checkpoint if any.
     const bool any = fs::exists(fs::path(ckpt_root) / "latest");
