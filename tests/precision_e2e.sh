@@ -100,7 +100,8 @@ PY
     run "$work/a2.log" "$tr" --config "$job" --plugin-path "$plugins" --set trainer.run_dir="$work/a2" "${fp32[@]}" \
       --set 'model.inf_steps=[2, 4, 6]'
     expect_in "$work/a2.log" "final eval"
-    # lr 1e37: the weights blow up after step 1, the loss of step 2 is NaN.
+    # lr 1e37: huge but finite weights after step 1, a non-finite loss from then on: every later
+    # step is skipped, named as a non-finite loss (not as gradients), and the run fails.
     rc=0
     timeout 100 "$tr" --config "$job" --set trainer.run_dir="$work/b" --set trainer.log_every=1 \
       --set optimizer.lr=1e37 --set optimizer.momentum=0 >"$work/b.log" 2>&1 || rc=$?
@@ -108,8 +109,16 @@ PY
     expect_rc 3 "$rc"
     expect_in "$work/b.log" "step [0-9]+: non-finite loss \((-?nan|-?inf)\), step skipped"
     grep -q "non-finite gradients, step skipped" "$work/b.log" && fail "a NaN loss was reported as non-finite gradients"
-    expect_in "$work/b.log" "^trainrun: error: training diverged: the weights are non-finite after step [0-9]+; .*non-finite loss at [0-9]+ step\(s\), first at step [0-9]+; last step with a finite loss and gradients: [0-9]+"
-    grep -q "^\[step 20/20\]" "$work/b.log" && fail "the run went on after its weights became non-finite"
+    expect_in "$work/b.log" "^trainrun: error: training diverged: .*non-finite loss at [0-9]+ step\(s\), first at step [0-9]+; last step with a finite loss and gradients: [0-9]+"
+    # lr 1e39: the weights themselves become infinite at step 1; the run stops at the next step.
+    rc=0
+    timeout 100 "$tr" --config "$job" --set trainer.run_dir="$work/c" --set trainer.log_every=1 \
+      --set optimizer.lr=1e39 --set optimizer.momentum=0 >"$work/c.log" 2>&1 || rc=$?
+    cat "$work/c.log"
+    expect_rc 3 "$rc"
+    expect_in "$work/c.log" "^trainrun: error: training diverged: the weights are non-finite after step 1; "
+    grep -q "^\[step 3/20\]" "$work/c.log" && fail "the run went on after its weights became non-finite"
+    [ -f "$work/c/model.safetensors" ] && fail "a diverged run wrote model.safetensors"
     # Float options refuse NaN and infinities (exit 2, the key named).
     for kv in trainer.gradient_clip_val=nan optimizer.weight_decay=nan model.dropout=nan \
               trainer.gradient_clip_val=inf optimizer.weight_decay=-inf; do
