@@ -86,7 +86,7 @@ PY
     ;;
 
   divergence)
-    fp32=(--set trainer.max_steps=8 --set trainer.micro_batch_size=32 --set model.plugin=ddp-test-mlp
+    fp32=(--set trainer.max_steps=8 --set trainer.micro_batch_size=64 --set model.plugin=ddp-test-mlp
           --set trainer.log_every=1)
     rc=0
     timeout 100 "$tr" --config "$job" --plugin-path "$plugins" --set trainer.run_dir="$work/a" "${fp32[@]}" \
