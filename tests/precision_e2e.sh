@@ -94,7 +94,7 @@ PY
     cat "$work/a.log"
     expect_rc 3 "$rc"
     expect_in "$work/a.log" "^trainrun: error: training diverged: 8 of 8 steps skipped \(\[trainer\] max_skipped_fraction = 0.5\); non-finite gradients \(with a finite loss\) at 8 step\(s\), first at step 1; no step of this run had a finite loss and gradients"
-    grep -q "final eval" "$work/a.log" && fail "a diverged run reported a final evaluation"
+    grep -q "^final eval" "$work/a.log" && fail "a diverged run reported a final evaluation"
     [ -f "$work/a/model.safetensors" ] && fail "a diverged run wrote model.safetensors"
     # 3 of 8 skipped is within the default fraction.
     run "$work/a2.log" "$tr" --config "$job" --plugin-path "$plugins" --set trainer.run_dir="$work/a2" "${fp32[@]}" \
