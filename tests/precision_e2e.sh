@@ -110,10 +110,11 @@ PY
     expect_in "$work/b.log" "step [0-9]+: non-finite loss \((-?nan|-?inf)\), step skipped"
     grep -q "non-finite gradients, step skipped" "$work/b.log" && fail "a NaN loss was reported as non-finite gradients"
     expect_in "$work/b.log" "^trainrun: error: training diverged: .*non-finite loss at [0-9]+ step\(s\), first at step [0-9]+; last step with a finite loss and gradients: [0-9]+"
-    # lr 1e39: the weights themselves become infinite at step 1; the run stops at the next step.
+    # lr 1e20 with weight decay 1e20: the weights themselves become infinite at step 1 (lr x
+    # decay x w overflows float32); the run stops at the next step.
     rc=0
     timeout 100 "$tr" --config "$job" --set trainer.run_dir="$work/c" --set trainer.log_every=1 \
-      --set optimizer.lr=1e39 --set optimizer.momentum=0 >"$work/c.log" 2>&1 || rc=$?
+      --set optimizer.lr=1e20 --set optimizer.weight_decay=1e20 --set optimizer.momentum=0 >"$work/c.log" 2>&1 || rc=$?
     cat "$work/c.log"
     expect_rc 3 "$rc"
     expect_in "$work/c.log" "^trainrun: error: training diverged: the weights are non-finite after step 1; "
