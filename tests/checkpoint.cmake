@@ -8,7 +8,7 @@ trainrun_add_plugin(ckpt-test-strategies
                     SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_plugins/plain_strategy.cpp NO_INSTALL)
 set_target_properties(ckpt-test-strategies PROPERTIES LIBRARY_OUTPUT_DIRECTORY ${_ckpt_test_plugins})
 
-foreach(case exact_single exact_ddp exact_ddp_fp16 exact_bf16_true exact_ring exact_zero3 exact_fsdp reshard reshard_train corrupt crash sigterm consolidate restart minutes unsupported)
+foreach(case exact_single exact_ddp exact_ddp_fp16 exact_bf16_true exact_ring exact_zero3 exact_fsdp reshard reshard_train corrupt crash sigterm sigterm_slow_save resume_checks consolidate restart minutes unsupported)
   add_test(NAME checkpoint_e2e.${case}
     COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/checkpoint_e2e.sh $<TARGET_FILE:trainrun>
             ${CMAKE_CURRENT_SOURCE_DIR} ${CMAKE_CURRENT_BINARY_DIR}/work/checkpoint-${case} ${case}

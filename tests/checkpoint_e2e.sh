@@ -24,6 +24,15 @@
 #               rank 1 of a ddp pair killed after writing its file: the same.
 #   sigterm     SIGTERM during training: the step finishes, a checkpoint (reason "signal") is
 #               written, exit code 130; resuming from it finishes the run.
+#   sigterm_slow_save  the same with a save that takes 7 s (test hook TRAINRUN_TEST_SAVE_DELAY_S)
+#               under the default stop_grace_s = 5: the launcher waits for the saving ranks
+#               (they say so on the stop protocol's fd 3) and says so, the checkpoint is complete,
+#               exit 130; the time from SIGTERM to the launcher's exit is printed.
+#   resume_checks  what a resume would change silently: resumed at step 6 with
+#               stop_after_steps = 6 it runs no step; another seed and an init_weights that the
+#               resume overrides are warnings saying what happens; another optimizer (its state
+#               would be dropped) and a checkpoint of another model are errors (exit 2), as is a
+#               `latest` naming a path outside the checkpoint directory.
 #   restart     [launch] max_restarts = 1, one rank SIGKILLed at step 15, checkpoints every 10:
 #               the job completes with final weights bitwise equal to the uninterrupted run.
 #   minutes     every_n_minutes shorter than a step: a checkpoint after every step.
@@ -195,6 +204,54 @@ case $case in
     run "$work/r.log" "$tr" "${s[@]}" --set trainer.max_steps=$((step + 3)) --set trainer.resume=latest \
       --set trainer.run_dir="$work/t"
     expect_in "$work/r.log" "resumed from .* at step $step"
+    ;;
+  sigterm_slow_save)
+    s=("${mlp[@]}" "${opt[@]}" --set strategy.plugin=ddp --set launch.nproc_per_node=2
+       --set trainer.max_steps=100000 --set trainer.log_every=1
+       --set 'callbacks=[{plugin="checkpoint", every_n_steps=0, save_last=false}]')
+    TRAINRUN_TEST_SAVE_DELAY_S=7 "$tr" "${s[@]}" --set trainer.run_dir="$work/t" >"$work/t.log" 2>&1 &
+    pid=$!
+    trap 'kill -9 $pid 2>/dev/null' EXIT
+    wait_for "$work/t.log" "\[step 3/" 60
+    t0=$(now)
+    kill -TERM "$pid"
+    rc=0; wait "$pid" || rc=$?
+    t=$(elapsed "$t0")
+    cat "$work/t.log"
+    expect_rc 130 "$rc"
+    expect_in "$work/t.log" "^trainrun: rank 0 is writing its checkpoint \(step [0-9]+\); waiting for it"
+    expect_in "$work/t.log" "^trainrun: rank 0 finished its checkpoint \(step [0-9]+\) in [0-9.]+ s"
+    grep -q "killing it (SIGKILL)" "$work/t.log" && fail "a saving rank was killed"
+    [ -f "$work/t/checkpoints/latest" ] || fail "no complete checkpoint after SIGTERM"
+    step=$(py -c "import json,sys; m=json.load(open(sys.argv[1]+'/meta.json')); assert m['reason']=='signal', m['reason']; print(m['step'])" "$work/t/checkpoints/$(cat "$work/t/checkpoints/latest")")
+    echo "measured: SIGTERM -> complete checkpoint (step $step, save delayed 7 s, stop_grace_s 5) and exit 130 in $t s"
+    ;;
+  resume_checks)
+    s=("${mlp[@]}" "${opt[@]}" --set strategy.plugin=single --set accelerator.plugin=cpu --set trainer.log_every=1
+       --set 'callbacks=[{plugin="checkpoint", every_n_steps=3}]' --set trainer.run_dir="$work/r")
+    run "$work/first.log" "$tr" "${s[@]}" --set trainer.stop_after_steps=6
+    run "$work/again.log" "$tr" "${s[@]}" --set trainer.stop_after_steps=6 --set trainer.resume=latest
+    expect_in "$work/again.log" "resumed from .*step-0000006 at step 6"
+    expect_in "$work/again.log" "stopped after 6 of 20 steps"
+    grep -q "^\[step 7/" "$work/again.log" && fail "a run resumed at stop_after_steps ran another step"
+    run "$work/seed.log" "$tr" "${s[@]}" --set trainer.resume=latest --set trainer.seed=12 --set trainer.stop_after_steps=7
+    expect_in "$work/seed.log" "warning: resume: checkpoint .* was written with \[trainer\] seed = 11, this run uses 12: the data order"
+    run "$work/w.log" "$tr" "${mlp[@]}" "${opt[@]}" --set strategy.plugin=single --set accelerator.plugin=cpu \
+      --set trainer.max_steps=1 --set trainer.run_dir="$work/w"
+    run "$work/init.log" "$tr" "${s[@]}" --set trainer.resume=latest --set trainer.stop_after_steps=7 \
+      --set trainer.init_weights="$work/w/model.safetensors"
+    expect_in "$work/init.log" "warning: resume: \[trainer\] init_weights = .* is ignored: the weights come from checkpoint"
+    rc=0; "$tr" "${s[@]}" --set trainer.resume=latest --set optimizer.plugin=sgd >"$work/sgd.log" 2>&1 || rc=$?
+    cat "$work/sgd.log"; expect_rc 2 "$rc"
+    expect_in "$work/sgd.log" "was written with \[optimizer\] plugin = \"adamw\", this run uses \"sgd\": its optimizer state"
+    rc=0; "$tr" "${s[@]}" --set trainer.resume=latest --set 'model.hidden=[48, 32]' >"$work/model.log" 2>&1 || rc=$?
+    cat "$work/model.log"; expect_rc 2 "$rc"
+    expect_in "$work/model.log" "it is not a checkpoint of this job's model"
+    # A `latest` that points outside the checkpoint directory is refused (exit 2).
+    echo "../../../../etc" >"$work/r/checkpoints/latest"
+    rc=0; "$tr" "${s[@]}" --set trainer.resume=latest >"$work/trav.log" 2>&1 || rc=$?
+    cat "$work/trav.log"; expect_rc 2 "$rc"
+    expect_in "$work/trav.log" "names \"../../../../etc\", which is not a checkpoint inside"
     ;;
   consolidate)
     run "$work/z.log" "$tr" "${gpt[@]}" "${opt[@]}" --set trainer.max_steps=4 \

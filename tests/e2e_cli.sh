@@ -59,4 +59,17 @@ for sig in INT TERM; do
   grep -q "^interrupted by signal" "$work/sig.log" || fail "SIG$sig: no interruption message"
   [ -s "$work/sig$sig/metrics.jsonl" ] || fail "SIG$sig: metrics.jsonl lost"
 done
+# Issue 28, small fixes: a directory given as the job file is named as such; a run_dir or a
+# checkpoint directory that cannot be created is bad input (exit 2) found before step 1; the
+# schedule's help says where min_lr is reached.
+mkdir -p "$work/a-dir"
+expect_error "a-dir: is a directory, not a job file" --config "$work/a-dir"
+touch "$work/a-file"
+expect_error "run_dir = \".*a-file/run\": cannot create it" --config "$jobs/mlp-small.toml" --set trainer.run_dir="$work/a-file/run"
+expect_error "checkpoint directory .*a-file/ckpt is not writable" --config "$jobs/mlp-small.toml" \
+  --set trainer.run_dir="$work/ro" --set 'callbacks=[{plugin="checkpoint", dir="'"$work"'/a-file/ckpt"}]'
+grep -q "^\[step 1/" "$work/err" && fail "the run trained before finding its checkpoint directory unwritable"
+run "$work/sgd" "$tr" plugins sgd
+grep -q "to min_lr at the last step" "$work/sgd" && fail "the schedule help still says min_lr is reached at the last step"
+grep -q "reached at step max_steps, just after the last step" "$work/sgd" || fail "the schedule help does not say where min_lr is reached"
 echo "OK"

@@ -12,7 +12,7 @@ foreach(suite environment launch)
   set_tests_properties(unit_launcher.${suite} PROPERTIES TIMEOUT 60)
 endforeach()
 
-foreach(case kill9 term_ignored sigint stray_child launcher_killed progress mpiexec_fail mpiexec_sigint)
+foreach(case kill9 term_ignored sigint saving save_stuck blame store_listen stray_child launcher_killed progress mpiexec_fail mpiexec_sigint)
   add_test(NAME launcher_supervision.${case}
     COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/launcher_supervision.sh $<TARGET_FILE:unit_launcher>
             ${CMAKE_CURRENT_BINARY_DIR}/work/launcher-sup-${case} ${case})
@@ -21,7 +21,7 @@ endforeach()
 
 # Each worker loads LibTorch and the plugins (about a second on 2 cores); one thread each, as
 # for the other end-to-end tests.
-foreach(case single_fails port_in_use two_agents node_missing sigint_rendezvous mpiexec check_no_launch)
+foreach(case single_fails port_in_use two_agents node_missing sigint_rendezvous mpiexec check_no_launch run_dir_lock)
   add_test(NAME launcher_e2e.${case}
     COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/launcher_e2e.sh $<TARGET_FILE:trainrun>
             ${CMAKE_CURRENT_SOURCE_DIR}/jobs ${CMAKE_CURRENT_BINARY_DIR}/work/launcher-e2e-${case} ${case})

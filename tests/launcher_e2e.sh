@@ -184,6 +184,31 @@ check_no_launch)
   expect_rc 2 "$rc"
   expect_in "$work/err" "master_port = 0 \(pick a free port\) works only with nnodes = 1"
   ;;
+run_dir_lock)
+  # A live run locks its run_dir: a second run there (launched, or a single process) is refused
+  # with exit 2 naming the live run's pid and host, and the first run's files stay where they
+  # are; once the first run is killed (SIGKILL: no clean-up), its lock is stale and taken over.
+  one=(--config "$job" --set accelerator.plugin=cpu --set trainer.run_dir="$run_dir"
+       --set trainer.max_steps=1000000 --set trainer.log_every=1)
+  "$tr" "${one[@]}" >"$work/a.log" 2>&1 &
+  first=$!
+  trap 'kill -9 $first 2>/dev/null' EXIT
+  wait_for "$work/a.log" "^\[step 2/" 60
+  rc=0; "$tr" "${common[@]}" --nproc-per-node 2 >"$work/b.log" 2>&1 || rc=$?
+  cat "$work/b.log"
+  expect_rc 2 "$rc"
+  expect_in "$work/b.log" "run_dir = \"$run_dir\" is in use by a running trainrun \(pid $first host $(hostname)"
+  grep -q "started rank" "$work/b.log" && fail "the second run started workers"
+  rc=0; "$tr" "${one[@]}" --set trainer.max_steps=2 >"$work/c.log" 2>&1 || rc=$?
+  cat "$work/c.log"
+  expect_rc 2 "$rc"
+  expect_in "$work/c.log" "is in use by a running trainrun \(pid $first host"
+  [ -e "$run_dir/previous-1" ] && fail "the live run's files were moved aside"
+  kill -9 "$first"; wait "$first" 2>/dev/null || true
+  run "$work/d.log" "$tr" "${one[@]}" --set trainer.max_steps=2
+  expect_in "$work/d.log" "the lock of an earlier run \(pid $first host .*\) was stale"
+  [ -f "$run_dir/previous-1/job.toml" ] || fail "the killed run's files were not kept in previous-1"
+  ;;
 *)
   fail "unknown case '$case'"
   ;;

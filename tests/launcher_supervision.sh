@@ -75,6 +75,88 @@ sigint)
   grep -q "exited with code 130" "$work/out" && fail "the stopped ranks were reported as failures"
   no_leftovers "$tag"
   ;;
+saving)
+  # The stop protocol: rank 0 says on fd 3 that it is writing a checkpoint and takes 3 s, past
+  # the 1 s grace: it is left to finish, and the launcher says that it waits; rank 1
+  # acknowledges the SIGTERM but never stops: it alone is killed after the grace.
+  "$probe" --launch 2 1 "$rd" -- bash -c 'trap "echo stopping >&3; if [ \$RANK = 0 ]; then echo saving 7 >&3; sleep 3; echo rank 0 checkpoint complete; echo saved 7 >&3; exit 130; fi; trap \"\" TERM" TERM; echo up; while :; do sleep 0.1; done' "$tag" \
+    >"$work/out" 2>&1 &
+  agent=$!
+  wait_for "$work/out" "^\[rank 0\] up"
+  wait_for "$work/out" "^\[rank 1\] up"
+  t0=$(now)
+  kill -TERM "$agent"
+  rc=0
+  wait "$agent" || rc=$?
+  t=$(elapsed "$t0")
+  cat "$work/out"
+  expect_rc 130 "$rc"
+  within 8 "$t" "a 3 s save to a finished launcher"
+  expect_in "$work/out" "^trainrun: rank 0 is writing its checkpoint \(step 7\); waiting for it to finish"
+  expect_in "$work/out" "^\[rank 0\] rank 0 checkpoint complete"
+  expect_in "$work/out" "^trainrun: rank 0 finished its checkpoint \(step 7\) in [0-9.]+ s"
+  expect_in "$work/out" "^trainrun: rank 1 did not stop within 1.0 s of SIGTERM \(\[launch\] stop_grace_s\) and had not begun a checkpoint: killing it"
+  grep -q "^trainrun: rank 0 .*killing it" "$work/out" && fail "the saving rank was killed"
+  no_leftovers "$tag"
+  ;;
+store_listen)
+  # The rendezvous store listens on master_addr (127.0.0.1) only, not on every interface; with
+  # store_listen = "all" (here the probe's TRAINRUN_TEST_STORE_LISTEN_ALL) on the wildcard.
+  listeners() {  # listeners <port>: the local addresses listening on that TCP port (hex, /proc)
+    py - "$1" <<'PY'
+import sys
+port = "%04X" % int(sys.argv[1])
+for f in ("/proc/net/tcp", "/proc/net/tcp6"):
+    for line in open(f).readlines()[1:]:
+        local, state = line.split()[1], line.split()[3]
+        if state == "0A" and local.endswith(":" + port):
+            print(local)
+PY
+  }
+  for mode in master_addr all; do
+    env $([ $mode = all ] && echo TRAINRUN_TEST_STORE_LISTEN_ALL=1) "$probe" --launch 1 1 - -- bash -c 'echo "port $MASTER_PORT"; sleep 3' "$tag" >"$work/out-$mode" 2>&1 &
+    agent=$!
+    wait_for "$work/out-$mode" "^\[rank 0\] port [0-9]+"
+    port=$(sed -nE 's/^\[rank 0\] port ([0-9]+)$/\1/p' "$work/out-$mode")
+    listeners "$port" >"$work/listen-$mode"
+    wait "$agent" || true
+    echo "$mode: port $port, listening on: $(tr '\n' ' ' <"$work/listen-$mode")"
+    [ -s "$work/listen-$mode" ] || fail "$mode: nothing listens on port $port"
+    if [ $mode = master_addr ]; then
+      grep -qvE "^0100007F:" "$work/listen-$mode" && fail "the store listens beyond 127.0.0.1: $(cat "$work/listen-$mode")"
+    else
+      grep -qE "^(00000000|0{32}):" "$work/listen-$mode" || fail "store_listen = all: no wildcard listener"
+    fi
+  done
+  no_leftovers "$tag"
+  ;;
+blame)
+  # The first cause wins: rank 0 fails on its own (an error, then 0.7 s of teardown) and rank 1,
+  # seeing its connection reset, exits first with a transport error: rank 0 is named.
+  "$probe" --launch 2 1 "$rd" -- bash -c 'if [ "$RANK" = 0 ]; then echo "trainrun: error: cannot open metrics.jsonl: Permission denied" >&2; touch "$0.failed"; sleep 0.7; exit 1; fi; while [ ! -e "$0.failed" ]; do sleep 0.02; done; echo "trainrun: error: gloo: all_reduce #5 in group world failed: Connection reset by peer" >&2; exit 1' "$work/$tag" \
+    >"$work/out" 2>&1 || true
+  cat "$work/out"
+  expect_in "$work/out" "^trainrun: rank 0 \(pid [0-9]+, node 0\) exited with code 1"
+  grep -qE "^trainrun: rank 1 \(pid [0-9]+, node 0\) exited" "$work/out" && fail "the rank with the transport error was named as the cause"
+  no_leftovers "$tag"
+  ;;
+save_stuck)
+  # A save that never ends is stopped after stop_save_timeout_s (2 s here).
+  TRAINRUN_TEST_SAVE_TIMEOUT_S=2 "$probe" --launch 1 1 "$rd" -- bash -c 'trap "echo saving 3 >&3; trap \"\" TERM" TERM; echo up; while :; do sleep 0.1; done' "$tag" \
+    >"$work/out" 2>&1 &
+  agent=$!
+  wait_for "$work/out" "^\[rank 0\] up"
+  t0=$(now)
+  kill -TERM "$agent"
+  rc=0
+  wait "$agent" || rc=$?
+  t=$(elapsed "$t0")
+  cat "$work/out"
+  expect_rc 130 "$rc"
+  within 5 "$t" "a stuck save of a 2 s save timeout to a finished launcher"
+  expect_in "$work/out" "^trainrun: rank 0 is still writing its checkpoint [0-9.]+ s after it began \(\[launch\] stop_save_timeout_s = 2.0 s\): killing it"
+  no_leftovers "$tag"
+  ;;
 stray_child)
   # A worker that exits 0 but leaves a child holding its output pipe: the launcher still ends
   # (within about a second) and takes the child with it.

@@ -19,7 +19,7 @@ endforeach()
 set(_prec_plugins ${CMAKE_BINARY_DIR}/test-plugins/ddp-test-models)
 # End-to-end: inf on one rank's gradients (ddp, 2 ranks) skips the step on both and halves the
 # scale after the hysteresis; clipping by value and by norm; checkpointing on the gpt.
-foreach(case inf_injection clipping checkpointing)
+foreach(case inf_injection clipping checkpointing divergence)
   add_test(NAME precision_e2e.${case}
     COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/precision_e2e.sh $<TARGET_FILE:trainrun>
             ${CMAKE_CURRENT_SOURCE_DIR}/jobs ${CMAKE_CURRENT_BINARY_DIR}/work/precision-${case}

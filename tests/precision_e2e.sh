@@ -7,6 +7,12 @@
 #   clipping       gradient_clip_algorithm = "value" bounds every weight change of one SGD step
 #                  (lr 1) by the clip value, "norm" makes the change's global L2 norm the clip
 #                  value; under fp16-mixed the clipped step equals fp32's (unscaled first).
+#   divergence     a broken run ends with exit code 3 and a diagnosis: fp32 with +inf gradients
+#                  at every step (8 of 8 skipped > max_skipped_fraction 0.5); lr 1e37 (the loss
+#                  goes NaN, named as a non-finite loss, the weights non-finite: stops at once,
+#                  no model written); 3 of 8 skipped passes. NaN/inf float options (clip, weight
+#                  decay, data std, dropout) are refused with exit 2 naming the key, as are NaN
+#                  values in init_weights naming the tensor.
 #   checkpointing  gpt with activation_checkpointing = true equals the run without (losses and
 #                  final weights within 1e-5, single and 2-rank ddp); per-unit selection; bad
 #                  unit names and a model without units are errors naming the key.
@@ -77,6 +83,72 @@ for run, (skipped, scales) in cases.items():
     # The ranks logged the same global loss at every step.
     assert [x["loss"] for x in rows(run, 0)] == [x["loss"] for x in rows(run, 1)]
 PY
+    ;;
+
+  divergence)
+    fp32=(--set trainer.max_steps=8 --set trainer.micro_batch_size=64 --set model.plugin=ddp-test-mlp
+          --set trainer.log_every=1)
+    rc=0
+    timeout 100 "$tr" --config "$job" --plugin-path "$plugins" --set trainer.run_dir="$work/a" "${fp32[@]}" \
+      --set 'model.inf_steps=[1, 2, 3, 4, 5, 6, 7, 8]' >"$work/a.log" 2>&1 || rc=$?
+    cat "$work/a.log"
+    expect_rc 3 "$rc"
+    expect_in "$work/a.log" "^trainrun: error: training diverged: 8 of 8 steps skipped \(\[trainer\] max_skipped_fraction = 0.5\); non-finite gradients \(with a finite loss\) at 8 step\(s\), first at step 1; no step of this run had a finite loss and gradients"
+    grep -q "^final eval" "$work/a.log" && fail "a diverged run reported a final evaluation"
+    [ -f "$work/a/model.safetensors" ] && fail "a diverged run wrote model.safetensors"
+    # 3 of 8 skipped is within the default fraction.
+    run "$work/a2.log" "$tr" --config "$job" --plugin-path "$plugins" --set trainer.run_dir="$work/a2" "${fp32[@]}" \
+      --set 'model.inf_steps=[2, 4, 6]'
+    expect_in "$work/a2.log" "final eval"
+    # lr 1e37: huge but finite weights after step 1, a non-finite loss from then on: every later
+    # step is skipped, named as a non-finite loss (not as gradients), and the run fails.
+    rc=0
+    timeout 100 "$tr" --config "$job" --set trainer.run_dir="$work/b" --set trainer.log_every=1 \
+      --set optimizer.lr=1e37 --set optimizer.momentum=0 >"$work/b.log" 2>&1 || rc=$?
+    cat "$work/b.log"
+    expect_rc 3 "$rc"
+    expect_in "$work/b.log" "step [0-9]+: non-finite loss \((-?nan|-?inf)\), step skipped"
+    grep -q "non-finite gradients, step skipped" "$work/b.log" && fail "a NaN loss was reported as non-finite gradients"
+    expect_in "$work/b.log" "^trainrun: error: training diverged: .*non-finite loss at [0-9]+ step\(s\), first at step [0-9]+; last step with a finite loss and gradients: [0-9]+"
+    # lr 1e20 with weight decay 1e20: the weights themselves become infinite at step 1 (lr x
+    # decay x w overflows float32); the run stops at the next step.
+    rc=0
+    timeout 100 "$tr" --config "$job" --set trainer.run_dir="$work/c" --set trainer.log_every=1 \
+      --set optimizer.lr=1e20 --set optimizer.weight_decay=1e20 --set optimizer.momentum=0 >"$work/c.log" 2>&1 || rc=$?
+    cat "$work/c.log"
+    expect_rc 3 "$rc"
+    expect_in "$work/c.log" "^trainrun: error: training diverged: the weights are non-finite after step 1; "
+    grep -q "^\[step 3/20\]" "$work/c.log" && fail "the run went on after its weights became non-finite"
+    [ -f "$work/c/model.safetensors" ] && fail "a diverged run wrote model.safetensors"
+    # Float options refuse NaN and infinities (exit 2, the key named).
+    for kv in trainer.gradient_clip_val=nan optimizer.weight_decay=nan model.dropout=nan \
+              trainer.gradient_clip_val=inf optimizer.weight_decay=-inf; do
+      rc=0; "$tr" check --config "$job" --set "$kv" >"$work/opt.log" 2>&1 || rc=$?
+      cat "$work/opt.log"
+      expect_rc 2 "$rc"
+      expect_in "$work/opt.log" "${kv%%=*}"
+      expect_in "$work/opt.log" "is not a valid value"
+    done
+    rc=0; "$tr" check --config "$job" --set data.std=nan >"$work/opt.log" 2>&1 || rc=$?
+    cat "$work/opt.log"; expect_rc 2 "$rc"; expect_in "$work/opt.log" "std: NaN is not a valid value"
+    # init_weights with a NaN: refused before training, naming the tensor.
+    run "$work/w.log" "$tr" --config "$job" --set trainer.run_dir="$work/w" --set trainer.max_steps=1
+    py - "$work/w/model.safetensors" "$work/nan.safetensors" <<'PY'
+import json, struct, sys
+b = bytearray(open(sys.argv[1], "rb").read())
+n = struct.unpack("<Q", b[:8])[0]
+h = json.loads(b[8:8 + n])
+name = sorted(k for k in h if k != "__metadata__")[0]
+start = 8 + n + h[name]["data_offsets"][0]
+b[start:start + 4] = struct.pack("<f", float("nan"))
+open(sys.argv[2], "wb").write(b)
+print(name)
+PY
+    rc=0
+    "$tr" --config "$job" --set trainer.run_dir="$work/w2" --set trainer.init_weights="$work/nan.safetensors" >"$work/w2.log" 2>&1 || rc=$?
+    cat "$work/w2.log"
+    expect_rc 2 "$rc"
+    expect_in "$work/w2.log" "init_weights = \".*nan.safetensors\": tensor '.*' holds 1 NaN and 0 infinite value"
     ;;
 
   clipping)

@@ -9,6 +9,11 @@
 #          comm_bytes per step against full fine-tuning of the same model under fsdp.
 #   merge: a LoRA run on the full-precision base (single), `trainrun merge-lora`, and the merged
 #          model evaluated on its own: the same held-out loss as the adapted run.
+#   qlora_merge: a QLoRA run (quant-nf4 + lora, single), `trainrun merge-lora` with the
+#          full-precision base: by default the merged model's held-out loss equals the QLoRA
+#          run's (within 1e-4 relative; the base is quantized as in training, as the adapter's
+#          metadata records); --plain-base says it is not the trained model and gives a
+#          different loss (both printed).
 source "$(dirname "$0")/e2e_lib.sh"
 tr=$1 configs=$2 work=$3 mode=$4
 here=$(cd "$(dirname "$0")" && pwd)
@@ -108,6 +113,40 @@ elif [ "$mode" = merge ]; then
   rc=0; "$tr" merge-lora --base "$work/merged.safetensors" --adapter "$work/nowhere" --output "$work/x.safetensors" \
     >"$work/bad.log" 2>&1 || rc=$?
   expect_rc 2 "$rc"; expect_in "$work/bad.log" "no adapter_config.json"
+elif [ "$mode" = qlora_merge ]; then
+  variant "$configs/gpt-qlora.toml" "$work/plain.toml" no-lora
+  single=(--set launch.nproc_per_node=1 --set strategy.plugin=single --set accelerator.plugin=cpu)
+  run "$work/q.log" "$tr" --config "$configs/gpt-qlora.toml" "${tiny[@]}" "${single[@]}" --set trainer.run_dir="$work/q" \
+    --set trainer.init_weights="$base" --set trainer.max_steps=${FT_STEPS:-40} --set optimizer.warmup_steps=5
+  py - "$work/q/adapter/adapter_model.safetensors" <<'PY'
+import json, struct, sys
+b = open(sys.argv[1], "rb").read()
+meta = json.loads(b[8:8 + struct.unpack("<Q", b[:8])[0]])["__metadata__"]
+q = json.loads(meta["trainrun_base_quantization"])
+print("adapter metadata:", json.dumps(q)[:200])
+assert q["blocks.0.attn.c_attn"]["format"].startswith("nf4"), q
+assert q["blocks.0.attn.c_attn"]["blocksize"] == 64, q
+PY
+  # The banner counts each quantized weight as its in x out elements (as lora's total does), not
+  # its packed bytes and quantization constants.
+  nb=$(sed -nE 's/^  model .*, ([0-9]+) parameters, .*/\1/p' "$work/q.log" | head -n 1)
+  nl=$(sed -nE 's/^lora: .*trainable [0-9]+ of ([0-9]+) parameters.*/\1/p' "$work/q.log" | head -n 1)
+  echo "banner: $nb parameters; lora: $nl in all"
+  [ -n "$nb" ] && [ "$nb" = "$nl" ] || fail "the banner counts $nb parameters, lora $nl"
+  run "$work/merge.log" "$tr" merge-lora --base "$base" --adapter "$work/q/adapter" --output "$work/merged.safetensors"
+  expect_in "$work/merge.log" "trained against a nf4(\+dq)?-quantized base: merged into that base"
+  run "$work/plainmerge.log" "$tr" merge-lora --base "$base" --adapter "$work/q/adapter" --output "$work/plain.safetensors" --plain-base
+  expect_in "$work/plainmerge.log" "NOT the model that was trained"
+  for m in merged plain; do
+    run "$work/eval-$m.log" "$tr" --config "$work/plain.toml" "${tiny[@]}" "${single[@]}" --set trainer.run_dir="$work/eval-$m" \
+      --set trainer.init_weights="$work/$m.safetensors" --set trainer.max_steps=1 --set optimizer.lr=0 --set optimizer.min_lr=0
+  done
+  lq=$(final_loss "$work/q.log") lm=$(final_loss "$work/eval-merged.log") lp=$(final_loss "$work/eval-plain.log")
+  echo "measured: held-out loss: QLoRA run $lq, merged (default, dequantized NF4 base + BA) $lm, merged --plain-base $lp"
+  py -c "import sys; q, m = float('$lq'), float('$lm'); sys.exit(0 if abs(q - m) <= 1e-4 * q else 1)" ||
+    fail "the merged model's loss $lm differs from the QLoRA run's $lq"
+  py -c "import sys; q, p = float('$lq'), float('$lp'); sys.exit(0 if abs(q - p) > 1e-4 * q else 1)" ||
+    fail "--plain-base gave the trained model's loss: the test cannot tell the two merges apart"
 else
-  fail "mode must be qlora or merge"
+  fail "mode must be qlora, merge or qlora_merge"
 fi

@@ -18,7 +18,7 @@ endforeach()
 # then quant-nf4 + lora under ddp at 2 ranks (held-out loss >= 20% lower, adapter files read by
 # an independent reader, comm bytes vs full fine-tuning); and lora + merge-lora (the merged
 # model evaluates as the adapted one).
-foreach(mode qlora merge)
+foreach(mode qlora merge qlora_merge)
   add_test(NAME qlora_e2e.${mode}
     COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/qlora_e2e.sh $<TARGET_FILE:trainrun>
             ${CMAKE_SOURCE_DIR}/configs ${CMAKE_CURRENT_BINARY_DIR}/work/qlora-${mode} ${mode})

@@ -283,6 +283,8 @@ int probe(int argc, char** argv) {
   core::LaunchSpec spec;
   spec.nproc_per_node = std::atoi(argv[2]);
   spec.grace_s = std::atof(argv[3]);
+  if (const char* t = std::getenv("TRAINRUN_TEST_SAVE_TIMEOUT_S")) spec.save_timeout_s = std::atof(t);
+  if (std::getenv("TRAINRUN_TEST_STORE_LISTEN_ALL")) spec.store_listen_all = true;
   spec.run_dir = std::strcmp(argv[4], "-") == 0 ? "" : argv[4];
   spec.rotate_run_dir = true;
   int i = 5;

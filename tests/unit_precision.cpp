@@ -234,10 +234,10 @@ TEST_SUITE("loss_scaler") {
       std::vector<double> expected;
     };
     const std::vector<Row> rows = {
-        {"growth on the (window+1)-th clean step, then every window; hysteresis 2 absorbs the "
+        {"growth on the window-th clean step, then every window; hysteresis 2 absorbs the "
          "first overflow, later ones halve until the scale grows again",
          scaler(16, 2, 2, false), "ccccoooccco" "c",
-         {16, 16, 32, 32, 32, 16, 8, 8, 8, 16, 16, 16}},
+         {16, 32, 32, 64, 64, 32, 16, 16, 32, 32, 32, 32}},
         {"consecutive_hysteresis: isolated overflows never halve",
          scaler(16, 1000, 2, true), "ocococo", {16, 16, 16, 16, 16, 16, 16}},
         {"consecutive_hysteresis: the second overflow in a row halves, and so does each after",
@@ -248,12 +248,12 @@ TEST_SUITE("loss_scaler") {
         {"... and keeps skipping at min_loss_scale when told not to raise",
          scaler(16, 1000, 2, false, false), "ocooooo", {16, 16, 8, 4, 2, 1, 1}},
         {"hysteresis 1: every overflow halves", scaler(4, 1000, 1, false), "ooo", {2, 1, -1}},
-        {"window 1: the scale doubles from the second clean step on", scaler(1, 1, 2, false),
-         "cccc", {1, 2, 4, 8}},
+        {"window 1: the scale doubles on every clean step, the first included (issue 28: it "
+         "used to start one step later)", scaler(1, 1, 2, false), "cccc", {2, 4, 8, 16}},
         {"growth refills the hysteresis", scaler(8, 3, 2, false), "cccccoccccccc",
-         {8, 8, 8, 16, 16, 16, 16, 16, 16, 32, 32, 32, 64}},
+         {8, 8, 16, 16, 16, 16, 16, 16, 32, 32, 32, 64, 64}},
         {"hysteresis 3 with growth in between", scaler(64, 2, 3, false), "oocccooccccoo",
-         {64, 64, 64, 64, 128, 128, 128, 128, 128, 256, 256, 256, 256}},
+         {64, 64, 64, 128, 128, 128, 128, 128, 256, 256, 512, 512, 512}},
         {"min_loss_scale is a floor, not a power of two", scaler(8, 1000, 1, false, false, 3),
          "oooo", {4, 3, 3, 3}},
     };
@@ -264,12 +264,12 @@ TEST_SUITE("loss_scaler") {
     }
   }
 
-  TEST_CASE("defaults: 2^16, hysteresis 2, the scale doubles on the 1001st clean step") {
+  TEST_CASE("defaults: 2^16, hysteresis 2, the scale doubles on the 1000th clean step") {
     const MixedConfig c = Fp16Mixed::config_from(options_of<Fp16Mixed>());
     REQUIRE(c.dynamic);
     DynamicLossScaler s(*c.dynamic);
     CHECK(s.scale() == 65536);
-    for (int i = 0; i < 1000; ++i) s.update(false);
+    for (int i = 0; i < 999; ++i) s.update(false);
     CHECK(s.scale() == 65536);
     s.update(false);
     CHECK(s.scale() == 131072);

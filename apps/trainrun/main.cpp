@@ -153,8 +153,10 @@ core::LaunchSpec launch_spec(const core::JobConfig& job, int argc, char** argv) 
   spec.node_rank = static_cast<int>(job.launch.get_int("node_rank"));
   spec.master_addr = job.launch.get_string("master_addr");
   spec.master_port = static_cast<int>(job.launch.get_int("master_port"));
+  spec.store_listen_all = job.launch.get_string("store_listen") == "all";
   spec.rendezvous_timeout_s = job.launch.get_seconds("rendezvous_timeout_s");
   spec.grace_s = job.launch.get_seconds("stop_grace_s");
+  spec.save_timeout_s = job.launch.get_seconds("stop_save_timeout_s");
   spec.run_dir = core::run_dir_of(job);
   spec.rotate_run_dir = true;
   spec.mpiexec = core::launcher_of(job) == "mpiexec";

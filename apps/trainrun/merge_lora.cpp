@@ -4,6 +4,13 @@
 // configs/gpt-pretrain.toml) or a Hugging Face model directory (then the output is one too:
 // config, generation config and tokenizer files copied, weights in the base's dtypes), the adapter a directory with PEFT's adapter_config.json and
 // adapter_model.safetensors (what the `lora` callback writes, or Python PEFT's save_pretrained).
+//
+// QLoRA: an adapter trained against a quantized base (the `lora` callback records the base's
+// quantization per layer in adapter_model.safetensors' metadata, key trainrun_base_quantization)
+// learned a correction to that base, not to the full-precision one. By default each such layer's
+// full-precision weight is quantized as in training and dequantized, and BA is added to that,
+// which reproduces the trained model; --plain-base adds BA to the full-precision weight instead
+// (a different model; the size of the difference is printed).
 #include "merge_lora.hpp"
 
 #include <boost/program_options.hpp>
@@ -16,9 +23,12 @@
 #include <iostream>
 #include <map>
 #include <set>
+#include <sstream>
+#include <algorithm>
 
 #include <nlohmann/json.hpp>
 
+#include "quant/quant.hpp"
 #include "trainrun/core/safetensors.hpp"
 #include "trainrun/hf/model_dir.hpp"
 #include "trainrun/error.hpp"
@@ -55,8 +65,30 @@ double scaling_of(const nlohmann::json& c, const std::string& file) {
   return c.value("use_rslora", false) ? alpha / std::sqrt(r) : alpha / r;
 }
 
+// W as the adapter's training saw it: the full-precision weight quantized as recorded (NF4 with
+// its blocksize and double quantization, or int8) and dequantized; float32.
+at::Tensor trained_base(const at::Tensor& W, const nlohmann::json& q, const std::string& layer,
+                        const std::string& adapter_file) {
+  const std::string format = q.value("format", std::string());
+  if (format.rfind("nf4", 0) == 0) {
+    if (!q.value("blocksize_exact", true))
+      std::cerr << "merge-lora: warning: layer '" << layer << "': the NF4 blocksize recorded in "
+                << adapter_file << " (" << q.value("blocksize", int64_t{0})
+                << ") was inferred from a weight whose size is not a multiple of it\n";
+    quant::Nf4Options o;
+    o.blocksize = q.value("blocksize", int64_t{64});
+    o.double_quant = q.value("double_quant", false);
+    o.dq_blocksize = q.value("dq_blocksize", int64_t{256});
+    return quant::nf4_dequantize(quant::nf4_quantize(W.to(at::kFloat), o, layer));
+  }
+  if (format == "int8") return quant::int8_dequantize(quant::int8_quantize(W.to(at::kFloat), layer));
+  throw ConfigError(adapter_file + ": layer '" + layer + "' was trained against a base in format '" +
+                    format + "', which merge-lora cannot rebuild; use --plain-base to merge into the "
+                    "full-precision weight (a different model from the one trained)");
+}
+
 int merge(const std::string& base_path, const std::string& adapter_dir, const std::string& output,
-          int64_t max_shard_bytes) {
+          int64_t max_shard_bytes, bool plain_base) {
   const fs::path cfg_path = fs::path(adapter_dir) / "adapter_config.json";
   const fs::path ad_path = fs::path(adapter_dir) / "adapter_model.safetensors";
   const bool hf_dir = fs::is_directory(base_path);
@@ -82,7 +114,18 @@ int merge(const std::string& base_path, const std::string& adapter_dir, const st
   std::map<std::string, size_t> index;
   for (size_t i = 0; i < base.size(); ++i) index[base[i].name] = i;
   std::map<std::string, at::Tensor> adapter;
-  for (auto& t : core::read_safetensors(ad_path.string())) adapter[t.name] = t.tensor;
+  std::map<std::string, std::string> ad_meta;
+  for (auto& t : core::read_safetensors(ad_path.string(), &ad_meta)) adapter[t.name] = t.tensor;
+  nlohmann::json quantized_layers = nlohmann::json::object();
+  if (auto it = ad_meta.find("trainrun_base_quantization"); it != ad_meta.end()) {
+    try {
+      quantized_layers = nlohmann::json::parse(it->second);
+    } catch (const nlohmann::json::exception& e) {
+      throw ConfigError(ad_path.string() + ": metadata trainrun_base_quantization is not valid JSON: " + e.what());
+    }
+  }
+  double max_diff = 0, sum_sq_diff = 0, sum_sq = 0;
+  int dequantized = 0;
 
   int merged = 0, replaced = 0;
   std::set<std::string> used;
@@ -104,12 +147,24 @@ int merge(const std::string& base_path, const std::string& adapter_dir, const st
       }
       at::Tensor& W = base[w->second].tensor;
       const at::Tensor A = a.to(at::kDouble), B = b->second.to(at::kDouble);
+      at::Tensor W0 = W;
+      if (quantized_layers.contains(layer)) {
+        const at::Tensor Wq = trained_base(W, quantized_layers[layer], layer, ad_path.string());
+        const at::Tensor d = (Wq.to(at::kDouble) - W.to(at::kDouble));
+        max_diff = std::max(max_diff, d.abs().max().item<double>());
+        sum_sq_diff += d.pow(2).sum().item<double>();
+        sum_sq += W.to(at::kDouble).pow(2).sum().item<double>();
+        if (!plain_base) {
+          W0 = Wq;
+          ++dequantized;
+        }
+      }
       if (A.dim() != 2 || B.dim() != 2 || W.dim() != 2 || B.size(1) != A.size(0) ||
           B.size(0) != W.size(0) || A.size(1) != W.size(1))
         throw ConfigError("adapter of '" + layer + "': lora_A " + c10::str(a.sizes()) + ", lora_B " +
                           c10::str(b->second.sizes()) + " do not fit the base weight " + c10::str(W.sizes()));
       // In float64, then back to the base's dtype: the sum is rounded once.
-      W = (W.to(at::kDouble) + at::matmul(B, A) * scaling).to(W.scalar_type());
+      W = (W0.to(at::kDouble) + at::matmul(B, A) * scaling).to(W.scalar_type());
       used.insert(name);
       used.insert(b_name);
       ++merged;
@@ -141,6 +196,22 @@ int merge(const std::string& base_path, const std::string& adapter_dir, const st
   } else {
     core::write_safetensors(output, base, {{"format", "pt"}, {"trainrun_merged_adapter", adapter_dir}});
   }
+  if (!quantized_layers.empty()) {
+    const std::string fmt = quantized_layers.begin()->value("format", std::string("?"));
+    std::ostringstream diff;
+    diff << "the dequantized base differs from the full-precision one by up to " << max_diff
+         << " (relative RMS " << (sum_sq > 0 ? std::sqrt(sum_sq_diff / sum_sq) : 0.0) << ")";
+    if (plain_base)
+      std::cout << "merge-lora: --plain-base: the adapter was trained against a " << fmt
+                << "-quantized base (" << quantized_layers.size() << " layer(s)); merged into the "
+                << "full-precision base instead, which is NOT the model that was trained: " << diff.str()
+                << "; without --plain-base the quantized base is rebuilt as in training" << std::endl;
+    else
+      std::cout << "merge-lora: " << dequantized << " layer(s) trained against a " << fmt
+                << "-quantized base: merged into that base (quantized as in training, dequantized), "
+                << "which reproduces the trained model; " << diff.str()
+                << " (--plain-base merges into the full-precision base instead)" << std::endl;
+  }
   std::cout << "merge-lora: " << merged << " adapter(s) merged (scaling " << scaling << ")"
             << (replaced ? ", " + std::to_string(replaced) + " tensor(s) replaced" : std::string())
             << ", " << base.size() << " tensors written to " << output << std::endl;
@@ -151,13 +222,18 @@ int merge(const std::string& base_path, const std::string& adapter_dir, const st
 
 int run_merge_lora_command(int argc, char** argv) {
   std::string base, adapter, output, max_shard = "5GB";
+  bool plain_base = false;
   po::options_description opts("trainrun merge-lora options");
   opts.add_options()("help,h", "show this help")(
       "base", po::value(&base), "full-precision base model: a safetensors file (trainrun names) or a "
       "Hugging Face model directory")(
       "adapter", po::value(&adapter), "adapter directory (adapter_config.json + adapter_model.safetensors)")(
       "output,o", po::value(&output), "merged model to write (safetensors file; a directory for an HF base)")(
-      "max-shard-size", po::value(&max_shard), "HF output: largest weight file before sharding (default 5GB)");
+      "max-shard-size", po::value(&max_shard), "HF output: largest weight file before sharding (default 5GB)")(
+      "plain-base", po::bool_switch(&plain_base),
+      "QLoRA adapters: add BA to the full-precision base weight instead of to the base as "
+      "training quantized it (the default, which reproduces the trained model); the result is "
+      "a different model");
   po::variables_map vm;
   try {
     // argv[1] is "merge-lora".
@@ -178,7 +254,7 @@ int run_merge_lora_command(int argc, char** argv) {
     return 2;
   }
   try {
-    return merge(base, adapter, output, hf::parse_size(max_shard));
+    return merge(base, adapter, output, hf::parse_size(max_shard), plain_base);
   } catch (const ConfigError& e) {
     std::cerr << "trainrun merge-lora: error: " << e.what() << std::endl;
     return 2;

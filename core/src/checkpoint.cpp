@@ -356,6 +356,14 @@ std::string resolve_checkpoint(const std::string& resume, const std::string& roo
     if (!f) throw v1::ConfigError("[trainer] resume = \"latest\": no " + lp.string() + " (no checkpoint was completed there)");
     std::string name;
     std::getline(f, name);
+    // `latest` names a checkpoint of this directory and nothing else: a path ("../..", "/etc",
+    // "a/b") would make resume read, and the next save prune, outside it.
+    const bool plain = !name.empty() && name != "." && name != ".." &&
+                       name.find('/') == std::string::npos && name.find('\0') == std::string::npos;
+    if (!plain)
+      throw v1::ConfigError("[trainer] resume = \"latest\": " + lp.string() + " names \"" + name +
+                            "\", which is not a checkpoint inside " + root +
+                            " (a checkpoint reference must be a directory name such as step-0000010)");
     return (fs::path(root) / name).string();
   }
   if (resume == "latest-valid") {
@@ -395,14 +403,16 @@ void load_checkpoint_pieces(const std::string& dir, const nlohmann::json& meta,
   at::NoGradGuard no_grad;
   for (auto& cp : targets) {
     auto& t = cp.piece;
+    // A checkpoint that does not fit this run's model is bad input (exit 2), not a failure.
     if (!index.contains(t.name))
-      throw CheckpointError("checkpoint " + dir + ": no " + section + " tensor '" + t.name + "'");
+      throw v1::ConfigError("[trainer] resume: checkpoint " + dir + " has no " + section + " tensor '" + t.name +
+                            "': it is not a checkpoint of this job's model");
     const auto& e = index[t.name];
     const auto shape = e.at("shape").get<std::vector<int64_t>>();
     if (shape != t.shape)
-      throw CheckpointError("checkpoint " + dir + ": " + section + " tensor '" + t.name + "' has shape " +
-                            c10::str(c10::IntArrayRef(shape)) + ", this run's has " +
-                            c10::str(c10::IntArrayRef(t.shape)));
+      throw v1::ConfigError("[trainer] resume: checkpoint " + dir + ": " + section + " tensor '" + t.name +
+                            "' has shape " + c10::str(c10::IntArrayRef(shape)) + ", this run's has " +
+                            c10::str(c10::IntArrayRef(t.shape)) + ": it is not a checkpoint of this job's model");
     const int64_t lo = t.offset, hi = t.offset + t.data.numel();
     int64_t covered = 0;
     for (const auto& s : e.at("slices")) {

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <filesystem>
 #include <limits>
 #include <map>
 #include <sstream>
@@ -170,6 +171,10 @@ v1::OptionSchema trainer_schema() {
   s.real("gradient_clip_val", 0.0,
          "Clip gradients (after unscaling): to this global L2 norm, or each element to "
          "[-value, value] (gradient_clip_algorithm); 0 = off", 0, 1e30);
+  s.real("max_skipped_fraction", 0.5,
+         "A run that skipped more than this fraction of its steps (non-finite loss or "
+         "gradients) ends with exit code 3 and a diagnosis; a run whose weights become "
+         "non-finite stops at once with exit code 3", 0, 1);
   s.choice("gradient_clip_algorithm", "norm", {"norm", "value"},
            "How gradient_clip_val clips (Lightning's names): \"norm\" scales all gradients by "
            "val / global L2 norm when the norm exceeds val (across ranks and shards); \"value\" "
@@ -192,10 +197,19 @@ v1::OptionSchema launch_schema() {
   s.string("master_addr", "127.0.0.1", "Address of node 0's rendezvous store");
   s.integer("master_port", 0,
             "Port of the rendezvous store; 0 = pick a free one (nnodes = 1 only)", 0, 65535);
+  s.choice("store_listen", "master_addr", {"master_addr", "all"},
+           "Where node 0's rendezvous store listens: only on master_addr (the default), or on "
+           "every interface (\"all\"); the store has no authentication, so anyone who reaches "
+           "its port can read and change the job's rendezvous keys");
   s.duration("rendezvous_timeout_s", 300.0,
              "How long agents and workers wait for each other to arrive", 0.1, 1e7);
   s.duration("stop_grace_s", 5.0,
-             "When stopping workers: SIGTERM, then SIGKILL after this long", 0.0, 3600.0);
+             "When stopping workers: SIGTERM, then SIGKILL after this long unless the worker "
+             "is writing a checkpoint (then stop_save_timeout_s applies)", 0.0, 3600.0);
+  s.duration("stop_save_timeout_s", 600.0,
+             "When stopping workers: a worker that is writing a checkpoint is killed only this "
+             "long after its save began (keep stop_grace_s + this below the cluster's own "
+             "kill delay: SLURM KillWait, Kubernetes terminationGracePeriodSeconds)", 0.0, 1e6);
   s.integer("max_restarts", 0,
             "Elastic restarts (nnodes = 1, trainrun's agent): when a worker fails, stop all, "
             "start them again and resume from the latest checkpoint (`checkpoint` callback), at "
@@ -269,6 +283,15 @@ OptionValue convert(const toml::node& node, const OptionSpec& spec, const std::s
                        v1::type_name(spec.type) + ", got " + describe_node(node));
   };
   auto check_range = [&](double v, const std::string& shown) {
+    // NaN compares false with any bound, so it would pass every range; an infinity passes an
+    // open one. Neither is a setting (gradient_clip_val = nan would turn clipping off): a
+    // schema accepts an infinity only by naming it as its bound (max = +inf, min = -inf).
+    if (std::isnan(v))
+      throw ConfigError(loc + ": " + section + " " + spec.name + ": NaN is not a valid value (range " +
+                        range_text(spec) + ")");
+    if (std::isinf(v) && !((v > 0 && spec.max && std::isinf(*spec.max)) || (v < 0 && spec.min && std::isinf(*spec.min))))
+      throw ConfigError(loc + ": " + section + " " + spec.name + ": " + shown +
+                        " is not a valid value (a finite number in " + range_text(spec) + ")");
     if ((spec.min && v < *spec.min) || (spec.max && v > *spec.max))
       throw ConfigError(loc + ": " + section + " " + spec.name + ": " + shown +
                         " is out of range " + range_text(spec));
@@ -487,6 +510,10 @@ toml::table to_toml(const v1::Options& opts, const std::string& plugin,
 JobFile JobFile::load(const std::string& path, const std::vector<std::string>& overrides) {
   auto impl = std::make_unique<Impl>();
   impl->path = path;
+  // toml++ reads a directory as an empty document, which would then be reported as a job
+  // without its tables.
+  if (std::filesystem::is_directory(path))
+    throw ConfigError(path + ": is a directory, not a job file (give the .toml file inside it)");
   try {
     impl->root = toml::parse_file(path);
   } catch (const toml::parse_error& e) {

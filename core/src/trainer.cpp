@@ -9,7 +9,9 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cerrno>
 #include <csignal>
+#include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
 #include <cstdio>
@@ -21,10 +23,12 @@
 #include <iostream>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
 #include "trainrun/activation_checkpointing.hpp"
+#include "trainrun/linear.hpp"
 
 #include "trainrun/core/checkpoint.hpp"
 #include "trainrun/core/launcher.hpp"
@@ -32,6 +36,7 @@
 #include "trainrun/core/memory.hpp"
 #include "trainrun/core/runtime.hpp"
 #include "trainrun/core/safetensors.hpp"
+#include "trainrun/core/run_dir.hpp"
 #include "trainrun/core/sampler.hpp"
 
 namespace fs = std::filesystem;
@@ -43,11 +48,39 @@ using v1::ConfigError;
 namespace {
 
 std::atomic<int> g_stop_signal{0};
+// The launcher's stop protocol (core/src/launcher/agent.cpp): under trainrun's agent, fd 3
+// (TRAINRUN_CONTROL_FD) is a pipe to it, and the worker says there that a stop signal arrived
+// and when a checkpoint write begins and ends, so that the agent waits for a save in progress
+// instead of killing it after stop_grace_s.
+int g_control_fd = -1;
+
+void open_control_channel() {
+  const char* v = std::getenv("TRAINRUN_CONTROL_FD");
+  if (v == nullptr) return;
+  const int fd = std::atoi(v);
+  if (fd >= 3 && fcntl(fd, F_GETFD) != -1) g_control_fd = fd;
+}
+
+// Async-signal-safe: called from the signal handler too.
+void control_message(const char* msg, size_t len) {
+  if (g_control_fd < 0) return;
+  [[maybe_unused]] ssize_t n = write(g_control_fd, msg, len);
+}
+
+void control_message(const std::string& msg) {
+  const std::string line = msg + "\n";
+  control_message(line.data(), line.size());
+}
 
 extern "C" void on_stop_signal(int sig) {
+  const int saved = errno;
+  if (g_stop_signal.load() == 0) control_message("stopping\n", 9);
   g_stop_signal.store(sig);
-  // A second Ctrl-C ends the process at once.
-  std::signal(sig, SIG_DFL);
+  // A second Ctrl-C ends the process at once. A second SIGTERM does not: a cluster (SLURM)
+  // may signal every process of the job as well as the launcher, which then forwards one
+  // more, and the step and checkpoint in progress must still finish.
+  if (sig == SIGINT) std::signal(sig, SIG_DFL);
+  errno = saved;
 }
 
 std::string fmt_duration(double s) {
@@ -106,6 +139,12 @@ void load_initial_weights(v1::Model& model, const std::string& path, const std::
       throw ConfigError("[trainer] init_weights = \"" + path + "\": tensor '" + t.name +
                         "' has shape " + c10::str(it->second.sizes()) + ", the model's has " +
                         c10::str(t.tensor.sizes()));
+    if (it->second.is_floating_point() && !torch::isfinite(it->second).all().item<bool>()) {
+      const int64_t nan = torch::isnan(it->second).sum().item<int64_t>();
+      const int64_t inf = torch::isinf(it->second).sum().item<int64_t>();
+      throw ConfigError("[trainer] init_weights = \"" + path + "\": tensor '" + t.name + "' holds " +
+                        std::to_string(nan) + " NaN and " + std::to_string(inf) + " infinite value(s)");
+    }
     t.tensor.copy_(it->second);
     used.insert(t.name);
   }
@@ -146,6 +185,124 @@ std::string freeze_parameters(const v1::Options& trainer, v1::Model& model) {
   }
   return std::to_string(frozen.size()) + " parameters frozen (" + std::to_string(n) + " of " +
          std::to_string(total) + " elements)";
+}
+
+// Exit code of a run that diverged: its weights became non-finite, or it skipped more than
+// [trainer] max_skipped_fraction of its steps (distinct from 1, an error, and 2, bad input).
+constexpr int kDivergedExit = 3;
+
+// Non-finite values over a run: which kind (loss, gradients, weights), when first, and the last
+// step that was wholly finite, for the diagnosis of a run that diverged. Every rank records the
+// same thing: the loss is the all-reduced one and the gradient check is agreed by the ranks.
+struct DivergenceWatch {
+  int64_t steps = 0, skipped = 0;
+  int64_t bad_loss = 0, first_bad_loss = 0;
+  int64_t bad_grads = 0, first_bad_grads = 0;
+  int64_t last_good = -1;          ///< last step with a finite loss and gradients (-1: none yet)
+  int64_t weights_bad_after = 0;   ///< found non-finite after this step (0: not found)
+
+  void record(int64_t step, bool loss_finite, bool grads_finite) {
+    ++steps;
+    if (!loss_finite && bad_loss++ == 0) first_bad_loss = step;
+    if (loss_finite && !grads_finite && bad_grads++ == 0) first_bad_grads = step;
+    if (!grads_finite || !loss_finite) ++skipped;
+    else last_good = step;
+  }
+  bool too_many_skipped(double max_fraction) const {
+    return steps > 0 && static_cast<double>(skipped) > max_fraction * static_cast<double>(steps);
+  }
+  std::string diagnosis(double max_fraction, int64_t start_step) const {
+    std::ostringstream os;
+    os << "training diverged: ";
+    if (weights_bad_after > 0) os << "the weights are non-finite after step " << weights_bad_after << "; ";
+    os << skipped << " of " << steps << " steps skipped ([trainer] max_skipped_fraction = "
+       << max_fraction << ")";
+    if (bad_loss > 0)
+      os << "; non-finite loss at " << bad_loss << " step(s), first at step " << first_bad_loss;
+    if (bad_grads > 0)
+      os << "; non-finite gradients (with a finite loss) at " << bad_grads
+         << " step(s), first at step " << first_bad_grads;
+    if (last_good >= 0) os << "; last step with a finite loss and gradients: " << last_good;
+    else os << "; no step of this run" << (start_step > 0 ? " (resumed at step " + std::to_string(start_step) + ")" : std::string())
+            << " had a finite loss and gradients";
+    os << ". Lower the learning rate, check the data and init_weights, or use fp32/bf16 where "
+          "fp16 overflows";
+    return os.str();
+  }
+};
+
+// Whether every element of these (local) tensors is finite; the caller agrees over ranks.
+bool all_finite(const std::vector<v1::NamedTensor>& tensors) {
+  torch::NoGradGuard no_grad;
+  for (const auto& t : tensors)
+    if (t.tensor.defined() && t.tensor.is_floating_point() && !torch::isfinite(t.tensor).all().item<bool>())
+      return false;
+  return true;
+}
+
+// What a resume would silently change, checked against the checkpoint's metadata before any
+// tensor is read: another optimizer is an error (its state would be dropped), another seed and
+// an init_weights that resume overrides are warnings saying what the run does.
+void check_resume(const nlohmann::json& meta, const JobConfig& job, const std::string& path,
+                  uint64_t seed, bool from_restart, bool lead) {
+  std::string saved_optimizer;
+  for (const auto& p : meta.at("job").value("plugins", nlohmann::json::array()))
+    if (p.value("role", std::string()) == "optimizer") saved_optimizer = p.value("component", std::string());
+  if (!saved_optimizer.empty() && saved_optimizer != job.optimizer.plugin)
+    throw ConfigError("[trainer] resume: checkpoint " + path + " was written with [optimizer] plugin = \"" +
+                      saved_optimizer + "\", this run uses \"" + job.optimizer.plugin +
+                      "\": its optimizer state (e.g. moments) would be dropped. Resume with the same "
+                      "optimizer, or start a new run from its weights (`trainrun consolidate " + path +
+                      " DIR`, then [trainer] init_weights = \"DIR/model.safetensors\")");
+  if (!lead) return;
+  const auto& ts = meta.at("trainer_state");
+  if (ts.contains("seed") && ts.at("seed").get<uint64_t>() != seed)
+    log_warn("resume: checkpoint " + path + " was written with [trainer] seed = " + ts.at("seed").dump() +
+             ", this run uses " + std::to_string(seed) + ": the data order of the current epoch is "
+             "drawn again from the new seed (samples of this epoch may repeat or be left out) and "
+             "dropout streams differ; the run is not the continuation of the checkpointed one");
+  if (!job.trainer.get_string("init_weights").empty() && !from_restart)
+    log_warn("resume: [trainer] init_weights = \"" + job.trainer.get_string("init_weights") +
+             "\" is ignored: the weights come from checkpoint " + path);
+}
+
+// The model's parameter count for the banner. A Linear layer whose weight a Precision replaced
+// by a frozen quantized base holds packed bytes and quantization constants as parameters; it
+// counts as its in x out weights, as PEFT's print_trainable_parameters counts a 4-bit weight.
+int64_t count_model_parameters(v1::Model& model) {
+  std::set<const void*> quant_state;
+  int64_t n = 0;
+  if (torch::nn::Module* root = model.module())
+    for (const auto& item : root->named_modules("", false))
+      if (auto l = std::dynamic_pointer_cast<v1::LinearImpl>(item.value()); l && l->base()) {
+        n += l->options.in_features() * l->options.out_features();
+        for (const auto& q : l->named_parameters(/*recurse=*/false))
+          if (q.key() != "bias") quant_state.insert(q.value().unsafeGetTensorImpl());
+      }
+  for (const auto& p : model.named_parameters())
+    if (!quant_state.count(p.tensor.unsafeGetTensorImpl())) n += p.tensor.numel();
+  return n;
+}
+
+// A checkpoint directory that cannot be written is bad input found at the start, not at the
+// first save (possibly hours later): create it and write and remove a probe file.
+void check_checkpoint_dir_writable(const std::string& dir, int rank) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  bool ok = !ec;
+  if (ok) {
+    const fs::path probe = fs::path(dir) / (".write-test-rank-" + std::to_string(rank));
+    std::ofstream f(probe);
+    f << "trainrun\n";
+    f.close();
+    ok = f.good();
+    std::error_code ignored;
+    fs::remove(probe, ignored);
+  }
+  if (!ok)
+    throw ConfigError("checkpoint directory " + dir + " is not writable (" +
+                      (ec ? ec.message() : std::string("cannot create files in it")) +
+                      "): fix its permissions or set the checkpoint callback's dir");
 }
 
 template <class T>
@@ -357,6 +514,9 @@ int train(const JobConfig& job, const Registry& registry) {
   // and srun do not give in a portable way), leaves no stale marker behind, and is bounded by
   // the collective timeout instead of a poll on a possibly shared file system.
   const bool rotate_here = !detect_worker_environment().run_dir_ready;
+  // The process that prepares run_dir holds its lock for the whole run (run_dir.hpp).
+  std::unique_ptr<RunDirLock> run_dir_lock;
+  if (rotate_here && lead) run_dir_lock = RunDirLock::acquire(ctx.run_dir);
   fs::create_directories(ctx.run_dir);
   auto write_job = [&] {
     std::ofstream f(fs::path(ctx.run_dir) / "job.toml");
@@ -462,6 +622,7 @@ int train(const JobConfig& job, const Registry& registry) {
   for (auto& cb : callbacks) cb.call("on_setup", [&](v1::Callback& c) { c.on_setup(*model.obj, ctx); return 0; });
   if (const std::string f = freeze_parameters(job.trainer, *model.obj); !f.empty() && lead)
     log_info("freeze: " + f);
+  const int64_t n_params = model.call("count parameters", [](v1::Model& m) { return count_model_parameters(m); });
   // On the units as the callbacks left them, before a strategy hooks or shards them.
   const std::string checkpointed = install_activation_checkpointing(job.trainer, model);
   if (auto* shapes = dynamic_cast<v1::ParameterShapesAware*>(optimizer.obj.get())) {
@@ -532,6 +693,7 @@ int train(const JobConfig& job, const Registry& registry) {
   std::string resume = job.trainer.get_string("resume");
   // Before the first step, not at the first save: a job that cannot checkpoint says so at once.
   if (policy != nullptr || !resume.empty()) checkpointable();
+  if (policy != nullptr) check_checkpoint_dir_writable(ckpt_root, ctx.rank);
   if (const char* restart = std::getenv("TRAINRUN_RESTART"); restart != nullptr && resume.empty()) {
     // An elastic restart ([launch] max_restarts): continue from the latest checkpoint if any.
     const bool any = fs::exists(fs::path(ckpt_root) / "latest");
@@ -545,6 +707,7 @@ int train(const JobConfig& job, const Registry& registry) {
     const auto t0 = clock::now();
     const std::string path = resolve_checkpoint(resume, ckpt_root, lead);
     const nlohmann::json meta = verify_checkpoint(path);
+    check_resume(meta, job, path, ctx.seed, job.trainer.get_string("resume").empty(), lead);
     auto& c = checkpointable();
     auto model_pieces = strategy.call("model_checkpoint_pieces", [&](v1::Strategy&) { return c.model_checkpoint_pieces(); });
     load_checkpoint_pieces(path, meta, "model", model_pieces);
@@ -595,9 +758,6 @@ int train(const JobConfig& job, const Registry& registry) {
   sampler_options.drop_last = job.trainer.get_bool("drop_last");
   DistributedSampler sampler(sampler_options);
 
-  int64_t n_params = 0;
-  for (const auto& p : model.call("named_parameters", [](v1::Model& m) { return m.named_parameters(); }))
-    n_params += p.tensor.numel();
   const size_t n_units = model.call("units", [](v1::Model& m) { return m.units().size(); });
   if (lead) {
     std::cout << "trainrun " << TRAINRUN_VERSION << " | LibTorch " << TRAINRUN_BUILD_TORCH_VERSION
@@ -629,6 +789,7 @@ int train(const JobConfig& job, const Registry& registry) {
   for (auto& cb : callbacks) cb.call("on_train_start", [&](v1::Callback& c) { c.on_train_start(plan); return 0; });
 
   g_stop_signal.store(0);
+  open_control_channel();
   auto prev_int = std::signal(SIGINT, on_stop_signal);
   auto prev_term = std::signal(SIGTERM, on_stop_signal);
 
@@ -647,6 +808,10 @@ int train(const JobConfig& job, const Registry& registry) {
   auto save_checkpoint_now = [&](int64_t done, const char* reason) {
     const auto t0 = clock::now();
     auto& c = checkpointable();
+    control_message("saving " + std::to_string(done));
+    // Test hook for the launcher's stop protocol: a save that takes this many seconds longer.
+    if (const char* d = std::getenv("TRAINRUN_TEST_SAVE_DELAY_S"))
+      std::this_thread::sleep_for(std::chrono::duration<double>(std::atof(d)));
     CheckpointSaveRequest req;
     req.root = ckpt_root;
     req.step = done;
@@ -672,12 +837,13 @@ int train(const JobConfig& job, const Registry& registry) {
     for (const auto& cb : job.callbacks) add_plugin("callback", cb);
     req.job = {{"file", job.file}, {"strategy", job.strategy.plugin}, {"plugins", plugins},
                {"toml", job.resolved_toml}};
-    req.trainer_state = {{"skipped_steps", skipped_steps}};
+    req.trainer_state = {{"skipped_steps", skipped_steps}, {"seed", ctx.seed}};
     for (auto& [key, holder] : state_holders()) req.component_state[key] = holder->checkpoint_state();
     req.model = strategy.call("model_checkpoint_pieces", [&](v1::Strategy&) { return c.model_checkpoint_pieces(); });
     req.optimizer = optimizer_pieces();
     const std::string path = save_checkpoint(req, ctx.world_size > 1 ? &comm : nullptr);
     last_saved_step = done;
+    control_message("saved " + std::to_string(done));
     if (policy) policy->on_checkpoint_saved(done, path);
     if (lead)
       log_info("checkpoint " + path + " (step " + std::to_string(done) + ", " + reason + ") written in " +
@@ -685,6 +851,15 @@ int train(const JobConfig& job, const Registry& registry) {
   };
   const int64_t stop_after = job.trainer.get_int("stop_after_steps");
   bool stopped_early = false;
+  const double max_skipped_fraction = job.trainer.get_double("max_skipped_fraction");
+  DivergenceWatch watch;
+  bool diverged = false;
+  // Collective: every rank calls it at the same point (decided from agreed figures).
+  auto weights_finite_everywhere = [&] {
+    torch::Tensor bad = torch::tensor({all_finite(params) ? 0.0 : 1.0}, torch::kDouble);
+    wait(sum_over_ranks(bad, "all_reduce (weights finite)"), "wait (weights finite)");
+    return bad.item<double>() == 0;
+  };
   const double clip = job.trainer.get_double("gradient_clip_val");
   const bool clip_by_value = job.trainer.get_string("gradient_clip_algorithm") == "value";
   const int64_t log_every = job.trainer.get_int("log_every");
@@ -778,7 +953,10 @@ int train(const JobConfig& job, const Registry& registry) {
   const int64_t kill_at = kill_at_env && !std::getenv("TRAINRUN_RESTART") ? std::atoll(kill_at_env) : -1;
   const char* kill_rank_env = std::getenv("TRAINRUN_TEST_SIGKILL_RANK");
   const int kill_rank = kill_rank_env ? std::atoi(kill_rank_env) : 0;
-  for (; step < plan.total_steps; ++step) {
+  // A run resumed at or past stop_after_steps has nothing to do (the check below runs at the end
+  // of a step, which would be one step too late).
+  if (stop_after > 0 && step >= stop_after && step < plan.total_steps) stopped_early = true;
+  for (; step < plan.total_steps && !stopped_early; ++step) {
     if (step + 1 == kill_at && ctx.rank == kill_rank) {
       std::cerr << "test hook: rank " << ctx.rank << " SIGKILLs itself at step " << kill_at << std::endl;
       ::kill(::getpid(), SIGKILL);
@@ -860,21 +1038,33 @@ int train(const JobConfig& job, const Registry& registry) {
       }
       optimizer.call("step", [&](v1::Optimizer& o) { o.step(step); return 0; });
       strategy.call("after_optimizer_step", [](v1::Strategy& s) { s.after_optimizer_step(); return 0; });
-    } else {
-      ++skipped_steps;
-      if (lead) {
-        const double used = precision.call("loss_scale", [](v1::Precision& p) { return p.loss_scale(); });
-        log_warn("step " + std::to_string(step + 1) + ": non-finite gradients, step skipped" +
-                 (used != 1.0 ? " (loss scale " + fmt_scale(used) + ")" : std::string()));
-      }
     }
     // Parameters, gradients and optimizer state at rest (what ZeRO's formulas predict): the
     // gradients are still alive until zero_grad; the step's batches are included (small).
     const int64_t mem_model_state = memory_now(false);
-    precision.call("update", [&](v1::Precision& p) { p.update(!finite); return 0; });
-    strategy.call("zero_grad", [](v1::Strategy& s) { s.zero_grad(); return 0; });
-
+    // The step's loss (all-reduced) tells a non-finite loss from overflowing gradients.
     wait(tail_work, "wait (step loss)");
+    const bool loss_finite = std::isfinite(tail.data_ptr<double>()[0]);
+    if (!finite) {
+      ++skipped_steps;
+      if (lead) {
+        const double used = precision.call("loss_scale", [](v1::Precision& p) { return p.loss_scale(); });
+        log_warn("step " + std::to_string(step + 1) + ": " +
+                 (loss_finite ? "non-finite gradients" : "non-finite loss (" + std::to_string(tail.data_ptr<double>()[0] / global_targets) + ")") +
+                 ", step skipped" +
+                 (used != 1.0 ? " (loss scale " + fmt_scale(used) + (loss_finite ? "" : ", kept") + ")" : std::string()));
+      }
+    }
+    // A non-finite loss is not an fp16 overflow of the gradients: a smaller scale cannot help,
+    // so the scaler does not count the step at all.
+    if (finite || loss_finite) precision.call("update", [&](v1::Precision& p) { p.update(!finite); return 0; });
+    strategy.call("zero_grad", [](v1::Strategy& s) { s.zero_grad(); return 0; });
+    watch.record(step + 1, loss_finite, finite);
+    if (!loss_finite && !weights_finite_everywhere()) {
+      watch.weights_bad_after = step;
+      diverged = true;
+    }
+
     next_counts_known = prefetch;
     if (prefetch) next_counts = tail.slice(0, 1, 4).clone();
     const double dt = std::chrono::duration<double>(clock::now() - t0).count();
@@ -929,6 +1119,10 @@ int train(const JobConfig& job, const Registry& registry) {
       save = save || policy->should_save(step + 1, elapsed_loop, v1::CheckpointReason::Signal);
     if (stop_here && policy != nullptr) save = true;
     if (save) save_checkpoint_now(step + 1, signalled ? "signal" : stop_here ? "stop_after_steps" : "step");
+    if (diverged) {
+      ++step;
+      break;
+    }
     if (signalled || stop_here) {
       if (!signalled) stopped_early = true;
       else g_stop_signal.store(g_stop_signal.load() ? g_stop_signal.load() : SIGTERM);
@@ -939,6 +1133,8 @@ int train(const JobConfig& job, const Registry& registry) {
   const int stop_sig = g_stop_signal.load();
   std::signal(SIGINT, prev_int);
   std::signal(SIGTERM, prev_term);
+  if (!diverged && watch.weights_bad_after == 0 && !weights_finite_everywhere()) watch.weights_bad_after = step;
+  diverged = diverged || watch.weights_bad_after > 0 || watch.too_many_skipped(max_skipped_fraction);
 
   // state_dict_type = "sharded": every rank writes its own pieces, nothing is gathered. Each
   // file's metadata maps a tensor to its whole shape and the offset of its piece, so the files of
@@ -1002,7 +1198,7 @@ int train(const JobConfig& job, const Registry& registry) {
   };
   v1::TrainSummary summary;
   summary.steps = step;
-  summary.interrupted = stop_sig != 0 || stopped_early;
+  summary.interrupted = stop_sig != 0 || stopped_early || diverged;
   if (!summary.interrupted && policy != nullptr && last_saved_step != step &&
       policy->should_save(step, std::chrono::duration<double>(clock::now() - t_loop).count(),
                           v1::CheckpointReason::End))
@@ -1027,6 +1223,14 @@ int train(const JobConfig& job, const Registry& registry) {
   summary.elapsed_s = std::chrono::duration<double>(clock::now() - t_start).count();
   for (auto& cb : callbacks) cb.call("on_train_end", [&](v1::Callback& c) { c.on_train_end(summary); return 0; });
 
+  if (diverged) {
+    if (lead) {
+      std::cout << std::flush;
+      std::cerr << "trainrun: error: " << watch.diagnosis(max_skipped_fraction, start_step)
+                << "; no final evaluation, no model written" << std::endl;
+    }
+    return kDivergedExit;
+  }
   if (lead) {
     const double loop_s = std::chrono::duration<double>(clock::now() - t_loop).count();
     if (stopped_early && stop_sig == 0) {

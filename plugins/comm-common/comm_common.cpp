@@ -500,6 +500,13 @@ void Monitor::finished(uint64_t seq) {
   m.dirty = true;
 }
 
+void Monitor::publish_now() noexcept {
+  try {
+    impl_->publish();
+  } catch (...) {
+  }
+}
+
 std::string Monitor::describe_failure(uint64_t seq, const std::string& what) const {
   const auto& m = *impl_;
   std::string text;

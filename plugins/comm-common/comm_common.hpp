@@ -151,6 +151,11 @@ class Monitor {
   /// rank 2 (host h, pid 5; last completed #16 all_reduce(...); pending none; last heard 3.0 s
   /// ago)". Reads the peers' progress from the store (bounded by a short timeout).
   std::string describe_failure(uint64_t seq, const std::string& what) const;
+  /// Writes this rank's progress to the store now (the watchdog does it at most once per tick).
+  /// Called by a backend before it tears down its connections, so that the peers whose
+  /// operations then fail report where this rank really was, not its last periodic record.
+  /// Never throws (a lost store is ignored).
+  void publish_now() noexcept;
   const Config& config() const { return config_; }
   /// Default operation timeout (seconds) used by backends; set by the owner.
   double timeout_s = 600;

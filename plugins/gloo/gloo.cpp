@@ -578,6 +578,8 @@ GlooCommunicator::GlooCommunicator(std::shared_ptr<c10d::Store> store,
 
 GlooCommunicator::~GlooCommunicator() {
   auto& m = *impl_;
+  // Before the connections close: the peers' failing operations read this rank's progress.
+  if (m.monitor && m.size > 1) m.monitor->publish_now();
   // Nobody will wait for what is still queued or running: fail it now rather than block here
   // until it times out, and let the peers' matching operations fail too.
   if (m.in_flight > 0) {

@@ -51,9 +51,11 @@ std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> LoraAdap
   return {{"lora_A", a_.ptr()}, {"lora_B", b_.ptr()}};
 }
 
-void write_safetensors_f32(const std::string& path, const std::vector<NamedTensor>& tensors) {
+void write_safetensors_f32(const std::string& path, const std::vector<NamedTensor>& tensors,
+                           const std::string& base_quantization) {
   nlohmann::ordered_json header;
   header["__metadata__"] = {{"format", "pt"}};
+  if (!base_quantization.empty()) header["__metadata__"]["trainrun_base_quantization"] = base_quantization;
   std::vector<at::Tensor> data;
   int64_t offset = 0;
   for (const auto& t : tensors) {
@@ -113,6 +115,38 @@ LoraCallback::LoraCallback(const Options& o, const RunContext& ctx)
   TR_CHECK_TYPED(ConfigError, !adapter_dir_.empty(), o.context(), ": adapter_dir is empty");
 }
 
+// The quantization of a layer's frozen base, from its format and the shapes of its frozen
+// state (names as the quant plugin registers them: weight_nf4, weight_absmax or
+// weight_absmax_q + weight_absmax2): blocks = ceil(numel / blocksize). The blocksize is exact
+// when numel is a multiple of it (the usual case); otherwise the smallest even size giving that
+// block count is recorded, and "blocksize_exact" says so.
+static nlohmann::ordered_json describe_quantized_base(LinearImpl& layer, LinearBase& base) {
+  nlohmann::ordered_json q;
+  const std::string format = base.format();
+  q["format"] = format;
+  if (format.rfind("nf4", 0) != 0) return q;
+  std::map<std::string, at::Tensor> state;
+  for (const auto& p : layer.named_parameters(/*recurse=*/false)) state[p.key()] = p.value();
+  for (const auto& p : layer.named_buffers(/*recurse=*/false)) state[p.key()] = p.value();
+  const int64_t n = layer.options.in_features() * layer.options.out_features();
+  auto size_for = [](int64_t count, int64_t blocks, bool* exact, bool even) {
+    int64_t bs = (count + blocks - 1) / blocks;
+    *exact = bs * blocks == count;
+    if (even && bs % 2) ++bs;
+    return bs;
+  };
+  const bool dq = state.count("weight_absmax_q") > 0;
+  const at::Tensor absmax = dq ? state["weight_absmax_q"] : state["weight_absmax"];
+  TR_CHECK(absmax.defined(), "callback 'lora': the ", format, " base has no absmax state");
+  bool exact = true, exact2 = true;
+  q["blocksize"] = size_for(n, absmax.numel(), &exact, true);
+  q["double_quant"] = dq;
+  if (dq && state.count("weight_absmax2"))
+    q["dq_blocksize"] = size_for(absmax.numel(), state["weight_absmax2"].numel(), &exact2, false);
+  q["blocksize_exact"] = exact && exact2;
+  return q;
+}
+
 void LoraCallback::on_setup(Model& model, const RunContext&) {
   TR_CHECK(adapters_.empty(), "callback 'lora': on_setup called twice");
   const auto layers = find_linear_layers(model, targets_, {}, "callback 'lora'");
@@ -130,6 +164,7 @@ void LoraCallback::on_setup(Model& model, const RunContext&) {
                                                  dropout_, rslora_);
     layer->add_adapter(adapter);
     adapters_.push_back({name, adapter});
+    if (auto base = layer->base()) base_quantization_[name] = describe_quantized_base(*layer, *base);
     if (layer->bias.defined()) adapted_bias.insert(layer->bias.unsafeGetTensorImpl());
   }
   for (auto& p : model.named_parameters()) {
@@ -196,7 +231,8 @@ void LoraCallback::save(const std::string& dir, const std::map<std::string, at::
     targets.push_back(name);
   }
   for (const auto& b : biases_) tensors.push_back({"base_model.model." + b.name, get(b.name, b.tensor)});
-  write_safetensors_f32((fs::path(dir) / "adapter_model.safetensors").string(), tensors);
+  write_safetensors_f32((fs::path(dir) / "adapter_model.safetensors").string(), tensors,
+                        base_quantization_.empty() ? std::string() : base_quantization_.dump());
   // PEFT's LoraConfig keys (peft/tuners/lora/config.py); target_modules lists the adapted
   // layers' full paths, which PEFT matches exactly.
   nlohmann::ordered_json c;

@@ -19,6 +19,8 @@
 
 #include <memory>
 #include <string>
+
+#include <nlohmann/json.hpp>
 #include <vector>
 
 namespace trainrun::lora {
@@ -82,6 +84,10 @@ class LoraCallback final : public Callback, public FinalStateDictConsumer {
   int rank_;
   std::vector<std::pair<std::string, std::shared_ptr<LoraAdapter>>> adapters_;
   std::vector<NamedTensor> biases_;  ///< trainable biases saved with the adapters
+  /// What each adapted layer's frozen base was during training when a Precision quantized it
+  /// (layer -> {"format", "blocksize", "dq_blocksize"}), recorded in the adapter's metadata so
+  /// that merge-lora rebuilds the base the adapter was trained against.
+  nlohmann::ordered_json base_quantization_ = nlohmann::ordered_json::object();
   int64_t trainable_ = 0, total_ = 0;
   bool saved_ = false;
 };

@@ -43,8 +43,9 @@ void DynamicLossScaler::update(bool overflow) {
     s.last_overflow = s.iteration;
   } else {
     if (o.consecutive_hysteresis) s.hysteresis_left = o.hysteresis;
-    const int64_t stable = s.iteration - s.last_overflow - 1;
-    if (stable > 0 && stable % o.scale_window == 0) {
+    // DeepSpeed's test, (cur_iter - last_overflow_iter) % scale_window == 0: with last_overflow
+    // -1 at the start, the scale grows on the window-th clean step (window 1: on every one).
+    if ((s.iteration - s.last_overflow) % o.scale_window == 0) {
       if (!o.consecutive_hysteresis) s.hysteresis_left = o.hysteresis;
       s.scale *= o.scale_factor;
     }

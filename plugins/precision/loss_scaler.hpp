@@ -9,15 +9,15 @@
 //   overflow: if hysteresis == 1 or hysteresis_left == 1, scale = max(scale / 2, min_scale)
 //             (at min_scale already: an Error when raise_error_at_min_scale); otherwise
 //             hysteresis_left -= 1 and the scale stays. Either way last_overflow = iteration.
-//   clean:    with consecutive_hysteresis, hysteresis_left = hysteresis. Then
-//             stable = iteration - last_overflow - 1 (clean steps strictly between the last
-//             overflow, or the start, and this step); if stable > 0 and stable % window == 0,
-//             the scale doubles (and, without consecutive_hysteresis, hysteresis_left is
-//             refilled: this is the only place it is refilled in that mode).
+//   clean:    with consecutive_hysteresis, hysteresis_left = hysteresis. Then, if
+//             (iteration - last_overflow) % window == 0 (last_overflow is -1 at the start), the
+//             scale doubles (and, without consecutive_hysteresis, hysteresis_left is refilled:
+//             this is the only place it is refilled in that mode).
 //   iteration += 1.
 // Consequences worth knowing: without consecutive_hysteresis, once the hysteresis has been used
 // up every further overflow halves the scale until the scale next grows; the scale grows on the
-// (window + 1)-th clean step after the start or an overflow, then every `window` clean steps.
+// window-th clean step after the start or an overflow, then every `window` clean steps (window
+// 1: on every clean step, 2^16 -> 2^17 after the first step, as DeepSpeed).
 #include <cstdint>
 #include <map>
 #include <string>

@@ -13,7 +13,11 @@
 //    too. PR_SET_PDEATHSIG covers the launcher being killed with SIGKILL.
 //  - The first failure is the cause. Its exit time is taken from the moment its pipes closed,
 //    which poll() reports as it happens, rather than from waitpid order: ranks that fail
-//    because a peer died exit a few milliseconds later, and are then only collateral.
+//    because a peer died exit a few milliseconds later, and are then only collateral. A rank
+//    whose last lines are a transport error (a peer reset or closed the connection) may still
+//    exit before the rank that caused it (which tears its connections down while it unwinds,
+//    and only then exits): such a failure waits up to kCauseWindowS for a rank's own error,
+//    which then wins.
 #include "trainrun/core/launcher.hpp"
 #include "trainrun/core/log.hpp"
 
@@ -23,8 +27,13 @@
 #include <trainrun/error.hpp>
 #include <trainrun/error_text.hpp>
 
+#include <arpa/inet.h>
+#include <dlfcn.h>
 #include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
 #include <poll.h>
+#include <sys/socket.h>
 #include <signal.h>
 #include <sys/ioctl.h>
 #include <sys/prctl.h>
@@ -47,11 +56,47 @@
 #include <optional>
 #include <set>
 #include <sstream>
+#include <tuple>
 
 #include "trainrun/core/run_dir.hpp"
 #include "output.hpp"
 
 extern char** environ;
+
+// --- the rendezvous store's listening address --------------------------------------------------
+// c10d's TCPStore server (LibTorch 1.13) listens on the wildcard address of its port, i.e. on
+// every interface, and has no option to do otherwise. The store has no authentication: anyone
+// who reaches the port can read and write the job's keys (fail it, or impersonate a rank). So
+// while node 0's agent opens the store, the executable's bind() (exported through
+// core/memory.dynlist, so it interposes LibTorch's call into libc) replaces a wildcard address
+// with master_addr's, and refuses the other address family, which c10d then skips. At any other
+// time, and for any other address, it is libc's bind().
+namespace {
+std::atomic<const sockaddr_storage*> g_store_bind{nullptr};
+}  // namespace
+
+extern "C" __attribute__((visibility("default"))) int bind(int fd, const struct sockaddr* addr, socklen_t len) {
+  using Real = int (*)(int, const struct sockaddr*, socklen_t);
+  static const Real real = reinterpret_cast<Real>(dlsym(RTLD_NEXT, "bind"));
+  const sockaddr_storage* want = g_store_bind.load();
+  if (want != nullptr && addr != nullptr) {
+    if (addr->sa_family == AF_INET && len >= sizeof(sockaddr_in) &&
+        reinterpret_cast<const sockaddr_in*>(addr)->sin_addr.s_addr == htonl(INADDR_ANY)) {
+      if (want->ss_family != AF_INET) return errno = EADDRNOTAVAIL, -1;
+      sockaddr_in a = *reinterpret_cast<const sockaddr_in*>(addr);
+      a.sin_addr = reinterpret_cast<const sockaddr_in*>(want)->sin_addr;
+      return real(fd, reinterpret_cast<const sockaddr*>(&a), sizeof a);
+    }
+    if (addr->sa_family == AF_INET6 && len >= sizeof(sockaddr_in6) &&
+        IN6_IS_ADDR_UNSPECIFIED(&reinterpret_cast<const sockaddr_in6*>(addr)->sin6_addr)) {
+      if (want->ss_family != AF_INET6) return errno = EADDRNOTAVAIL, -1;
+      sockaddr_in6 a = *reinterpret_cast<const sockaddr_in6*>(addr);
+      a.sin6_addr = reinterpret_cast<const sockaddr_in6*>(want)->sin6_addr;
+      return real(fd, reinterpret_cast<const sockaddr*>(&a), sizeof a);
+    }
+  }
+  return real(fd, addr, len);
+}
 
 namespace fs = std::filesystem;
 
@@ -75,6 +120,21 @@ constexpr int kTickMs = 100;
 // while node 0 waits for the other nodes to finish (running workers notice a lost peer
 // themselves, through their collectives).
 constexpr double kAgentLostS = 15.0;
+// How long a failure that looks like a consequence of another rank's (a transport error) waits
+// for that rank's own failure before it is reported as the cause.
+constexpr double kCauseWindowS = 2.0;
+
+// Whether a failed rank's last lines say that a peer went away (connection reset or closed,
+// a collective whose peers did not arrive): then it failed because of another rank.
+bool looks_collateral(const std::deque<std::string>& tail) {
+  static const char* const kMarkers[] = {"reset by peer", "closed by peer", "connection closed",
+                                         "Connection closed", "Broken pipe", "the transport failed",
+                                         "not arrived:", "ECONNRESET", "EPIPE"};
+  for (const auto& line : tail)
+    for (const char* m : kMarkers)
+      if (line.find(m) != std::string::npos) return true;
+  return false;
+}
 
 double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
@@ -192,7 +252,7 @@ std::vector<std::string> worker_env(const std::vector<std::pair<std::string, std
   static const std::set<std::string> owned = {
       "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
       "MASTER_PORT", "TRAINRUN_AGENT_STORE", "TRAINRUN_RUN_DIR_READY", "TRAINRUN_TTY",
-      "TRAINRUN_RENDEZVOUS_TIMEOUT_S"};
+      "TRAINRUN_RENDEZVOUS_TIMEOUT_S", "TRAINRUN_CONTROL_FD"};
   std::set<std::string> added;
   for (const auto& [k, v] : add) added.insert(k);
   std::vector<std::string> out;
@@ -224,14 +284,20 @@ struct Pipe {
 
 // fork + exec with stdout/stderr into pipes, stdin from /dev/null, in a process group of its
 // own, killed with SIGKILL when the launcher dies. Returns the pid; *out/*err get the read ends.
-pid_t spawn(ExecImage& image, int* out, int* err) {
+// With `control` set, the worker also gets the write end of a third pipe as its fd 3
+// (kControlFd), on which it reports what it is doing while it stops (stop_protocol below).
+constexpr int kControlFd = 3;
+pid_t spawn(ExecImage& image, int* out, int* err, int* control = nullptr) {
   Pipe po, pe;
+  std::optional<Pipe> pc;
+  if (control) pc.emplace();
   const int devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
   const pid_t parent = getpid();
   const pid_t pid = fork();
   if (pid < 0) {
     const int e = errno;
     close(po.r), close(po.w), close(pe.r), close(pe.w), close(devnull);
+    if (pc) close(pc->r), close(pc->w);
     throw Error(std::string("launcher: fork: ") + std::strerror(e));
   }
   if (pid == 0) {
@@ -242,7 +308,12 @@ pid_t spawn(ExecImage& image, int* out, int* err) {
     if (devnull >= 0) dup2(devnull, STDIN_FILENO);
     dup2(po.w, STDOUT_FILENO);
     dup2(pe.w, STDERR_FILENO);
-    syscall(SYS_close_range, 3U, ~0U, 0U);
+    if (pc) {
+      // dup2 onto itself keeps FD_CLOEXEC, so that case clears it by hand.
+      if (pc->w == kControlFd) fcntl(kControlFd, F_SETFD, 0);
+      else dup2(pc->w, kControlFd);
+    }
+    syscall(SYS_close_range, pc ? 4U : 3U, ~0U, 0U);
     struct sigaction dfl {};
     dfl.sa_handler = SIG_DFL;
     // The handlers the agent installed; anything else (nohup's SIGHUP) stays as inherited.
@@ -261,6 +332,11 @@ pid_t spawn(ExecImage& image, int* out, int* err) {
   if (devnull >= 0) close(devnull);
   *out = po.r;
   *err = pe.r;
+  if (pc) {
+    close(pc->w);
+    fcntl(pc->r, F_SETFL, O_NONBLOCK);
+    *control = pc->r;
+  }
   return pid;
 }
 
@@ -276,6 +352,14 @@ struct Child {
   std::optional<Clock::time_point> pipes_closed;  ///< when both streams reached EOF
   bool reaped = false;
   int status = 0;
+  // The stop protocol (fd 3 of a worker, see Agent::read_control): what it said while stopping.
+  int control_fd = -1;
+  std::string control_buf;
+  std::optional<Clock::time_point> saving_since;  ///< "saving STEP" seen, no "saved" yet
+  std::optional<Clock::time_point> saved_at;      ///< "saved STEP" seen
+  std::string save_step;
+  bool stop_acknowledged = false;  ///< "stopping" seen: the signal arrived, the step finishes
+  bool killed = false;             ///< SIGKILLed by the agent
 
   bool pipes_open() const { return fds[0] >= 0 || fds[1] >= 0; }
   void signal_group(int sig) const {
@@ -287,6 +371,30 @@ struct Child {
 };
 
 // --- the store -------------------------------------------------------------------------------
+
+// For the life of the object, the process's wildcard binds go to `host` (see bind() above).
+class StoreBindScope {
+ public:
+  explicit StoreBindScope(const std::string& host) {
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* res = nullptr;
+    const int rc = getaddrinfo(host.c_str(), nullptr, &hints, &res);
+    if (rc != 0 || res == nullptr)
+      throw ConfigError("[launch] master_addr = \"" + host + "\": cannot resolve it (" + gai_strerror(rc) +
+                        "); the rendezvous store listens on this address");
+    std::memcpy(&addr_, res->ai_addr, res->ai_addrlen);
+    freeaddrinfo(res);
+    g_store_bind.store(&addr_);
+  }
+  ~StoreBindScope() { g_store_bind.store(nullptr); }
+  StoreBindScope(const StoreBindScope&) = delete;
+  StoreBindScope& operator=(const StoreBindScope&) = delete;
+
+ private:
+  sockaddr_storage addr_{};
+};
 
 std::vector<uint8_t> bytes(const std::string& s) { return {s.begin(), s.end()}; }
 std::string text(const std::vector<uint8_t>& b) { return {b.begin(), b.end()}; }
@@ -352,9 +460,11 @@ class Agent {
       waitpid(c.pid, nullptr, 0);
       c.reaped = true;
     }
-    for (Child& c : children_)
+    for (Child& c : children_) {
       for (int& fd : c.fds)
         if (fd >= 0) close(fd), fd = -1;
+      if (c.control_fd >= 0) close(c.control_fd), c.control_fd = -1;
+    }
     for (RankSink& s : sinks_)
       if (s.log_fd >= 0) close(s.log_fd);
   }
@@ -375,10 +485,13 @@ class Agent {
   void start_mpiexec();
   int supervise();
   void read_ready(const std::vector<pollfd>& fds);
+  void read_control(Child& c);
+  void kill_stuck();
   void close_stream(Child& c, int s);
   void reap();
   void begin_stop();
   void on_failure(Child& c);
+  void decide_cause();
   void poll_peers();
   int finish();
 
@@ -409,6 +522,9 @@ class Agent {
   bool store_lost_ = false;
   Clock::time_point last_beat_sent_;
   std::map<int, std::pair<int64_t, Clock::time_point>> peer_beats_;  ///< node -> (count, seen)
+  Clock::time_point last_wait_note_;
+  std::vector<Child*> failures_;  ///< failed, not yet reported (see decide_cause)
+  std::optional<Clock::time_point> first_failure_at_;
 };
 
 int Agent::run() {
@@ -431,7 +547,11 @@ void Agent::open_store() {
     o.timeout = std::chrono::milliseconds(10000);
     try {
       QuietC10Logging quiet;
+      std::optional<StoreBindScope> only_master_addr;
+      if (!spec_.store_listen_all) only_master_addr.emplace(spec_.master_addr);
       store_ = std::make_unique<c10d::TCPStore>(spec_.master_addr, o);
+    } catch (const ConfigError&) {
+      throw;
     } catch (const std::exception& e) {
       const std::string msg = v1::what_of(e);
       const std::string at = spec_.master_addr + ":" + std::to_string(spec_.master_port);
@@ -608,7 +728,8 @@ void Agent::start_workers() {
         {"MASTER_PORT", std::to_string(port_)},
         {"TRAINRUN_AGENT_STORE", "1"},
         {"TRAINRUN_RUN_DIR_READY", "1"},
-        {"TRAINRUN_RENDEZVOUS_TIMEOUT_S", fixed1(spec_.rendezvous_timeout_s)}};
+        {"TRAINRUN_RENDEZVOUS_TIMEOUT_S", fixed1(spec_.rendezvous_timeout_s)},
+        {"TRAINRUN_CONTROL_FD", std::to_string(kControlFd)}};
     const bool bar = tty && rank == 0;
     if (bar) {
       vars.emplace_back("TRAINRUN_TTY", "1");
@@ -622,7 +743,7 @@ void Agent::start_workers() {
     c.name = "rank " + std::to_string(rank);
     c.rank = rank;
     c.started = Clock::now();
-    c.pid = spawn(image, &c.fds[0], &c.fds[1]);
+    c.pid = spawn(image, &c.fds[0], &c.fds[1], &c.control_fd);
     RankSink* sink = &sinks_[static_cast<size_t>(local)];
     c.lines[0] = std::make_unique<LineSplitter>(sink, STDOUT_FILENO, false);
     c.lines[1] = std::make_unique<LineSplitter>(sink, STDERR_FILENO, bar);
@@ -695,6 +816,77 @@ void Agent::read_ready(const std::vector<pollfd>& fds) {
   }
 }
 
+// The stop protocol. A worker started by this agent finds TRAINRUN_CONTROL_FD=3 and writes one
+// line per event there: "stopping" (its SIGTERM/SIGINT handler: the signal arrived, it finishes
+// the step), "saving STEP" (a checkpoint write began), "saved STEP" (it is complete). Nothing
+// else uses the pipe, so a worker's own output can never be mistaken for a message.
+void Agent::read_control(Child& c) {
+  char buf[512];
+  for (;;) {
+    const ssize_t n = read(c.control_fd, buf, sizeof buf);
+    if (n > 0) {
+      c.control_buf.append(buf, static_cast<size_t>(n));
+      continue;
+    }
+    if (n == 0 || (errno != EINTR && errno != EAGAIN)) close(c.control_fd), c.control_fd = -1;
+    if (n < 0 && errno == EINTR) continue;
+    break;
+  }
+  for (size_t nl; (nl = c.control_buf.find('\n')) != std::string::npos;) {
+    const std::string line = c.control_buf.substr(0, nl);
+    c.control_buf.erase(0, nl + 1);
+    const std::string word = line.substr(0, line.find(' '));
+    const std::string arg = line.find(' ') == std::string::npos ? "" : line.substr(line.find(' ') + 1);
+    if (word == "stopping") {
+      c.stop_acknowledged = true;
+    } else if (word == "saving") {
+      c.saving_since = Clock::now();
+      c.save_step = arg;
+      c.saved_at.reset();
+      if (stopping_ && !c.killed)
+        say(c.name + " is writing its checkpoint (step " + arg + "); waiting for it to finish (up to " +
+            fixed1(spec_.save_timeout_s) + " s, [launch] stop_save_timeout_s)");
+    } else if (word == "saved") {
+      if (stopping_ && c.saving_since)
+        say(c.name + " finished its checkpoint (step " + arg + ") in " + fixed1(seconds_since(*c.saving_since)) + " s");
+      c.saving_since.reset();
+      c.saved_at = Clock::now();
+    }
+  }
+}
+
+// While stopping: a worker is given stop_grace_s from the SIGTERM to end by itself; one that is
+// writing a checkpoint is given until stop_save_timeout_s after its save began (and then
+// stop_grace_s to exit). Only a worker past its own deadline is killed: a stuck one.
+void Agent::kill_stuck() {
+  const auto grace = std::chrono::milliseconds(static_cast<int64_t>(spec_.grace_s * 1000));
+  const auto save = std::chrono::milliseconds(static_cast<int64_t>(spec_.save_timeout_s * 1000));
+  std::string waiting;
+  for (Child& c : children_) {
+    if (c.reaped || c.killed) continue;
+    Clock::time_point deadline = stop_at_ + grace;
+    if (c.saving_since) deadline = std::max(deadline, *c.saving_since + save);
+    else if (c.saved_at) deadline = std::max(deadline, *c.saved_at + grace);
+    if (Clock::now() < deadline) {
+      if (c.saving_since) waiting += (waiting.empty() ? "" : ", ") + c.name;
+      continue;
+    }
+    say(c.name + (c.saving_since
+                      ? " is still writing its checkpoint " + fixed1(seconds_since(*c.saving_since)) +
+                            " s after it began ([launch] stop_save_timeout_s = " + fixed1(spec_.save_timeout_s) + " s)"
+                      : " did not stop within " + fixed1(spec_.grace_s) + " s of SIGTERM ([launch] stop_grace_s)" +
+                            (c.stop_acknowledged ? " and had not begun a checkpoint" : "")) +
+        ": killing it (SIGKILL)");
+    c.signal_group(SIGKILL);
+    c.killed = true;
+  }
+  if (!waiting.empty() && seconds_since(last_wait_note_) >= 10.0) {
+    if (last_wait_note_ != Clock::time_point{})
+      say("still waiting for the checkpoint of " + waiting + " (" + fixed1(seconds_since(stop_at_)) + " s since SIGTERM)");
+    last_wait_note_ = Clock::now();
+  }
+}
+
 void Agent::begin_stop() {
   if (stopping_) return;
   stopping_ = true;
@@ -756,12 +948,29 @@ void Agent::reap() {
     if (!ok) failed.push_back(&c);
   }
   if (failed.empty() || exit_code_ || stopping_) return;
-  // Several found in one tick: the earliest to close its pipes, and among equals a signal death
-  // (a rank killed from outside) before an error exit (a peer noticing it).
-  auto key = [](const Child* c) { return std::make_pair(*c->pipes_closed, WIFSIGNALED(c->status) ? 0 : 1); };
-  Child* first = *std::min_element(failed.begin(), failed.end(),
-                                   [&](const Child* a, const Child* b) { return key(a) < key(b); });
-  on_failure(*first);
+  if (!first_failure_at_) first_failure_at_ = Clock::now();
+  failures_.insert(failures_.end(), failed.begin(), failed.end());
+}
+
+// The cause among the failures seen so far: the earliest to close its pipes that failed on its
+// own (killed by a signal, or an error that is not a peer's transport error), among equal times
+// a signal death (a rank killed from outside) first. Failures that all look collateral wait up
+// to kCauseWindowS for such a one (or until every worker has ended); then the earliest wins.
+void Agent::decide_cause() {
+  if (failures_.empty() || exit_code_ || stopping_) return;
+  auto own = [&](const Child* c) {
+    if (WIFSIGNALED(c->status) || spec_.mpiexec) return true;
+    return !looks_collateral(sinks_[static_cast<size_t>(c->rank - sinks_.front().rank)].tail);
+  };
+  auto key = [&](const Child* c) {
+    return std::make_tuple(own(c) ? 0 : 1, *c->pipes_closed, WIFSIGNALED(c->status) ? 0 : 1);
+  };
+  Child* best = *std::min_element(failures_.begin(), failures_.end(),
+                                  [&](const Child* a, const Child* b) { return key(a) < key(b); });
+  const bool all_ended = std::all_of(children_.begin(), children_.end(), [](const Child& c) { return c.reaped; });
+  if (!own(best) && !all_ended && seconds_since(*first_failure_at_) < kCauseWindowS) return;
+  failures_.clear();
+  on_failure(*best);
 }
 
 void Agent::poll_peers() {
@@ -795,14 +1004,19 @@ int Agent::supervise() {
   bool drain_killed = false;
   for (;;) {
     std::vector<pollfd> fds{{signals_.fd(), POLLIN, 0}};
-    for (const Child& c : children_)
+    for (const Child& c : children_) {
       for (int fd : c.fds)
         if (fd >= 0) fds.push_back({fd, POLLIN, 0});
+      if (c.control_fd >= 0) fds.push_back({c.control_fd, POLLIN, 0});
+    }
     const int n = ::poll(fds.data(), fds.size(), kTickMs);
     if (n < 0 && errno != EINTR) throw Error(std::string("launcher: poll: ") + std::strerror(errno));
     signals_.drain();
     if (n > 0) read_ready(fds);
+    for (Child& c : children_)
+      if (c.control_fd >= 0) read_control(c);
     reap();
+    decide_cause();
 
     const int sigs = g_stop_signals.load();
     if (sigs > 0 && !interrupted_) {
@@ -812,7 +1026,10 @@ int Agent::supervise() {
         exit_code_ = 130;
         say("interrupted (" + name + "): stopping " + std::to_string(children_.size()) + " " +
             (spec_.mpiexec ? "mpiexec" : "rank(s)") + " (SIGTERM, SIGKILL after " +
-            fixed1(spec_.grace_s) + " s); press Ctrl-C again to kill them at once");
+            fixed1(spec_.grace_s) + " s" +
+            (spec_.mpiexec ? std::string()
+                           : ", or up to " + fixed1(spec_.save_timeout_s) + " s after a rank begins writing a checkpoint") +
+            "); press Ctrl-C again to kill them at once");
         if (multi_node() && !store_lost_) {
           try {
             store_->compareSet(kFailedKey, {}, bytes("130\nnode " + std::to_string(spec_.node_rank) +
@@ -829,10 +1046,7 @@ int Agent::supervise() {
       for (const Child& c : children_) c.signal_group(SIGKILL);
     }
     poll_peers();
-    if (stopping_ && !killed_ && seconds_since(stop_at_) >= spec_.grace_s) {
-      killed_ = true;
-      for (const Child& c : children_) c.signal_group(SIGKILL);
-    }
+    if (stopping_ && !killed_) kill_stuck();
 
     const bool all_reaped = std::all_of(children_.begin(), children_.end(), [](const Child& c) { return c.reaped; });
     if (!all_reaped) continue;
@@ -870,7 +1084,7 @@ int Agent::finish() {
     // only an agent whose heartbeat stops is given up on.
     auto failure_deadline = [&] {
       return (stopping_ ? stop_at_ : Clock::now()) +
-             std::chrono::milliseconds(static_cast<int64_t>((spec_.grace_s + 2.0) * 1000));
+             std::chrono::milliseconds(static_cast<int64_t>((spec_.grace_s + spec_.save_timeout_s + 2.0) * 1000));
     };
     std::optional<Clock::time_point> give_up;
     if (exit_code_) give_up = failure_deadline();
@@ -935,11 +1149,17 @@ int launch(const LaunchSpec& spec) {
               " nodes run `mpiexec -f hostfile -n N trainrun --config ...` yourself");
   if (!(spec.rendezvous_timeout_s > 0)) throw bad("[launch] rendezvous_timeout_s must be > 0");
   if (!(spec.grace_s >= 0)) throw bad("[launch] stop_grace_s must be >= 0");
+  if (!(spec.save_timeout_s >= 0)) throw bad("[launch] stop_save_timeout_s must be >= 0");
   if (spec.max_restarts > 0 && (spec.nnodes > 1 || spec.mpiexec))
     throw bad("[launch] max_restarts works with nnodes = 1 and trainrun's own agent");
   // Elastic restarts: the failed attempt's agent has already stopped every worker and named
   // the failing rank and its cause; a fresh agent (new rendezvous, new port) starts them all
   // again, and TRAINRUN_RESTART tells the trainers to resume from the latest checkpoint.
+  // Node 0 locks run_dir for the whole job (restarts included) before it moves an earlier run
+  // aside; the workers it starts do not lock again (TRAINRUN_RUN_DIR_READY).
+  std::unique_ptr<RunDirLock> run_dir_lock;
+  if (spec.node_rank == 0 && spec.rotate_run_dir && !spec.run_dir.empty())
+    run_dir_lock = RunDirLock::acquire(spec.run_dir);
   LaunchSpec attempt_spec = spec;
   for (int attempt = 0;; ++attempt) {
     int code = 0;

@@ -103,8 +103,10 @@ struct LrSchedule {
 /// The peak `lr` is declared by the optimizer itself, since its default differs per rule.
 inline void declare_lr_schedule_options(OptionSchema& schema) {
   schema.choice("schedule", "constant", {"constant", "cosine", "linear"},
-                "learning-rate decay after warm-up: constant, cosine (to min_lr at the last "
-                "step) or linear (to min_lr at the last step)");
+                "learning-rate decay after warm-up: constant, cosine or linear toward min_lr, "
+                "which is reached at step max_steps, just after the last step (as PyTorch's "
+                "CosineAnnealingLR and Hugging Face's get_linear_schedule_with_warmup): the "
+                "last linear step uses min_lr + (lr - min_lr) / (max_steps - warmup_steps)");
   schema.integer("warmup_steps", 0,
                  "optimizer steps of linear warm-up from 0 to lr (0 = no warm-up)", 0.0);
   schema.real("min_lr", 0.0, "learning rate at the end of a cosine or linear decay", 0.0);

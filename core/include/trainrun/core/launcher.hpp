@@ -6,7 +6,8 @@
 // agent registers there and checks the layout, then spawns its nproc_per_node workers (the same
 // command line, with the torchrun environment set), prefixes their output with [rank N], copies
 // it to <run_dir>/logs/rank-N.log, and supervises them: the first worker to fail (non-zero exit
-// or signal) stops all others (SIGTERM, then SIGKILL after a grace period) and is reported with
+// or signal) stops all others (SIGTERM, then SIGKILL after a grace period, longer for a worker
+// that reports on fd 3 (TRAINRUN_CONTROL_FD) that it is writing a checkpoint) and is reported with
 // how it failed and the last lines of its log. A process that already runs under a launcher
 // (RANK set, mpiexec's PMI_RANK, Open MPI's OMPI_COMM_WORLD_RANK or SLURM's SLURM_PROCID) is a
 // worker and spawns nothing.
@@ -56,8 +57,12 @@ struct LaunchSpec {
   int node_rank = 0;
   std::string master_addr = "127.0.0.1";
   int master_port = 0;            ///< 0 = pick a free port (nnodes == 1 only)
+  bool store_listen_all = false;  ///< the store listens on every interface, not master_addr's
+                                  ///< ([launch] store_listen = "all")
   double rendezvous_timeout_s = 300;  ///< agents and workers must all arrive within this
   double grace_s = 5;             ///< SIGTERM -> SIGKILL delay when stopping workers ([launch] stop_grace_s)
+  double save_timeout_s = 600;    ///< a stopping worker that said it is writing a checkpoint is
+                                  ///< killed only this long after the save began ([launch] stop_save_timeout_s)
   std::string run_dir;            ///< logs go to <run_dir>/logs/rank-N.log; "" = no log files
   bool rotate_run_dir = false;    ///< node 0 moves an earlier run in run_dir aside first
   bool mpiexec = false;           ///< spawn through MPICH's mpiexec -prepend-rank (nnodes == 1)
