@@ -7,7 +7,7 @@ each fixture tokenizer the token file must equal tokenizers' encode(doc, add_spe
 to 65536, else uint32), with the sidecar's counts right. Then a tiny llama job (`text` dataset,
 format = "auto") trains 3 steps on the mistral-tokenized corpus: the dataset takes dtype and
 vocab_size from the sidecar (the model reports the tokenizer's vocabulary, not max id + 1) and the
-losses are finite. Bad input: a JSONL line without "text" is an error naming file:line, exit 2,
+losses are finite; without the sidecar, format = "auto" is an error naming it. Bad input: a JSONL line without "text" is an error naming file:line, exit 2,
 and no output file.
 
 usage: tokenize_ref.py TRAINRUN FIXTURES_DIR WORK
@@ -138,6 +138,17 @@ threads = 1
     if len(losses) < 3 or not all(math.isfinite(x) for x in losses):
         fail(f"expected 3 finite training losses, got {losses}")
     print(f"training job on the token file (format auto, vocab {side['vocab_size']}): losses {losses}")
+    # format = "auto" on a token file without its sidecar: an error naming the sidecar.
+    bare = os.path.join(WORK, "bare.bin")
+    shutil.copyfile(corpus, bare)
+    with open(job) as f:
+        text = f.read().replace(corpus, bare)
+    with open(job, "w") as f:
+        f.write(text)
+    r = subprocess.run([TRAINRUN, "--config", job], capture_output=True, text=True)
+    if r.returncode == 0 or "bare.bin.json" not in r.stderr:
+        fail(f"format auto without a sidecar: rc {r.returncode}, stderr {r.stderr!r}")
+    print(f"format auto without a sidecar: exit {r.returncode} naming bare.bin.json")
 
 
 def bad():

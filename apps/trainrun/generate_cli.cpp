@@ -308,7 +308,9 @@ int run_generate_command(int argc, char** argv) {
       std::string finish = "length";
       auto t0 = std::chrono::steady_clock::now();
       double prefill_s = 0;
-      core::guarded(label, "decode", [&] {
+      // Not core::guarded: its PluginError means bad input (exit 2); a failure while decoding is
+      // exit 1, still naming the plugin.
+      try {
         std::unique_ptr<v1::DecodeState> state = decoder->new_decode_state(1, P + max_new);
         at::Tensor logits = decoder->decode(at::tensor(prompt_ids, at::kLong).view({1, P}), *state);
         for (;;) {
@@ -325,8 +327,11 @@ int run_generate_command(int argc, char** argv) {
           if (static_cast<int64_t>(out.size()) >= max_new) break;
           logits = decoder->decode(at::tensor({next}, at::kLong).view({1, 1}), *state);
         }
-        return 0;
-      });
+      } catch (const c10::Error& e) {
+        throw std::runtime_error(label + ": decode failed: " + e.what_without_backtrace());
+      } catch (const std::exception& e) {
+        throw std::runtime_error(label + ": decode failed: " + e.what());
+      }
       const double decode_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       const int64_t decode_tokens = static_cast<int64_t>(out.size()) - 1;  // the first came from the prefill
       total_prompt += P;
