@@ -192,7 +192,7 @@ run_dir_lock)
        --set trainer.max_steps=1000000 --set trainer.log_every=1)
   "$tr" "${one[@]}" >"$work/a.log" 2>&1 &
   first=$!
-  trap 'kill -9 $first 2>/dev/null' EXIT
+  trap 'kill -9 $first 2>/dev/null || true' EXIT
   wait_for "$work/a.log" "^\[step 2/" 60
   rc=0; "$tr" "${common[@]}" --nproc-per-node 2 >"$work/b.log" 2>&1 || rc=$?
   cat "$work/b.log"
