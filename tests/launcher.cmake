@@ -21,7 +21,7 @@ endforeach()
 
 # Each worker loads LibTorch and the plugins (about a second on 2 cores); one thread each, as
 # for the other end-to-end tests.
-foreach(case single_fails port_in_use two_agents node_missing sigint_rendezvous mpiexec check_no_launch run_dir_lock)
+foreach(case single_fails port_in_use two_agents node_missing sigint_rendezvous mpiexec check_no_launch run_dir_lock first_cause)
   add_test(NAME launcher_e2e.${case}
     COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/launcher_e2e.sh $<TARGET_FILE:trainrun>
             ${CMAKE_CURRENT_SOURCE_DIR}/jobs ${CMAKE_CURRENT_BINARY_DIR}/work/launcher-e2e-${case} ${case})

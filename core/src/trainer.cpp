@@ -199,7 +199,7 @@ struct DivergenceWatch {
   int64_t bad_loss = 0, first_bad_loss = 0;
   int64_t bad_grads = 0, first_bad_grads = 0;
   int64_t last_good = -1;          ///< last step with a finite loss and gradients (-1: none yet)
-  int64_t weights_bad_after = 0;   ///< found non-finite after this step (0: not found)
+  int64_t weights_bad_after = -1;  ///< found non-finite after this step (-1: not found)
 
   void record(int64_t step, bool loss_finite, bool grads_finite) {
     ++steps;
@@ -214,7 +214,7 @@ struct DivergenceWatch {
   std::string diagnosis(double max_fraction, int64_t start_step) const {
     std::ostringstream os;
     os << "training diverged: ";
-    if (weights_bad_after > 0) os << "the weights are non-finite after step " << weights_bad_after << "; ";
+    if (weights_bad_after >= 0) os << "the weights are non-finite after step " << weights_bad_after << "; ";
     os << skipped << " of " << steps << " steps skipped ([trainer] max_skipped_fraction = "
        << max_fraction << ")";
     if (bad_loss > 0)
@@ -1133,8 +1133,8 @@ int train(const JobConfig& job, const Registry& registry) {
   const int stop_sig = g_stop_signal.load();
   std::signal(SIGINT, prev_int);
   std::signal(SIGTERM, prev_term);
-  if (!diverged && watch.weights_bad_after == 0 && !weights_finite_everywhere()) watch.weights_bad_after = step;
-  diverged = diverged || watch.weights_bad_after > 0 || watch.too_many_skipped(max_skipped_fraction);
+  if (!diverged && !weights_finite_everywhere()) watch.weights_bad_after = step;
+  diverged = diverged || watch.weights_bad_after >= 0 || watch.too_many_skipped(max_skipped_fraction);
 
   // state_dict_type = "sharded": every rank writes its own pieces, nothing is gathered. Each
   // file's metadata maps a tensor to its whole shape and the offset of its piece, so the files of
