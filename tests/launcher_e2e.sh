@@ -154,7 +154,7 @@ sigint_rendezvous)
   t=$(elapsed "$t0")
   cat "$work/out"
   expect_rc 130 "$rc"
-  within 3 "$t" "SIGINT to exit"
+  within 15 "$t" "SIGINT to exit"
   no_leftovers "$run_dir"
   ;;
 mpiexec)
