@@ -40,6 +40,13 @@ foreach(model gpt llama)
   set_tests_properties(chat.equivalence.ddp.${model} PROPERTIES TIMEOUT 600 LABELS "chat;equivalence")
 endforeach()
 
+# Packed batches through the sharded runtime (FSDP FULL_SHARD, one unit per decoder layer).
+add_test(NAME chat.equivalence.fsdp.llama
+  COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/chat_equivalence.sh $<TARGET_FILE:trainrun> ${TRAINRUN_REF_PYTHON}
+          ${CMAKE_CURRENT_SOURCE_DIR}/equivalence/chat-llama.toml ${CMAKE_CURRENT_BINARY_DIR}/work/chat-equivalence-fsdp-llama
+          fsdp --set strategy.sharding_strategy=FULL_SHARD)
+set_tests_properties(chat.equivalence.fsdp.llama PROPERTIES TIMEOUT 600 LABELS "chat;equivalence")
+
 # Done-when 6 (the chat dataset's part): each bad input exits 2 naming the file and line or key.
 add_test(NAME chat.errors
   COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/chat_errors.sh $<TARGET_FILE:trainrun> ${TRAINRUN_REF_PYTHON}
