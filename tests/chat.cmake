@@ -19,6 +19,14 @@ add_test(NAME chat.reference
 set_tests_properties(chat.reference PROPERTIES TIMEOUT 600 LABELS chat
   ENVIRONMENT "HF_HUB_OFFLINE=1;TRANSFORMERS_OFFLINE=1;TOKENIZERS_PARALLELISM=false")
 
+# The dataset's batches: masks, packed rows vs unpacked, the held-out split.
+add_executable(unit_chat ${CMAKE_CURRENT_LIST_DIR}/unit_chat.cpp)
+target_link_libraries(unit_chat PRIVATE chat-objects doctest::doctest)
+target_compile_definitions(unit_chat PRIVATE TRAINRUN_TOKENIZER_FIXTURES="${_chat_fixtures}")
+trainrun_use_pch(unit_chat)
+add_test(NAME chat.unit COMMAND unit_chat)
+set_tests_properties(chat.unit PROPERTIES TIMEOUT 60 LABELS chat)
+
 # Done-when 3a: packed vs unpacked per-sample losses.
 add_executable(packing_check ${CMAKE_CURRENT_LIST_DIR}/packing_check.cpp ${PROJECT_SOURCE_DIR}/plugins/llama/llama.cpp)
 target_include_directories(packing_check PRIVATE ${PROJECT_SOURCE_DIR}/plugins ${CMAKE_CURRENT_LIST_DIR})
