@@ -19,6 +19,14 @@ add_test(NAME chat.reference
 set_tests_properties(chat.reference PROPERTIES TIMEOUT 600 LABELS chat
   ENVIRONMENT "HF_HUB_OFFLINE=1;TRANSFORMERS_OFFLINE=1;TOKENIZERS_PARALLELISM=false")
 
+# The dataset's batches: masks, packed rows vs unpacked, the held-out split.
+add_executable(unit_chat ${CMAKE_CURRENT_LIST_DIR}/unit_chat.cpp)
+target_link_libraries(unit_chat PRIVATE chat-objects doctest::doctest)
+target_compile_definitions(unit_chat PRIVATE TRAINRUN_TOKENIZER_FIXTURES="${_chat_fixtures}")
+trainrun_use_pch(unit_chat)
+add_test(NAME chat.unit COMMAND unit_chat)
+set_tests_properties(chat.unit PROPERTIES TIMEOUT 60 LABELS chat)
+
 # Done-when 3a: packed vs unpacked per-sample losses.
 add_executable(packing_check ${CMAKE_CURRENT_LIST_DIR}/packing_check.cpp ${PROJECT_SOURCE_DIR}/plugins/llama/llama.cpp)
 target_include_directories(packing_check PRIVATE ${PROJECT_SOURCE_DIR}/plugins ${CMAKE_CURRENT_LIST_DIR})
@@ -39,6 +47,13 @@ foreach(model gpt llama)
             ${CMAKE_CURRENT_SOURCE_DIR}/equivalence/chat-${model}.toml ${CMAKE_CURRENT_BINARY_DIR}/work/chat-equivalence-${model})
   set_tests_properties(chat.equivalence.ddp.${model} PROPERTIES TIMEOUT 600 LABELS "chat;equivalence")
 endforeach()
+
+# Packed batches through the sharded runtime (FSDP FULL_SHARD, one unit per decoder layer).
+add_test(NAME chat.equivalence.fsdp.llama
+  COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/chat_equivalence.sh $<TARGET_FILE:trainrun> ${TRAINRUN_REF_PYTHON}
+          ${CMAKE_CURRENT_SOURCE_DIR}/equivalence/chat-llama.toml ${CMAKE_CURRENT_BINARY_DIR}/work/chat-equivalence-fsdp-llama
+          fsdp --set strategy.sharding_strategy=FULL_SHARD)
+set_tests_properties(chat.equivalence.fsdp.llama PROPERTIES TIMEOUT 600 LABELS "chat;equivalence")
 
 # Done-when 6 (the chat dataset's part): each bad input exits 2 naming the file and line or key.
 add_test(NAME chat.errors
