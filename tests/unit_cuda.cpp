@@ -171,3 +171,57 @@ TEST_SUITE("cuda_no_device") {
     }
   }
 }
+
+// The Gloo-via-host wrapper with a recording inner communicator. CPU tensors pass through
+// unstaged (the device copies need a GPU: scripts/device-check part a runs them).
+namespace {
+struct Recorder final : trainrun::v1::Communicator {
+  std::vector<std::string> calls;
+  int rank() const override { return 1; }
+  int world_size() const override { return 2; }
+  std::string backend() const override { return "fake"; }
+  std::shared_ptr<trainrun::v1::Work> all_reduce(at::Tensor& t,
+                                                 const trainrun::v1::AllReduceOptions&) override {
+    calls.push_back("all_reduce");
+    t.mul_(2);
+    return std::make_shared<trainrun::v1::CompletedWork>();
+  }
+  std::shared_ptr<trainrun::v1::Work> reduce_scatter(
+      const at::Tensor& in, at::Tensor& out, const trainrun::v1::ReduceScatterOptions&) override {
+    calls.push_back("reduce_scatter");
+    out.copy_(in.view({2, -1}).sum(0));
+    return std::make_shared<trainrun::v1::CompletedWork>();
+  }
+  std::shared_ptr<trainrun::v1::Work> barrier(const trainrun::v1::BarrierOptions&) override {
+    calls.push_back("barrier");
+    return std::make_shared<trainrun::v1::CompletedWork>();
+  }
+  std::shared_ptr<trainrun::v1::Communicator> new_group(const std::vector<int>&) override {
+    calls.push_back("new_group");
+    return nullptr;
+  }
+};
+}  // namespace
+
+TEST_SUITE("cuda_options") {
+  TEST_CASE("host staging forwards each op to the inner communicator and returns its result") {
+    auto inner = std::make_shared<Recorder>();
+    HostStagingCommunicator s(inner, *inner);
+    CHECK(s.backend() == "fake via host");
+    CHECK(s.rank() == 1);
+    CHECK(s.world_size() == 2);
+    at::Tensor t = at::ones({3});
+    auto w = s.all_reduce(t);
+    CHECK(w->completed());
+    CHECK(t.sum().item<float>() == 6.0f);
+    at::Tensor in = at::arange(4, at::TensorOptions().dtype(at::kFloat)), out = at::empty({2});
+    s.reduce_scatter(in, out)->wait();
+    CHECK(out[0].item<float>() == 2.0f);  // 0 + 2
+    CHECK(out[1].item<float>() == 4.0f);  // 1 + 3
+    s.barrier()->wait();
+    CHECK(s.new_group({0}) == nullptr);  // a non-member stays a non-member
+    CHECK(inner->calls == std::vector<std::string>{"all_reduce", "reduce_scatter", "barrier", "new_group"});
+    at::Tensor b = at::ones({2});
+    CHECK_THROWS_WITH(s.broadcast(b), doctest::Contains("fake communicator does not support broadcast"));
+  }
+}

@@ -4,6 +4,8 @@
 // identity are checked before any component is registered.
 #include "trainrun/core/registry.hpp"
 
+#include <torch/version.h>
+
 #include <boost/dll/library_info.hpp>
 #include <boost/dll/runtime_symbol_info.hpp>
 #include <boost/dll/shared_library.hpp>
@@ -141,9 +143,17 @@ void Registry::load(const std::string& file_in, bool explicit_file) {
   if (const std::string why = probe_entry_symbol(file); !why.empty()) return fail(why);
 
   // 2. Load. RTLD_LOCAL keeps each plugin's symbols to itself; RTLD_NOW reports a missing
-  // dependency here rather than at the first call.
+  // dependency here rather than at the first call. LibTorch 2.x (the PyPI wheel) carries its own
+  // Gloo and exports its symbols: without RTLD_DEEPBIND a plugin linking the system's libgloo
+  // (gloo-cpu, cuda) would have its Gloo calls bound to LibTorch's copy, of another version,
+  // and crash. DEEPBIND makes a plugin and the libraries it brings resolve among themselves
+  // first; LibTorch itself is the copy already loaded either way.
+  auto mode = boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local;
+#if TORCH_VERSION_MAJOR >= 2
+  mode = mode | boost::dll::load_mode::rtld_deepbind;
+#endif
   try {
-    lib.load(fs::path(file), boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local);
+    lib.load(fs::path(file), mode);
   } catch (const std::exception& e) {
     return fail(std::string("could not be loaded: ") + e.what());
   }
