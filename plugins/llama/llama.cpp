@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "trainrun/attention.hpp"
 #include "trainrun/hf/model_dir.hpp"
 #include "trainrun/linear.hpp"
 #include "trainrun/packed_batch.hpp"
@@ -308,15 +309,15 @@ class AttentionImpl : public torch::nn::Module {
     return o_proj->forward(y);
   }
 
-  // The attention itself, q/k/v [B, nh, T, head_dim] -> [B, nh, T, head_dim]: matmul + softmax
-  // in float32 (LibTorch 1.13 has no scaled_dot_product_attention), as transformers' eager path,
-  // with -inf where `blocked`.
+  // The attention itself, q/k/v [B, nh, T, head_dim] -> [B, nh, T, head_dim], where not
+  // `blocked`: the SDK's attention(), scaled_dot_product_attention on LibTorch >= 2.1, on 1.13
+  // matmul + softmax in float32 as transformers' eager path.
   static torch::Tensor attend(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                               const torch::Tensor& blocked) {
-    torch::Tensor att = torch::matmul(q, k.transpose(2, 3)) * (1.0 / std::sqrt(static_cast<double>(q.size(-1))));
-    att = att.masked_fill(blocked, -std::numeric_limits<float>::infinity());
-    att = torch::softmax(att, -1, torch::kFloat).to(q.scalar_type());
-    return torch::matmul(att, v);
+    v1::AttentionOptions o;
+    o.causal = false;  // `blocked` holds the causal (and sliding-window) mask already
+    o.mask = blocked.logical_not();
+    return v1::attention(q, k, v, o);
   }
 
   v1::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "trainrun/attention.hpp"
 #include "trainrun/interfaces.hpp"
 #include "trainrun/linear.hpp"
 #include "trainrun/packed_batch.hpp"
@@ -277,13 +278,16 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
   }
 
   // The attention itself, q/k/v [B, nh, T, hs] -> [B, nh, T, hs]: softmax(q k^T / sqrt(hs)) v
-  // with -inf where `blocked` (causal, and across the samples of a packed row).
+  // where not `blocked` (causal, and across the samples of a packed row); the SDK's attention(),
+  // scaled_dot_product_attention on LibTorch >= 2.1, the same math spelled out on 1.13.
   torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                           const torch::Tensor& blocked) {
-    torch::Tensor att = torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(double(q.size(-1))));
-    att = torch::softmax(att.masked_fill(blocked, -std::numeric_limits<float>::infinity()), -1);
-    att = maybe_dropout(att, dropout_, is_training());
-    return torch::matmul(att, v);
+    v1::AttentionOptions o;
+    o.causal = false;  // `blocked` holds the causal mask already
+    o.mask = blocked.logical_not();
+    o.dropout_p = dropout_;
+    o.training = is_training();
+    return v1::attention(q, k, v, o);
   }
 
  private:
