@@ -665,7 +665,9 @@ TEST_SUITE("callbacks") {
     run_progress(0, nullptr, &out);
     CHECK(out.empty());
     run_progress(0, "1", &out);
-    CHECK(std::count(out.begin(), out.end(), '\r') == 3);
+    // One redraw per step (refresh_s = 0) and a last one at the end, then a newline.
+    CHECK(std::count(out.begin(), out.end(), '\r') == 4);
+    CHECK(out.back() == '\n');
     CHECK(out.find("3/3 loss") != std::string::npos);
     CHECK(out.find("100% [") != std::string::npos);
     run_progress(1, "1", &out);
