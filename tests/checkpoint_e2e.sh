@@ -16,8 +16,9 @@
 #               run's full state dict (model.safetensors) bitwise equal to the writer's.
 #   reshard_train  optimizer state reshards: ddp@2's step-10 checkpoint resumed by fsdp@4 and by
 #               single@1 for steps 11-20 matches the uninterrupted ddp@2 run within 1e-5.
-#   corrupt     keep_last prunes; a flipped byte and a truncated file are reported with the file
-#               named (exit 1, no training); resume = "latest-valid" falls back to the previous
+#   corrupt     keep_last prunes; a flipped byte, a truncated file and a meta.json cut short are
+#               reported with the file named, in one short line with the latest-valid hint (exit
+#               2, bad input, no training); resume = "latest-valid" falls back to the previous
 #               checkpoint, says so, and finishes.
 #   crash       the writer is SIGKILLed at five points inside a save (test hook); each time
 #               `latest` names a checkpoint that verifies and the run resumes from it; and
@@ -146,14 +147,29 @@ case $case in
     rc=0; "$tr" "${s[@]}" --set trainer.max_steps=25 --set trainer.resume=latest \
       --set trainer.run_dir="$work/a" >"$work/bad.log" 2>&1 || rc=$?
     cat "$work/bad.log"
-    [ "$rc" -ne 0 ] || fail "a corrupt checkpoint was loaded"
+    expect_rc 2 "$rc"  # a damaged checkpoint is bad input
     expect_in "$work/bad.log" "model-00000-of-00001.safetensors: sha256 .* differs"
+    expect_in "$work/bad.log" "resume = \"latest-valid\" falls back to the newest checkpoint that verifies"
     head -c 1000 "$work/good.safetensors" > "$f"
     rc=0; "$tr" "${s[@]}" --set trainer.max_steps=25 --set trainer.resume=latest \
       --set trainer.run_dir="$work/a" >"$work/trunc.log" 2>&1 || rc=$?
     cat "$work/trunc.log"
-    [ "$rc" -ne 0 ] || fail "a truncated checkpoint was loaded"
+    expect_rc 2 "$rc"
     expect_in "$work/trunc.log" "model-00000-of-00001.safetensors has 1000 bytes.*truncated"
+    cp "$work/good.safetensors" "$f"
+    # meta.json cut in half (inside the base64 RNG state): one readable line, the file named,
+    # at most 40 bytes of what the parser read last.
+    m="$work/a/checkpoints/step-0000020/meta.json"
+    cp "$m" "$work/good-meta.json"
+    head -c "$(( $(stat -c %s "$m") / 2 ))" "$work/good-meta.json" > "$m"
+    rc=0; "$tr" "${s[@]}" --set trainer.max_steps=25 --set trainer.resume=latest \
+      --set trainer.run_dir="$work/a" >"$work/meta.log" 2>&1 || rc=$?
+    cat "$work/meta.log"
+    expect_rc 2 "$rc"
+    expect_in "$work/meta.log" "step-0000020/meta.json: corrupt: .*last read: '"
+    err=$(grep "error:" "$work/meta.log")
+    [ "${#err}" -lt 600 ] || fail "the error line is ${#err} characters long"
+    echo "measured: the damaged-meta.json error is ${#err} characters"
     run "$work/valid.log" "$tr" "${s[@]}" --set trainer.max_steps=25 --set trainer.resume=latest-valid \
       --set trainer.run_dir="$work/a"
     expect_in "$work/valid.log" "skipping .*step-0000020"

@@ -706,7 +706,16 @@ int train(const JobConfig& job, const Registry& registry) {
   if (!resume.empty()) {
     const auto t0 = clock::now();
     const std::string path = resolve_checkpoint(resume, ckpt_root, lead);
-    const nlohmann::json meta = verify_checkpoint(path);
+    nlohmann::json meta;
+    try {
+      meta = verify_checkpoint(path);
+    } catch (const CheckpointError& e) {
+      // A damaged checkpoint is bad input (exit 2), and there may be an intact older one.
+      throw v1::ConfigError(std::string("[trainer] resume = \"") + resume + "\": " + e.what() +
+                            (resume == "latest-valid"
+                                 ? std::string()
+                                 : "; resume = \"latest-valid\" falls back to the newest checkpoint that verifies"));
+    }
     check_resume(meta, job, path, ctx.seed, job.trainer.get_string("resume").empty(), lead);
     auto& c = checkpointable();
     auto model_pieces = strategy.call("model_checkpoint_pieces", [&](v1::Strategy&) { return c.model_checkpoint_pieces(); });
