@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 
 #include <torch/torch.h>
+#include <torch/version.h>
 
 #include <nlohmann/json.hpp>
 
@@ -202,8 +203,15 @@ TEST_SUITE("optim") {
         CHECK(st[5].name == "b.step");
         CHECK(st[2].tensor.item<int64_t>() == steps);
         CHECK(st[5].tensor.item<int64_t>() == steps - 1);
-        auto& ref_state = static_cast<torch::optim::AdamWParamState&>(
-            *ref.state().at(c10::guts::to_string(rw.unsafeGetTensorImpl())));
+        // torch::optim keys its state by the TensorImpl's address: as a string up to 1.13, as
+        // the pointer itself from 2.0.
+#if TORCH_VERSION_MAJOR >= 2
+        const auto ref_key = rw.unsafeGetTensorImpl();
+#else
+        const auto ref_key = c10::guts::to_string(rw.unsafeGetTensorImpl());
+#endif
+        auto& ref_state =
+            static_cast<torch::optim::AdamWParamState&>(*ref.state().at(ref_key));
         check_close(st[0].tensor, ref_state.exp_avg(), "w.exp_avg");
         check_close(st[1].tensor, ref_state.exp_avg_sq(), "w.exp_avg_sq");
       }
