@@ -9,6 +9,11 @@ run() {
   cat "$log"
   [ "$rc" -eq 0 ] || fail "exit code $rc from: $*"
 }
+# quiet_run <log> <command> args...: like run, but shows the output only when it fails.
+quiet_run() {
+  local log=$1; shift
+  "$@" >"$log" 2>&1 || { cat "$log"; fail "exit code $? from: $*"; }
+}
 py() { if [ -x /usr/bin/python3 ]; then /usr/bin/python3 "$@"; else python3 "$@"; fi; }
 
 # --- multi-process tests (launcher, collectives) ---------------------------------------------

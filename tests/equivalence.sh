@@ -21,11 +21,6 @@ case $optimizer in
   *) fail "unknown optimizer $optimizer" ;;
 esac
 G=32
-# quiet_run <log> args: like run, but shows the output only when it fails.
-quiet_run() {
-  local log=$1; shift
-  "$@" >"$log" 2>&1 || { cat "$log"; fail "exit code $? from: $*"; }
-}
 t0=$(now)
 quiet_run "$work/ref.log" "$tr" --config "$job" "${opt[@]}" "${common[@]}" --set strategy.plugin=single \
   --set accelerator.plugin=cpu --set trainer.micro_batch_size=$G --set trainer.run_dir="$work/ref"

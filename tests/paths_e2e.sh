@@ -25,13 +25,12 @@ mlp=(--config "$tests/equivalence/mlp.toml" --set optimizer.plugin=sgd --set opt
      --set optimizer.momentum=0.9 --set accelerator.timeout_s=60)
 gpt=(--config "$tests/equivalence/gpt.toml" --set optimizer.plugin=adamw --set optimizer.lr=0.003
      --set accelerator.timeout_s=60)
-quiet() { local log=$1; shift; "$@" >"$log" 2>&1 || { cat "$log"; fail "exit code $? from: $*"; }; }
-single() { quiet "$work/ref.log" "$tr" "$@" --set strategy.plugin=single --set accelerator.plugin=cpu \
+single() { quiet_run "$work/ref.log" "$tr" "$@" --set strategy.plugin=single --set accelerator.plugin=cpu \
              --set trainer.run_dir="$work/ref"; }
 # against <name> <world> args...: the run at <world> ranks, compared with $work/ref.
 against() {
   local name=$1 world=$2; shift 2
-  quiet "$work/$name.log" "$tr" "$@" --set launch.nproc_per_node="$world" --set trainer.run_dir="$work/$name"
+  quiet_run "$work/$name.log" "$tr" "$@" --set launch.nproc_per_node="$world" --set trainer.run_dir="$work/$name"
   py "$tests/compare_runs.py" "$work/ref" "$work/$name" --rtol 1e-5 --label "$name"
 }
 grad_norms() { py -c "
