@@ -1,0 +1,64 @@
+// The evaluate phase: the held-out split, sharded over the ranks (every rank runs the same number
+// of forwards), its loss and accuracy summed over ranks, to the callbacks and on rank 0's console.
+#include "run.hpp"
+
+#include <torch/torch.h>
+
+#include <cmath>
+#include <iomanip>
+#include <iostream>
+
+namespace trainrun::core {
+
+v1::EvalMetrics Run::evaluate(int64_t step) {
+  const auto t0 = Clock::now();
+  v1::EvalMetrics em;
+  em.step = step;
+  em.rank = ctx_.rank;
+  // [loss_sum, correct, samples, targets, has_accuracy], summed over ranks at the end.
+  double totals[5] = {0, 0, 0, 0, 0};
+  const EvalShard shard = eval_shard(eval_samples_, eval_max_batches_ * eval_bs_ * ctx_.world_size,
+                                     eval_bs_, ctx_.world_size, ctx_.rank);
+  model_.call("train", [](v1::Model& m) { m.train(false); return 0; });
+  {
+    torch::NoGradGuard no_grad;
+    for (int64_t b = 0; b < shard.batches; ++b) {
+      std::vector<int64_t> idx = shard.batch(b);
+      // Every rank runs the same number of forwards (a sharded strategy's forward is a
+      // collective); a rank whose share ran out evaluates sample 0 and discards the result.
+      const bool filler = idx.empty();
+      if (filler) idx = {0};
+      v1::Batch batch = get_batch(v1::Split::Eval, idx);
+      auto scope = precision_.call("autocast", [](v1::Precision& p) { return p.autocast(); });
+      v1::ModelOutput out = strategy_.call("forward", [&](v1::Strategy& s) { return s.forward(batch); });
+      scope.reset();
+      if (filler) continue;
+      totals[0] += out.loss_sum.item<double>();
+      totals[2] += static_cast<double>(batch.num_samples);
+      totals[3] += static_cast<double>(batch.num_targets);
+      if (out.num_correct >= 0) totals[1] += static_cast<double>(out.num_correct), totals[4] = 1;
+    }
+  }
+  torch::Tensor t = torch::from_blob(totals, {5}, torch::kDouble).clone();
+  wait(sum_over_ranks(t, "all_reduce (evaluation metrics)"), "wait (evaluation metrics)");
+  const double* r = t.data_ptr<double>();
+  const double loss_sum = r[0];
+  const int64_t correct = static_cast<int64_t>(std::llround(r[1]));
+  em.samples = static_cast<int64_t>(std::llround(r[2]));
+  em.targets = static_cast<int64_t>(std::llround(r[3]));
+  const bool has_acc = r[4] > 0;
+  model_.call("train", [](v1::Model& m) { m.train(true); return 0; });
+  em.loss = em.targets ? loss_sum / static_cast<double>(em.targets) : 0;
+  em.accuracy = has_acc && em.targets ? static_cast<double>(correct) / em.targets : -1;
+  em.time_s = std::chrono::duration<double>(Clock::now() - t0).count();
+  for (auto& cb : callbacks_) cb.call("on_eval_end", [&](v1::Callback& c) { c.on_eval_end(em); return 0; });
+  if (lead_) {
+    std::cout << "[eval step " << step << "] loss " << std::fixed << std::setprecision(4) << em.loss;
+    if (em.accuracy >= 0) std::cout << " | accuracy " << std::setprecision(2) << 100 * em.accuracy << "%";
+    std::cout << std::defaultfloat << " | " << em.samples << " samples | " << std::setprecision(3)
+              << em.time_s << " s" << std::defaultfloat << std::setprecision(6) << std::endl;
+  }
+  return em;
+}
+
+}  // namespace trainrun::core
