@@ -243,6 +243,13 @@ class ShmWork final : public Work {
 // both sides time out with an error naming the operation instead.
 constexpr uint64_t kPointToPointSlotPrefix = 0x70;
 
+// Shared-memory collectives of at most this many bytes run on the calling thread when the worker
+// is idle. Below about 1 MiB the two thread hand-offs of a queued operation (to the worker and
+// back) cost as much as moving the data, and callers of small collectives (a loss, a norm, a
+// flag) wait for them at once; larger ones stay on the worker so that they overlap the
+// caller's work (ddp's buckets during backward).
+constexpr int64_t kInlineBytes = 1 << 20;
+
 uint64_t point_to_point_slot(int tag, c10::ScalarType dtype, int64_t bytes) {
   uint64_t h = static_cast<uint64_t>(bytes) * 0x9E3779B97F4A7C15ull ^
                (static_cast<uint64_t>(dtype) + 1) * 0xC2B2AE3D27D4EB4Full;
@@ -302,10 +309,7 @@ struct GlooCommunicator::Impl {
     c.size = size;
     c.tag = -1 - static_cast<int>(seq & 0x3FFFFFFF);
     c.timeout_s = std::chrono::duration<double>(timeout).count();
-    // A second more than the Work's own timeout, which starts when the caller waits: a waiting
-    // caller then reports the timeout itself, naming the ranks that have not arrived, as it
-    // does for Gloo's algorithms; this deadline only ends an operation nobody waits for.
-    c.deadline = std::chrono::steady_clock::now() + timeout + std::chrono::seconds(1);
+    c.deadline = std::chrono::steady_clock::now() + timeout;
     c.text = detail::cat(kBackend, ": ", text, " over shared memory in group ", name);
     return c;
   }
@@ -379,9 +383,11 @@ struct GlooCommunicator::Impl {
   }
 
   // Issues a collective and queues `body`, which runs on the worker with the operation's Gloo
-  // tag and timeout.
+  // tag and timeout. `inline_if_idle`: run it on the calling thread instead when nothing is
+  // queued or running (see kInlineBytes).
   std::shared_ptr<Work> enqueue(const comm::OpDesc& desc, double timeout_s,
-                                std::function<void(uint32_t tag, Millis timeout)> body) {
+                                std::function<void(uint32_t tag, Millis timeout)> body,
+                                bool inline_if_idle = false) {
     throw_if_poisoned();
     std::lock_guard<std::mutex> g(issue_mu);
     // The order check runs on the worker, right before the operation, not here: a caller such
@@ -390,7 +396,7 @@ struct GlooCommunicator::Impl {
     const uint64_t seq = monitor->begin(desc);
     auto work = new_work(seq, desc.text(), timeout_s);
     const Millis timeout = to_millis(timeout_s);
-    worker.post([this, work, seq, desc, timeout, body = std::move(body)] {
+    auto task = [this, work, seq, desc, timeout, body = std::move(body)] {
       std::exception_ptr error = broken_error();
       if (!error) {
         try {
@@ -406,6 +412,10 @@ struct GlooCommunicator::Impl {
           // Sequence numbers are equal on every rank, so consecutive collectives never share
           // Gloo slots, even when one rank is already in the next one.
           body(static_cast<uint32_t>(seq), timeout);
+        } catch (const shm::CollectiveTimeout&) {
+          // Worded as a Work's own timeout, naming the ranks that have not arrived.
+          error = fail(std::make_exception_ptr(Error(monitor->describe_failure(
+              seq, "timed out after " + comm::seconds_text(timeout.count() / 1000.0)))));
         } catch (const std::exception& e) {
           error = fail(std::make_exception_ptr(
               Error(monitor->describe_failure(seq, "failed: " + what_of(e)))));
@@ -413,7 +423,11 @@ struct GlooCommunicator::Impl {
       }
       monitor->finished(seq);
       complete(*work, error);
-    });
+    };
+    if (inline_if_idle)
+      worker.run_or_post(std::move(task));
+    else
+      worker.post(std::move(task));
     return work;
   }
 
@@ -666,7 +680,8 @@ std::shared_ptr<Work> GlooCommunicator::all_reduce(at::Tensor& tensor,
                        gloo::allreduce(o);
                      });
                      if (op == ReduceOp::Avg) divide_in_place(tensor, m.size);
-                   });
+                   },
+                   over_shm && static_cast<int64_t>(tensor.nbytes()) <= kInlineBytes);
 }
 
 std::shared_ptr<Work> GlooCommunicator::reduce_scatter(const at::Tensor& input,
@@ -703,7 +718,8 @@ std::shared_ptr<Work> GlooCommunicator::reduce_scatter(const at::Tensor& input,
                                               timeout, m.reduce_scatter_scratch);
                      });
                      if (op == ReduceOp::Avg) divide_in_place(output, m.size);
-                   });
+                   },
+                   m.shm_collectives && static_cast<int64_t>(input.nbytes()) <= kInlineBytes);
 }
 
 std::shared_ptr<Work> GlooCommunicator::all_gather(const at::Tensor& input, at::Tensor& output,
@@ -727,7 +743,8 @@ std::shared_ptr<Work> GlooCommunicator::all_gather(const at::Tensor& input, at::
                      o.setTag(tag);
                      o.setTimeout(timeout);
                      gloo::allgather(o);
-                   });
+                   },
+                   m.shm_collectives && static_cast<int64_t>(output.nbytes()) <= kInlineBytes);
 }
 
 std::shared_ptr<Work> GlooCommunicator::broadcast(at::Tensor& tensor,

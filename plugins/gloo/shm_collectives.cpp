@@ -42,7 +42,7 @@ void step(const CollectiveContext& c, const at::Tensor& send, const at::Tensor& 
     o.tensor = t;
     o.tag = c.tag;
     if (!is_send) o.reduce = reduce;
-    o.deadline = c.deadline;
+    o.deadline = c.deadline + std::chrono::seconds(1);
     o.timeout_s = c.timeout_s;
     o.text = cat(c.text, ": ", phase, " step ", s, ", ", is_send ? "send to" : "recv from",
                  " group rank ", is_send ? right : left);
@@ -62,12 +62,12 @@ void step(const CollectiveContext& c, const at::Tensor& send, const at::Tensor& 
   // The receive first: the left neighbour's send may already be waiting for it.
   if (has_recv) c.transport->post(false, left, make(recv, false));
   if (has_send) c.transport->post(true, right, make(send, true));
-  // The ops' own deadline ends them with an error naming the channel; the extra second here
-  // only keeps this wait from racing that check.
   c.transport->wait_until([&] { return state->remaining.load(std::memory_order_acquire) == 0; },
-                          c.deadline + std::chrono::seconds(1));
+                          c.deadline);
+  // The ops stay posted; the caller's failure handling aborts the transport, which ends them.
   if (state->remaining.load(std::memory_order_acquire) != 0)
-    throw Error(cat(c.text, ": ", phase, " step ", s, " timed out after ", c.timeout_s, " s"));
+    throw CollectiveTimeout(cat(c.text, ": ", phase, " step ", s, " timed out after ",
+                                c.timeout_s, " s"));
   std::lock_guard<std::mutex> g(state->mu);
   if (state->error) std::rethrow_exception(state->error);
 }

@@ -29,6 +29,13 @@ namespace trainrun::plugins::shm {
 
 class Transport;
 
+/// Thrown when a collective's deadline passes with a step unfinished; the caller reports it
+/// as the collective's timeout, naming the ranks that have not arrived (comm::Monitor).
+class CollectiveTimeout : public v1::Error {
+ public:
+  using v1::Error::Error;
+};
+
 /// Where a collective runs and how it names itself in errors.
 struct CollectiveContext {
   Transport* transport = nullptr;
@@ -36,14 +43,16 @@ struct CollectiveContext {
   int size = 1;       ///< group size; every rank reaches every other over `transport`
   int tag = -1;       ///< negative, the same on every rank for this collective
   double timeout_s = 0;
+  /// When the collective times out (CollectiveTimeout); its messages' own deadline, which
+  /// fails them with an error naming the channel, is a second later.
   std::chrono::steady_clock::time_point deadline;
   std::string text;   ///< "gloo-cpu: all_reduce(sum, float32 x 1024) in group world"
 };
 
 /// In-place all-reduce of the contiguous CPU tensor `tensor` (every rank the same numel and
 /// dtype) with `op` (Avg reduces as Sum; the caller divides). Ring reduce-scatter with reducing
-/// receives, then ring all-gather. Throws Error naming the step and peer on a timeout, a dead
-/// or aborted peer, or a mismatched message.
+/// receives, then ring all-gather. Throws CollectiveTimeout when `deadline` passes, Error naming
+/// the step and peer for a dead or aborted peer or a mismatched message.
 void all_reduce(const CollectiveContext& c, at::Tensor& tensor, v1::ReduceOp op);
 
 /// output (numel k) = op over ranks of chunk `rank` of input (numel k * size), as c10d's
