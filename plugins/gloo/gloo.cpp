@@ -892,6 +892,7 @@ GlooAccelerator::GlooAccelerator(const Options& options, const RunContext& ctx) 
                           : algorithm == "ring" ? GlooSettings::Algorithm::Ring
                                                 : GlooSettings::Algorithm::Auto;
   s.shm = options.get_bool("shm");
+  all_reduce_over_shm_ = s.allreduce_algorithm == GlooSettings::Algorithm::Auto;
   s.rendezvous_timeout_s = comm::rendezvous_timeout_from_environment();
   TR_CHECK_TYPED(ConfigError, ctx.world_size >= 1 && ctx.rank >= 0 && ctx.rank < ctx.world_size,
                  kBackend, ": rank ", ctx.rank, " is not in [0, world_size ", ctx.world_size, ")");
@@ -943,8 +944,14 @@ std::string GlooAccelerator::describe() const {
   const std::string copy = single == 0     ? ""
                            : single == shm ? " + single copy"
                                            : detail::cat(" + single copy (", single, " of ", shm, ")");
-  return detail::cat(kBackend, " (", transport_, via, copy, "), rank ", comm_->rank(), " of ",
-                     comm_->world_size(), ", ", v1::cpu::describe(threads_));
+  // Which collectives run over shared memory (every rank of the world on this machine).
+  const std::string collectives =
+      !comm_->shm_collectives() ? ""
+      : all_reduce_over_shm_  ? "; collectives over shm"
+                              : "; all_reduce by Gloo's TCP algorithm, other collectives over shm";
+  return detail::cat(kBackend, " (", transport_, via, copy, collectives, "), rank ",
+                     comm_->rank(), " of ", comm_->world_size(), ", ",
+                     v1::cpu::describe(threads_));
 }
 
 }  // namespace trainrun::plugins

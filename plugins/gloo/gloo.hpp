@@ -144,6 +144,7 @@ class GlooAccelerator final : public Accelerator {
  private:
   std::string transport_;  ///< "tcp 127.0.0.1", "tcp eth0", "tcp host-a" (describe() adds "+ shm")
   std::unique_ptr<GlooCommunicator> comm_;
+  bool all_reduce_over_shm_ = true;  ///< allreduce_algorithm auto (the banner says so)
   v1::cpu::ThreadPlan threads_;
 };
 
