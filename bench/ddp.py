@@ -5,7 +5,9 @@
       the mlp and cnn of plugins/models: same global batch (64 = 32 per rank), same data split
       (trainrun's DistributedSampler: rank r of W takes positions step*G + r + j*W of one seeded
       permutation), same loss normalisation (mean over the global batch), AdamW as
-      bench/single_vs_pytorch.py, 2 ranks x 1 thread on both sides;
+      bench/single_vs_pytorch.py, 2 ranks x 1 thread on both sides. PyTorch runs twice: as it
+      runs by default, and with the OpenBLAS kernel trainrun's rank 0 used (OPENBLAS_CORETYPE
+      from <run_dir>/runtime/rank-0.json), so that the second ratio compares the loops alone;
   (b) scaling 1 -> 2 ranks on the cnn with trainrun: strategy single on one process with one
       thread vs ddp on 2 ranks x 1 thread, same global batch of 64;
   (c) overlap on vs off on the gpt of bench/jobs/gpt.toml with 1 MiB buckets (bench/jobs/
@@ -27,6 +29,7 @@ import argparse, json, os, socket, statistics, subprocess, sys, tempfile, time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 JOBS = os.path.join(ROOT, "bench", "jobs")
 EXTRA_SETS = []  # --set of the command line: added to every trainrun run
+KERNEL = {}  # the OpenBLAS kernel trainrun's rank 0 reported, once a run has ended
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
@@ -92,9 +95,11 @@ def free_port():
         return s.getsockname()[1]
 
 
-def pytorch_step_time(model, steps, warmup, batch, nproc, bucket_view):
+def pytorch_step_time(model, steps, warmup, batch, nproc, bucket_view, same_blas=False):
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
                WORLD_SIZE=str(nproc), **ONE_THREAD)
+    if same_blas:
+        env["OPENBLAS_CORETYPE"] = KERNEL["trainrun"]
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--model", model,
            "--steps", str(steps), "--batch", str(batch)] + (["--bucket-view"] if bucket_view else [])
     procs = [subprocess.Popen(cmd, env=dict(env, RANK=str(r)), stdout=subprocess.PIPE, text=True)
@@ -124,6 +129,8 @@ def trainrun_rows(binary, job, sets, steps, work):
         sys.exit(f"trainrun failed ({p.returncode}): {' '.join(cmd)}")
     rows = [json.loads(l) for l in open(os.path.join(run_dir, "metrics.jsonl"))]
     rows = [r for r in rows if "step_time_s" in r and r.get("rank", 0) == 0]
+    rank0 = json.load(open(os.path.join(run_dir, "runtime", "rank-0.json")))
+    KERNEL["trainrun"] = rank0["blas"]["corename"]
     assert len(rows) == steps, (len(rows), steps, cmd)
     return rows
 
@@ -211,21 +218,28 @@ def main():
                   "PyTorch's gloo) and mpi (MPICH, shared memory within a node); Debian's PyTorch "
                   "has no MPI backend, so its side is gloo.")
             print(f"{'model':6} {'backend':9} {'trainrun ms':>12} {'samples/s':>10} {'pytorch ms':>11} "
-                  f"{'samples/s':>10} {'trainrun/pytorch':>17}", flush=True)
+                  f"{'samples/s':>10} {'trainrun/pytorch':>17} {'same BLAS ms':>13} "
+                  f"{'trainrun/pytorch':>17}", flush=True)
             for m in ("mlp", "cnn"):
-                trs, mps, pys = alternate(a.rounds, [
+                # trainrun's side runs first in round 0: the same-BLAS side needs its kernel.
+                trs, mps, pys, sames = alternate(a.rounds, [
                     lambda: median_step(ddp2(f"ddp-{m}", a.steps), a.warmup),
                     lambda: median_step(ddp2(f"ddp-{m}", a.steps, "mpi"), a.warmup),
-                    lambda: pytorch_step_time(m, a.steps, a.warmup, a.batch, 2, a.bucket_view)])
+                    lambda: pytorch_step_time(m, a.steps, a.warmup, a.batch, 2, a.bucket_view),
+                    lambda: pytorch_step_time(m, a.steps, a.warmup, a.batch, 2, a.bucket_view,
+                                              same_blas=True)])
                 if m == "cnn":
                     cache["cnn2"] = trs
                     cache["cnn2-mpi"] = mps
-                p = statistics.median(pys)
+                p, q = statistics.median(pys), statistics.median(sames)
                 for backend, runs in (("gloo-cpu", trs), ("mpi", mps)):
                     t = statistics.median(runs)
                     print(f"{m:6} {backend:9} {1e3 * t:12.2f} {a.batch / t:10.0f} {1e3 * p:11.2f} "
-                          f"{a.batch / p:10.0f} {p / t:17.2f}", flush=True)
-            print("target: trainrun/pytorch >= 1.10")
+                          f"{a.batch / p:10.0f} {p / t:17.2f} {1e3 * q:13.2f} {q / t:17.2f}",
+                          flush=True)
+            print(f"OpenBLAS kernel: trainrun {KERNEL['trainrun']}; 'same BLAS' runs PyTorch with "
+                  f"OPENBLAS_CORETYPE={KERNEL['trainrun']}")
+            print("target: trainrun/pytorch (same BLAS) >= 1.5 on the mlp, >= 1.2 on the cnn")
 
         if "b" in only:
             print(f"\n(b) trainrun scaling on the cnn, global batch {a.batch}, {a.steps} steps per "

@@ -1,8 +1,9 @@
 # gloo-cpu's shared-memory send/recv (plugins/gloo/shm.cpp): shm_p2p forks its own ranks on
 # loopback and drives GlooCommunicator directly (correctness at 2 and 3 ranks, with and without
 # single copy, recv_reduce, a tag/size mismatch, a dead peer, a timeout; `shm_p2p bench` prints shm vs TCP GB/s and is not a test);
-# shm_e2e.sh checks through the real trainrun binary that the path is in use ("+ shm" in the
-# banner) and that --verify passes with it on and off.
+# shm_e2e.sh checks through the real trainrun binary that the path is in use ("+ shm" and
+# "collectives over shm" in the banner) and that --verify passes with it on and off, with Gloo's
+# all-reduce chosen explicitly, and with two copies only.
 find_package(Gloo CONFIG REQUIRED)
 add_executable(shm_p2p ${CMAKE_CURRENT_SOURCE_DIR}/shm_p2p.cpp)
 target_include_directories(shm_p2p PRIVATE ${PROJECT_SOURCE_DIR}/plugins)
@@ -22,7 +23,7 @@ add_test(NAME shm.p2p.check.two_copy COMMAND shm_p2p check)
 set_tests_properties(shm.p2p.check.two_copy PROPERTIES TIMEOUT 180
   ENVIRONMENT "OMP_NUM_THREADS=1;OPENBLAS_NUM_THREADS=1;TRAINRUN_SHM_CMA=0")
 
-foreach(case banner verify_off)
+foreach(case banner verify_off gloo_allreduce two_copy)
   add_test(NAME shm.e2e.${case}
     COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/shm_e2e.sh $<TARGET_FILE:trainrun>
             ${CMAKE_CURRENT_BINARY_DIR}/work/shm-${case} ${case})

@@ -48,14 +48,14 @@ int64_t unix_ms() {
       .count();
 }
 
+}  // namespace
+
 std::string seconds_text(double s) {
   std::ostringstream os;
   os.precision(s < 10 ? 2 : 3);
   os << s << " s";
   return os.str();
 }
-
-}  // namespace
 
 // ---------------------------------------------------------------------------------------------
 // Rendezvous

@@ -80,6 +80,9 @@ std::vector<PeerIdentity> rendezvous(c10d::Store& store, const std::string& pref
 // Operations
 
 /// One collective as issued; what the order check compares and what messages show.
+/// "3 s", "0.25 s", "12.5 s": a duration as every message of the backends writes it.
+std::string seconds_text(double seconds);
+
 struct OpDesc {
   std::string op;      ///< "all_reduce", "reduce_scatter", "all_gather", "broadcast", "barrier"
   std::string detail;  ///< "sum", "avg", "root 2", "" (part of the fingerprint)

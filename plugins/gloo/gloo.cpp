@@ -44,6 +44,7 @@
 #include "ring_reduce_scatter.hpp"
 #include "cpu_threads.hpp"
 #include "shm.hpp"
+#include "shm_collectives.hpp"
 
 namespace trainrun::plugins {
 
@@ -242,6 +243,13 @@ class ShmWork final : public Work {
 // both sides time out with an error naming the operation instead.
 constexpr uint64_t kPointToPointSlotPrefix = 0x70;
 
+// Shared-memory collectives of at most this many bytes run on the calling thread when the worker
+// is idle. Below about 1 MiB the two thread hand-offs of a queued operation (to the worker and
+// back) cost as much as moving the data, and callers of small collectives (a loss, a norm, a
+// flag) wait for them at once; larger ones stay on the worker so that they overlap the
+// caller's work (ddp's buckets during backward).
+constexpr int64_t kInlineBytes = 1 << 20;
+
 uint64_t point_to_point_slot(int tag, c10::ScalarType dtype, int64_t bytes) {
   uint64_t h = static_cast<uint64_t>(bytes) * 0x9E3779B97F4A7C15ull ^
                (static_cast<uint64_t>(dtype) + 1) * 0xC2B2AE3D27D4EB4Full;
@@ -288,6 +296,23 @@ struct GlooCommunicator::Impl {
   // send/recv to peers on this machine (null: shm off, or no such peer); see shm.hpp. Its
   // threads complete Works through this Impl, so it is stopped in ~GlooCommunicator.
   std::shared_ptr<shm::Transport> shm;
+  // Every rank of the group reaches every other over shm, agreed by all at set-up: the
+  // collectives then run over shared memory (shm_collectives.hpp).
+  bool shm_collectives = false;
+
+  // The shared-memory collective's context: the same tag on every rank (from the sequence
+  // number), negative so that it never equals a point-to-point tag of the strategies.
+  shm::CollectiveContext shm_context(uint32_t seq, Millis timeout, std::string text) {
+    shm::CollectiveContext c;
+    c.transport = shm.get();
+    c.rank = rank;
+    c.size = size;
+    c.tag = -1 - static_cast<int>(seq & 0x3FFFFFFF);
+    c.timeout_s = std::chrono::duration<double>(timeout).count();
+    c.deadline = std::chrono::steady_clock::now() + timeout;
+    c.text = detail::cat(kBackend, ": ", text, " over shared memory in group ", name);
+    return c;
+  }
 
   // Declared last: destroyed (drained and joined) first, while everything above still exists.
   SerialQueue reaper;  // waits for point-to-point completions
@@ -358,9 +383,11 @@ struct GlooCommunicator::Impl {
   }
 
   // Issues a collective and queues `body`, which runs on the worker with the operation's Gloo
-  // tag and timeout.
+  // tag and timeout. `inline_if_idle`: run it on the calling thread instead when nothing is
+  // queued or running (see kInlineBytes).
   std::shared_ptr<Work> enqueue(const comm::OpDesc& desc, double timeout_s,
-                                std::function<void(uint32_t tag, Millis timeout)> body) {
+                                std::function<void(uint32_t tag, Millis timeout)> body,
+                                bool inline_if_idle = false) {
     throw_if_poisoned();
     std::lock_guard<std::mutex> g(issue_mu);
     // The order check runs on the worker, right before the operation, not here: a caller such
@@ -369,7 +396,7 @@ struct GlooCommunicator::Impl {
     const uint64_t seq = monitor->begin(desc);
     auto work = new_work(seq, desc.text(), timeout_s);
     const Millis timeout = to_millis(timeout_s);
-    worker.post([this, work, seq, desc, timeout, body = std::move(body)] {
+    auto task = [this, work, seq, desc, timeout, body = std::move(body)] {
       std::exception_ptr error = broken_error();
       if (!error) {
         try {
@@ -385,6 +412,10 @@ struct GlooCommunicator::Impl {
           // Sequence numbers are equal on every rank, so consecutive collectives never share
           // Gloo slots, even when one rank is already in the next one.
           body(static_cast<uint32_t>(seq), timeout);
+        } catch (const shm::CollectiveTimeout&) {
+          // Worded as a Work's own timeout, naming the ranks that have not arrived.
+          error = fail(std::make_exception_ptr(Error(monitor->describe_failure(
+              seq, "timed out after " + comm::seconds_text(timeout.count() / 1000.0)))));
         } catch (const std::exception& e) {
           error = fail(std::make_exception_ptr(
               Error(monitor->describe_failure(seq, "failed: " + what_of(e)))));
@@ -392,7 +423,11 @@ struct GlooCommunicator::Impl {
       }
       monitor->finished(seq);
       complete(*work, error);
-    });
+    };
+    if (inline_if_idle)
+      worker.run_or_post(std::move(task));
+    else
+      worker.post(std::move(task));
     return work;
   }
 
@@ -561,6 +596,14 @@ GlooCommunicator::GlooCommunicator(std::shared_ptr<c10d::Store> store,
     sc.global_ranks = m.global_ranks;
     sc.peer_name = [&m](int r) { return m.peer_name(r); };
     m.shm = std::make_shared<shm::Transport>(m.store, std::move(sc));
+    // Each rank knows only its own channels; a group runs its collectives over shared memory
+    // only when every member reaches every other, so all of them pick the same algorithm.
+    const std::string key = m.prefix + "shm_collectives/";
+    const bool mine = m.shm->peers() == m.size - 1;
+    m.store->set(key + std::to_string(m.rank), std::vector<uint8_t>{mine ? uint8_t{1} : uint8_t{0}});
+    bool all = true;
+    for (int r = 0; r < m.size; ++r) all = all && m.store->get(key + std::to_string(r)) == std::vector<uint8_t>{1};
+    m.shm_collectives = all;
   }
 
   comm::Monitor::Config mc;
@@ -601,6 +644,7 @@ int GlooCommunicator::rank() const { return impl_->rank; }
 int GlooCommunicator::world_size() const { return impl_->size; }
 const std::string& GlooCommunicator::group_name() const { return impl_->name; }
 int GlooCommunicator::shm_peers() const { return impl_->shm ? impl_->shm->peers() : 0; }
+bool GlooCommunicator::shm_collectives() const { return impl_->shm_collectives; }
 int GlooCommunicator::shm_single_copy_peers() const {
   return impl_->shm ? impl_->shm->single_copy_peers() : 0;
 }
@@ -611,11 +655,20 @@ std::shared_ptr<Work> GlooCommunicator::all_reduce(at::Tensor& tensor,
   comm::check_tensor(tensor, kBackend, "all_reduce", "the");
   comm::OpDesc desc{"all_reduce", comm::reduce_op_name(opts.op), tensor.scalar_type(),
                     tensor.numel(), static_cast<int64_t>(tensor.nbytes())};
-  const auto algorithm = m.settings.bcube ? gloo::AllreduceOptions::Algorithm::BCUBE
-                                          : gloo::AllreduceOptions::Algorithm::RING;
+  using Algorithm = GlooSettings::Algorithm;
+  const auto algorithm = m.settings.allreduce_algorithm == Algorithm::Bcube
+                             ? gloo::AllreduceOptions::Algorithm::BCUBE
+                             : gloo::AllreduceOptions::Algorithm::RING;
+  const bool over_shm = m.shm_collectives && m.settings.allreduce_algorithm == Algorithm::Auto;
   return m.enqueue(desc, m.resolve_timeout(opts.timeout_s),
-                   [&m, tensor, op = opts.op, algorithm](uint32_t tag, Millis timeout) mutable {
+                   [&m, tensor, op = opts.op, algorithm, over_shm,
+                    text = desc.text()](uint32_t tag, Millis timeout) mutable {
                      if (tensor.numel() == 0) return;
+                     if (over_shm) {
+                       shm::all_reduce(m.shm_context(tag, timeout, text), tensor, op);
+                       if (op == ReduceOp::Avg) divide_in_place(tensor, m.size);
+                       return;
+                     }
                      dispatch(tensor.scalar_type(), [&](auto t) {
                        using T = typename decltype(t)::type;
                        gloo::AllreduceOptions o(m.context);
@@ -627,7 +680,8 @@ std::shared_ptr<Work> GlooCommunicator::all_reduce(at::Tensor& tensor,
                        gloo::allreduce(o);
                      });
                      if (op == ReduceOp::Avg) divide_in_place(tensor, m.size);
-                   });
+                   },
+                   over_shm && static_cast<int64_t>(tensor.nbytes()) <= kInlineBytes);
 }
 
 std::shared_ptr<Work> GlooCommunicator::reduce_scatter(const at::Tensor& input,
@@ -638,8 +692,14 @@ std::shared_ptr<Work> GlooCommunicator::reduce_scatter(const at::Tensor& input,
   comm::OpDesc desc{"reduce_scatter", comm::reduce_op_name(opts.op), input.scalar_type(),
                     input.numel(), static_cast<int64_t>(input.nbytes())};
   return m.enqueue(desc, m.resolve_timeout(opts.timeout_s),
-                   [&m, input, output, op = opts.op](uint32_t tag, Millis timeout) mutable {
+                   [&m, input, output, op = opts.op,
+                    text = desc.text()](uint32_t tag, Millis timeout) mutable {
                      if (output.numel() == 0) return;
+                     if (m.shm_collectives) {
+                       shm::reduce_scatter(m.shm_context(tag, timeout, text), input, output, op);
+                       if (op == ReduceOp::Avg) divide_in_place(output, m.size);
+                       return;
+                     }
                      // In place (output = this rank's chunk of the input, as NCCL allows) is
                      // safe: that chunk is read last, in the step that writes the output. Any
                      // other overlap would overwrite input the ring still has to read.
@@ -658,7 +718,8 @@ std::shared_ptr<Work> GlooCommunicator::reduce_scatter(const at::Tensor& input,
                                               timeout, m.reduce_scatter_scratch);
                      });
                      if (op == ReduceOp::Avg) divide_in_place(output, m.size);
-                   });
+                   },
+                   m.shm_collectives && static_cast<int64_t>(input.nbytes()) <= kInlineBytes);
 }
 
 std::shared_ptr<Work> GlooCommunicator::all_gather(const at::Tensor& input, at::Tensor& output,
@@ -668,8 +729,12 @@ std::shared_ptr<Work> GlooCommunicator::all_gather(const at::Tensor& input, at::
   comm::OpDesc desc{"all_gather", "", input.scalar_type(), input.numel(),
                     static_cast<int64_t>(input.nbytes())};
   return m.enqueue(desc, m.resolve_timeout(opts.timeout_s),
-                   [&m, input, output](uint32_t tag, Millis timeout) {
+                   [&m, input, output, text = desc.text()](uint32_t tag, Millis timeout) mutable {
                      if (input.numel() == 0) return;
+                     if (m.shm_collectives) {
+                       shm::all_gather(m.shm_context(tag, timeout, text), input, output);
+                       return;
+                     }
                      // Plain bytes: a gather does no arithmetic.
                      gloo::AllgatherOptions o(m.context);
                      o.setInput<uint8_t>(static_cast<uint8_t*>(input.data_ptr()), input.nbytes());
@@ -678,7 +743,8 @@ std::shared_ptr<Work> GlooCommunicator::all_gather(const at::Tensor& input, at::
                      o.setTag(tag);
                      o.setTimeout(timeout);
                      gloo::allgather(o);
-                   });
+                   },
+                   m.shm_collectives && static_cast<int64_t>(output.nbytes()) <= kInlineBytes);
 }
 
 std::shared_ptr<Work> GlooCommunicator::broadcast(at::Tensor& tensor,
@@ -802,11 +868,13 @@ void GlooAccelerator::declare_options(OptionSchema& schema) {
                  "check through the store that every rank issues the same collective (op, "
                  "dtype, size) at the same position; a mismatch is an error naming both");
   schema.boolean("shm", true,
-                 "send/recv between ranks on the same machine go through shared memory "
-                 "instead of loopback TCP (collectives stay on Gloo's TCP)");
-  schema.choice("allreduce_algorithm", "ring", {"ring", "bcube"},
-                "Gloo all-reduce algorithm: ring (bandwidth-optimal) or bcube (fewer steps, "
-                "better for small tensors)");
+                 "ranks on the same machine exchange through shared memory instead of loopback "
+                 "TCP: send/recv always, all_reduce/reduce_scatter/all_gather when every rank "
+                 "of the group is on this machine");
+  schema.choice("allreduce_algorithm", "auto", {"auto", "ring", "bcube"},
+                "all-reduce algorithm: auto (a ring over shared memory when every rank of the "
+                "group is on this machine, else Gloo's ring), or Gloo's ring (bandwidth-optimal) "
+                "or bcube (fewer steps, better for small tensors) over TCP always");
 }
 
 GlooAccelerator::GlooAccelerator(const Options& options, const RunContext& ctx) {
@@ -819,8 +887,12 @@ GlooAccelerator::GlooAccelerator(const Options& options, const RunContext& ctx) 
   TR_CHECK_TYPED(ConfigError, s.stall_warning_s >= 0, options.context(),
                  ": stall_warning_s must be >= 0, got ", s.stall_warning_s);
   s.check_collectives = options.get_bool("check_collectives");
-  s.bcube = options.get_string("allreduce_algorithm") == "bcube";
+  const std::string algorithm = options.get_string("allreduce_algorithm");
+  s.allreduce_algorithm = algorithm == "bcube"  ? GlooSettings::Algorithm::Bcube
+                          : algorithm == "ring" ? GlooSettings::Algorithm::Ring
+                                                : GlooSettings::Algorithm::Auto;
   s.shm = options.get_bool("shm");
+  all_reduce_over_shm_ = s.allreduce_algorithm == GlooSettings::Algorithm::Auto;
   s.rendezvous_timeout_s = comm::rendezvous_timeout_from_environment();
   TR_CHECK_TYPED(ConfigError, ctx.world_size >= 1 && ctx.rank >= 0 && ctx.rank < ctx.world_size,
                  kBackend, ": rank ", ctx.rank, " is not in [0, world_size ", ctx.world_size, ")");
@@ -872,8 +944,14 @@ std::string GlooAccelerator::describe() const {
   const std::string copy = single == 0     ? ""
                            : single == shm ? " + single copy"
                                            : detail::cat(" + single copy (", single, " of ", shm, ")");
-  return detail::cat(kBackend, " (", transport_, via, copy, "), rank ", comm_->rank(), " of ",
-                     comm_->world_size(), ", ", v1::cpu::describe(threads_));
+  // Which collectives run over shared memory (every rank of the world on this machine).
+  const std::string collectives =
+      !comm_->shm_collectives() ? ""
+      : all_reduce_over_shm_  ? "; collectives over shm"
+                              : "; all_reduce by Gloo's TCP algorithm, other collectives over shm";
+  return detail::cat(kBackend, " (", transport_, via, copy, collectives, "), rank ",
+                     comm_->rank(), " of ", comm_->world_size(), ", ",
+                     v1::cpu::describe(threads_));
 }
 
 }  // namespace trainrun::plugins

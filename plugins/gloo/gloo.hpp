@@ -29,8 +29,10 @@ struct GlooSettings {
   double stall_warning_s = 60;        ///< 0 = stall inspector off
   double rendezvous_timeout_s = 300;  ///< rendezvous of the world and of every new_group
   bool check_collectives = true;      ///< cross-rank order/fingerprint check of collectives
-  bool bcube = false;                 ///< all_reduce by Gloo's bcube instead of its ring
-  bool shm = true;                    ///< send/recv on one machine through shared memory
+  /// all_reduce: Auto = the shared-memory ring when every rank of the group is on this machine
+  /// (and shm is on), else Gloo's TCP ring; Ring / Bcube = that Gloo algorithm over TCP always.
+  enum class Algorithm { Auto, Ring, Bcube } allreduce_algorithm = Algorithm::Auto;
+  bool shm = true;  ///< send/recv and collectives on one machine through shared memory
 };
 
 /// Collectives over Gloo's TCP transport among the ranks of one group (backend "gloo-cpu").
@@ -61,9 +63,12 @@ struct GlooSettings {
 /// Work's wait() and Gloo's own waits (bcube all_reduce waits inside Gloo with the
 /// accelerator's timeout_s, which Gloo fixes when the mesh is connected).
 ///
-/// Algorithms: all_reduce is Gloo's ring or bcube (option allreduce_algorithm); all_gather,
-/// broadcast and barrier are Gloo's; reduce_scatter is a ring on Gloo's unbound buffers (Gloo's
-/// ReduceScatterHalvingDoubling returns wrong results when a send is still queued; see gloo.cpp).
+/// Algorithms: when every rank of the group shares this machine and shm is on, all_reduce
+/// (unless allreduce_algorithm names a Gloo algorithm), reduce_scatter and all_gather are rings
+/// over the shared-memory transport (shm_collectives.hpp). Otherwise all_reduce is Gloo's ring
+/// or bcube, all_gather Gloo's, reduce_scatter a ring on Gloo's unbound buffers (Gloo's
+/// ReduceScatterHalvingDoubling returns wrong results when a send is still queued; see
+/// gloo.cpp). broadcast and barrier are always Gloo's.
 ///
 /// Destroying a communicator with operations still queued or running aborts them.
 class GlooCommunicator final : public Communicator, public RecvReduceCommunicator {
@@ -89,6 +94,9 @@ class GlooCommunicator final : public Communicator, public RecvReduceCommunicato
   const std::string& group_name() const;
   /// Peers this rank reaches over shared memory in both directions (0: TCP only).
   int shm_peers() const;
+  /// Whether all_reduce, reduce_scatter and all_gather run over shared memory (every rank of
+  /// the group on this machine, agreed by all of them at set-up).
+  bool shm_collectives() const;
   /// Of those, the peers to which messages of 2 MiB and more go by single copy (the peer reads
   /// them from this process's memory with process_vm_readv).
   int shm_single_copy_peers() const;
@@ -117,8 +125,8 @@ class GlooCommunicator final : public Communicator, public RecvReduceCommunicato
 };
 
 /// The host CPU with a Gloo communicator across all ranks of the job. Options: `threads`,
-/// `blas_threads`, `pin` (as cpu's), `timeout_s`, `stall_warning_s`, `check_collectives`, `allreduce_algorithm`
-/// (ring|bcube), `shm` (send/recv on one machine through shared memory). The world's store comes from MASTER_ADDR/MASTER_PORT (an in-process store
+/// `blas_threads`, `pin` (as cpu's), `timeout_s`, `stall_warning_s`, `check_collectives`,
+/// `allreduce_algorithm` (auto|ring|bcube), `shm` (shared memory between ranks of one machine). The world's store comes from MASTER_ADDR/MASTER_PORT (an in-process store
 /// when world_size is 1 and neither is set); the rendezvous timeout from
 /// TRAINRUN_RENDEZVOUS_TIMEOUT_S (default 300 s). Gloo listens on 127.0.0.1 when MASTER_ADDR
 /// is a loopback address, else on GLOO_SOCKET_IFNAME's interface when set, else on the address
@@ -136,6 +144,7 @@ class GlooAccelerator final : public Accelerator {
  private:
   std::string transport_;  ///< "tcp 127.0.0.1", "tcp eth0", "tcp host-a" (describe() adds "+ shm")
   std::unique_ptr<GlooCommunicator> comm_;
+  bool all_reduce_over_shm_ = true;  ///< allreduce_algorithm auto (the banner says so)
   v1::cpu::ThreadPlan threads_;
 };
 
