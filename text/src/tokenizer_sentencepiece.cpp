@@ -11,6 +11,17 @@
 namespace trainrun::text {
 
 namespace {
+// ASan and TSan refuse RTLD_DEEPBIND (a deep-bound library would call libc's malloc and pthread
+// functions past their interceptors) and stop the process. Sanitizer builds (scripts/sanitize)
+// load the module plainly: fine where LibTorch's libprotobuf is not in the process (the text
+// units), so there they cover the module; trainrun itself reading a tokenizer.model-only
+// directory is not run under sanitizers.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr int kDeepBind = 0;
+#else
+constexpr int kDeepBind = RTLD_DEEPBIND;
+#endif
+
 using LoadFn = TokenizerImpl* (*)(const std::string&, const nlohmann::json&, std::string&);
 
 LoadFn module_entry(const std::string& model_file) {
@@ -23,7 +34,7 @@ LoadFn module_entry(const std::string& model_file) {
     throw v1::ConfigError(model_file + ": cannot locate libtrainrun_text to find the sentencepiece module");
   const std::string path =
       (std::filesystem::path(info.dli_fname).parent_path() / "libtrainrun_text_sentencepiece.so").string();
-  void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_DEEPBIND);
+  void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL | kDeepBind);
   if (!handle)
     throw v1::ConfigError(model_file + ": reading SentencePiece models needs " + path + " (built where " +
                           "libsentencepiece-dev is installed): " + dlerror() +
