@@ -340,6 +340,17 @@ HfTokenizer::HfTokenizer(const std::string& directory, const json& config) {
     post_ = detail::make_bos_eos_processor(add_bos ? id_of(bos, "bos_token") : std::nullopt,
                                            add_eos ? id_of(eos, "eos_token") : std::nullopt);
   }
+  // The ids a post-processor adds are written in the file, not looked up: one that names no
+  // token would reach a model's embedding as an index past its end. What it adds around an
+  // empty text is every id it can add.
+  if (post_) {
+    std::vector<int32_t> added;
+    post_->apply(added, true);
+    for (int32_t id : added)
+      if (id < 0 || (!added_by_id_.count(id) && !model_->id_to_token(id)))
+        throw v1::ConfigError(file + ": post_processor adds token id " + std::to_string(id) +
+                              ", which is not in the vocabulary (" + std::to_string(vocab_size_) + " ids)");
+  }
 }
 
 }  // namespace
