@@ -4,6 +4,7 @@
 // stretch between them is normalized on its own, normalized added tokens are cut out of that,
 // and the rest goes through the pre-tokenizer and the model; the post-processor adds BOS/EOS.
 #include "tokenizer_internal.hpp"
+#include "trainrun/json_depth.hpp"
 
 #include <atomic>
 #include <filesystem>
@@ -26,6 +27,8 @@ json read_json(const fs::path& p) {
   if (!in) throw v1::ConfigError(p.string() + ": cannot be read");
   std::ostringstream ss;
   ss << in.rdbuf();
+  if (v1::json_too_deep(ss.str()))
+    throw v1::ConfigError(p.string() + ": JSON nested deeper than " + std::to_string(v1::kMaxJsonDepth) + " levels");
   try {
     return json::parse(ss.str());
   } catch (const json::parse_error& e) {
