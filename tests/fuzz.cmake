@@ -11,6 +11,10 @@ option(TRAINRUN_FUZZ "Build the libFuzzer targets fuzz_<target> (clang; see scri
 set(TRAINRUN_FUZZ_PLUGIN_DIR "${TRAINRUN_PLUGIN_OUTPUT_DIR}" CACHE PATH
     "Plugins the job_file target validates against (scripts/fuzz: the gcc build's)")
 set(_fuzz_src ${CMAKE_CURRENT_SOURCE_DIR}/fuzz)
+if(TRAINRUN_FUZZ)
+  # The core's private libcrypto (checkpoint sha256), for the targets that compile core sources.
+  find_package(OpenSSL REQUIRED COMPONENTS Crypto)
+endif()
 
 # _trainrun_fuzz_target(<exe> <target> <extra sources>...): one target's executable, linking
 # only what the reader under test needs (the text targets build without LibTorch, in seconds).
@@ -35,6 +39,21 @@ function(_trainrun_fuzz_target exe target)
     target_compile_definitions(${exe} PRIVATE TRAINRUN_NO_PLUGIN_ENTRY
       TRAINRUN_BUILD_TORCH_VERSION="${Torch_VERSION}"
       TRAINRUN_BUILD_COMPILER_ID="${CMAKE_CXX_COMPILER_ID}-${CMAKE_CXX_COMPILER_VERSION}")
+  elseif(TRAINRUN_FUZZ AND NOT exe MATCHES "^fuzz_regress_")
+    # The libFuzzer binaries compile just the core sources the reader needs (under clang with
+    # sanitizers the whole core is half an hour of compiling on a small machine); the regression
+    # runners link the core library the ordinary build has made anyway.
+    set(_core ${CMAKE_SOURCE_DIR}/core/src)
+    if(target STREQUAL "checkpoint_meta")
+      target_sources(${exe} PRIVATE ${_core}/checkpoint.cpp ${_core}/log.cpp)
+    else()
+      target_sources(${exe} PRIVATE ${_core}/config.cpp ${_core}/registry.cpp ${_core}/spelling.cpp
+        ${_core}/runtime.cpp ${_core}/log.cpp ${_core}/launcher/worker_environment.cpp)
+    endif()
+    target_include_directories(${exe} PRIVATE $<TARGET_PROPERTY:trainrun_core,INTERFACE_INCLUDE_DIRECTORIES>)
+    target_compile_definitions(${exe} PRIVATE $<TARGET_PROPERTY:trainrun_core,INTERFACE_COMPILE_DEFINITIONS>)
+    target_link_libraries(${exe} PRIVATE TrainrunSDK::sdk trainrun_hf torch Boost::headers
+      tomlplusplus::tomlplusplus nlohmann_json::nlohmann_json OpenSSL::Crypto ${CMAKE_DL_LIBS})
   else()
     target_link_libraries(${exe} PRIVATE trainrun_core)
   endif()

@@ -61,6 +61,13 @@ const std::string& checkpoint_dir() {
 
 }  // namespace
 
+// The real checkpoint is written (and fsynced) before the first input, outside the per-input
+// -timeout.
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  checkpoint_dir();
+  return 0;
+}
+
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string& dir = checkpoint_dir();
   fuzz::write_file(dir + "/meta.json", data, size);

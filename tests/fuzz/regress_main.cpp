@@ -12,6 +12,8 @@
 #include <vector>
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size);
+// Optional, as in libFuzzer: one-time set-up before the first input.
+extern "C" __attribute__((weak)) int LLVMFuzzerInitialize(int* argc, char*** argv);
 
 int main(int argc, char** argv) {
   namespace fs = std::filesystem;
@@ -32,6 +34,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "fuzz regression: no inputs (an empty corpus tests nothing)\n");
     return 2;
   }
+  if (LLVMFuzzerInitialize) LLVMFuzzerInitialize(&argc, &argv);
   for (const auto& p : inputs) {
     // Named before it runs, so a crash's output ends with the input that caused it.
     std::fprintf(stderr, "input %s\n", p.c_str());
