@@ -16,7 +16,9 @@ Modes:
            bf16 shards + index that load too.
   lora     (d) a LoRA run's adapter loads in peft.PeftModel.from_pretrained with the stated
            adapter_config keys and gives trainrun's logits within 1e-5; (e) `trainrun merge-lora`
-           on the HF base gives an HF directory whose logits equal the adapter model's.
+           on the HF base gives an HF directory whose logits equal the adapter model's; onto a
+           base it was not trained on (other shapes, fewer layers, same shapes but another
+           model_type) it exits 2 naming the tensor or key and writes nothing.
   bad      bad input, each exit 2 with a message naming the fault and no <run_dir>/hf/: no
            config.json, an unsupported model_type, a shard listed in the index but missing, a
            truncated safetensors file, a tensor of the wrong shape, a LoRA target matching nothing.
@@ -47,12 +49,13 @@ def rel(x, ref):
     return ((x.double() - ref.double()).abs().max() / ref.double().abs().max()).item()
 
 
-def make_model(variant, out):
+def make_model(variant, out, **changes):
     from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
     common = dict(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
                   rms_norm_eps=1e-6, bos_token_id=1, eos_token_id=2)
+    common.update(changes)
     if variant == "llama3":
         cfg = LlamaConfig(**common, tie_word_embeddings=True,
                           rope_parameters={"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0,
@@ -286,6 +289,7 @@ def main():
         print(f"{VARIANT} merged: max relative difference to the adapter model {r:.2e} (tolerance 1e-5)")
         if not r <= 1e-5:
             fail(f"merged model differs from the adapter model by {r:.2e}")
+        mismatched_bases(adapter)
     elif MODE == "qlora":
         # QLoRA on the llama (nf4 base with double quantization + LoRA on all-linear) at 2 ranks:
         # fsdp (the packed base sharded per decoder layer) and ddp give the same losses.
@@ -318,6 +322,37 @@ def main():
     else:
         fail(f"unknown mode {MODE}")
     print("OK")
+
+
+def mismatched_bases(adapter):
+    """(e) merge-lora onto a base the adapter was not trained on: exit 2 naming the tensor or the
+    config key, and no output written."""
+    qwen3 = {"head_dim": 16} if VARIANT == "qwen3" else {}
+
+    def case(name, variant, changes, expect):
+        other = os.path.join(WORK, "base-" + name)
+        make_model(variant, other, **changes)
+        merged = os.path.join(WORK, "merged-" + name)
+        out = run_trainrun(["merge-lora", "--base", other, "--adapter", adapter, "--output", merged], expect_rc=2)
+        import re
+        if not re.search(expect, out):
+            fail(f"merge-lora onto {name}: the error does not match /{expect}/")
+        if os.path.exists(merged):
+            fail(f"merge-lora onto {name}: {merged} was written")
+        print(f"merge-lora onto a base with {name}: exit 2, message matches /{expect}/, nothing written")
+
+    # Adapter tensors are merged in name order: layers.0.mlp.down_proj comes first.
+    case("other-shapes", VARIANT, dict(intermediate_size=48, **qwen3),
+         r"adapter of 'model\.layers\.0\.mlp\.down_proj': lora_A \[4, 64\], lora_B \[32, 4\] do not fit "
+         r"the base weight \[32, 48\]")
+    case("fewer-layers", VARIANT, dict(num_hidden_layers=1, **qwen3),
+         r"no tensor 'model\.layers\.1\.mlp\.down_proj\.weight' for the adapter of 'model\.layers\.1\.mlp\.down_proj'")
+    # Same tensor names and shapes, another architecture: only config.json tells them apart.
+    other = "mistral" if VARIANT != "mistral" else "llama3"
+    theirs = json.load(open(os.path.join(WORK, "base", "config.json")))["model_type"]
+    case("another-model_type", other, qwen3,
+         rf'config\.json key "model_type" is "{"mistral" if other == "mistral" else "llama"}", but the adapter '
+         rf'was trained on .*base .*whose model_type is "{theirs}"')
 
 
 def bad(base):

@@ -87,6 +87,37 @@ at::Tensor trained_base(const at::Tensor& W, const nlohmann::json& q, const std:
                     "full-precision weight (a different model from the one trained)");
 }
 
+// An adapter trained on another model whose tensors have the same names and shapes (a Mistral
+// adapter on a Llama base) would merge without a shape error. PEFT's adapter_config.json names
+// the model it was trained on (base_model_name_or_path); where that directory still has a
+// config.json, its model_type must be the base's. Not detectable when the directory is gone or
+// the base is a trainrun model.safetensors (no config.json): then shapes are all that is checked.
+void check_trained_base(const nlohmann::json& adapter_cfg, const fs::path& adapter_cfg_path,
+                        const std::string& base_path) {
+  const auto it = adapter_cfg.find("base_model_name_or_path");
+  if (it == adapter_cfg.end() || !it->is_string()) return;
+  const fs::path trained = it->get<std::string>();
+  std::error_code ec;
+  if (!fs::is_regular_file(trained / "config.json", ec) || fs::equivalent(trained, base_path, ec)) return;
+  auto model_type = [](const fs::path& config) -> std::string {
+    try {
+      std::ifstream f(config);
+      const nlohmann::json j = nlohmann::json::parse(f);
+      const auto m = j.find("model_type");
+      return m != j.end() && m->is_string() ? m->get<std::string>() : std::string();
+    } catch (const nlohmann::json::exception& e) {
+      throw ConfigError(config.string() + ": not valid JSON: " + trainrun::v1::parse_error_text(e.what()));
+    }
+  };
+  const std::string ours = model_type(fs::path(base_path) / "config.json");
+  const std::string theirs = model_type(trained / "config.json");
+  if (!ours.empty() && !theirs.empty() && ours != theirs)
+    throw ConfigError("--base " + base_path + ": config.json key \"model_type\" is \"" + ours +
+                      "\", but the adapter was trained on " + trained.string() + " (" +
+                      adapter_cfg_path.string() + ", base_model_name_or_path), whose model_type is \"" +
+                      theirs + "\": an adapter only fits the model it was trained on");
+}
+
 int merge(const std::string& base_path, const std::string& adapter_dir, const std::string& output,
           int64_t max_shard_bytes, bool plain_base) {
   const fs::path cfg_path = fs::path(adapter_dir) / "adapter_config.json";
@@ -103,6 +134,7 @@ int merge(const std::string& base_path, const std::string& adapter_dir, const st
     throw ConfigError(cfg_path.string() + ": not valid JSON: " + trainrun::v1::parse_error_text(e.what()));
   }
   const double scaling = scaling_of(cfg, cfg_path.string());
+  if (hf_dir) check_trained_base(cfg, cfg_path, base_path);
 
   std::vector<v1::NamedTensor> base;
   if (hf_dir) {

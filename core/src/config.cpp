@@ -487,6 +487,8 @@ toml::table to_toml(const v1::Options& opts, const std::string& plugin,
       t.insert(k, "auto");
       continue;
     }
+    // A lambda may not capture a structured binding before C++20 (clang refuses; scripts/fuzz).
+    const std::string& key = k;
     std::visit(
         [&](const auto& x) {
           using T = std::decay_t<decltype(x)>;
@@ -495,9 +497,9 @@ toml::table to_toml(const v1::Options& opts, const std::string& plugin,
                                std::is_same_v<T, std::vector<std::string>>) {
             toml::array a;
             for (const auto& e : x) a.push_back(e);
-            t.insert(k, std::move(a));
+            t.insert(key, std::move(a));
           } else {
-            t.insert(k, x);
+            t.insert(key, x);
           }
         },
         v);

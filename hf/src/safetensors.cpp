@@ -51,6 +51,10 @@ void read_exact(int fd, char* dst, uint64_t n, uint64_t offset, const std::strin
 }  // namespace
 
 int64_t TensorEntry::numel() const {
+  // The constructor has checked that the product fits; a zero anywhere makes it 0 even where the
+  // other dimensions' product alone would not fit.
+  for (int64_t d : shape)
+    if (d == 0) return 0;
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
   return n;
@@ -106,9 +110,23 @@ SafetensorsFile::SafetensorsFile(std::string path) : path_(std::move(path)) {
         TR_CHECK(off.size() == 2 && off[0] <= off[1], "malformed data_offsets");
         TR_CHECK(off[1] <= data_size, "data_offsets [", off[0], ", ", off[1], "] run past the ",
                  data_size, " data bytes of the file: truncated?");
-        const uint64_t want = static_cast<uint64_t>(e.numel()) * c10::elementSize(e.dtype);
-        TR_CHECK(want == off[1] - off[0], "shape [", c10::IntArrayRef(e.shape), "] of ", code,
-                 " needs ", want, " bytes, data_offsets give ", off[1] - off[0]);
+        // The shape is the header's claim: its byte count must equal what data_offsets give,
+        // computed without overflow (a shape of [2^62] F32 must not wrap around to 0 bytes).
+        const uint64_t have = off[1] - off[0], element = c10::elementSize(e.dtype);
+        bool empty = false;
+        for (int64_t d : e.shape) {
+          TR_CHECK(d >= 0, "shape [", c10::IntArrayRef(e.shape), "] has a negative dimension");
+          empty = empty || d == 0;
+        }
+        uint64_t want = empty ? 0 : element;
+        for (int64_t d : e.shape) {
+          if (empty) break;
+          TR_CHECK(want <= have / static_cast<uint64_t>(d), "shape [", c10::IntArrayRef(e.shape), "] of ",
+                   code, " needs more bytes than data_offsets give (", have, ")");
+          want *= static_cast<uint64_t>(d);
+        }
+        TR_CHECK(want == have, "shape [", c10::IntArrayRef(e.shape), "] of ", code, " needs ", want,
+                 " bytes, data_offsets give ", have);
         e.begin = data_start + off[0];
         e.end = data_start + off[1];
         index_[name] = entries_.size();

@@ -2,6 +2,7 @@
 #include "chat_samples.hpp"
 
 #include <trainrun/error.hpp>
+#include <trainrun/json_depth.hpp>
 
 #include <algorithm>
 #include <cerrno>
@@ -129,6 +130,8 @@ std::vector<Conversation> read_conversations(const std::vector<std::string>& fil
     const std::string text = read_file(file);
     const size_t first = text.find_first_not_of(" \t\r\n");
     if (first != std::string::npos && text[first] == '[') {
+      if (v1::json_too_deep(text))
+        throw ConfigError(file + ": JSON nested deeper than " + std::to_string(v1::kMaxJsonDepth) + " levels");
       json doc;
       try {
         doc = json::parse(text);
@@ -153,6 +156,8 @@ std::vector<Conversation> read_conversations(const std::vector<std::string>& fil
       c.file = file;
       c.line = n;
       json rec;
+      if (v1::json_too_deep(line))
+        bad(c.where(), "JSON nested deeper than " + std::to_string(v1::kMaxJsonDepth) + " levels");
       try {
         rec = json::parse(line);
       } catch (const json::exception& e) {

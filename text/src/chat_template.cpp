@@ -9,6 +9,7 @@
 
 #include "jinja_render.hpp"
 #include "trainrun/error.hpp"
+#include "trainrun/json_depth.hpp"
 #include "jinja_syntax.hpp"
 
 namespace trainrun::text {
@@ -29,8 +30,12 @@ std::string read_file(const std::filesystem::path& p) {
 }
 
 json read_json(const std::filesystem::path& p) {
+  const std::string text = read_file(p);
+  if (trainrun::v1::json_too_deep(text))
+    throw std::runtime_error(p.string() + ": JSON nested deeper than " +
+                             std::to_string(trainrun::v1::kMaxJsonDepth) + " levels");
   try {
-    return json::parse(read_file(p));
+    return json::parse(text);
   } catch (const json::parse_error& e) {
     throw std::runtime_error(p.string() + ": invalid JSON: " + trainrun::v1::parse_error_text(e.what()));
   }

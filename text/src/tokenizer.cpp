@@ -4,6 +4,7 @@
 // stretch between them is normalized on its own, normalized added tokens are cut out of that,
 // and the rest goes through the pre-tokenizer and the model; the post-processor adds BOS/EOS.
 #include "tokenizer_internal.hpp"
+#include "trainrun/json_depth.hpp"
 
 #include <atomic>
 #include <filesystem>
@@ -26,6 +27,8 @@ json read_json(const fs::path& p) {
   if (!in) throw v1::ConfigError(p.string() + ": cannot be read");
   std::ostringstream ss;
   ss << in.rdbuf();
+  if (v1::json_too_deep(ss.str()))
+    throw v1::ConfigError(p.string() + ": JSON nested deeper than " + std::to_string(v1::kMaxJsonDepth) + " levels");
   try {
     return json::parse(ss.str());
   } catch (const json::parse_error& e) {
@@ -339,6 +342,17 @@ HfTokenizer::HfTokenizer(const std::string& directory, const json& config) {
     };
     post_ = detail::make_bos_eos_processor(add_bos ? id_of(bos, "bos_token") : std::nullopt,
                                            add_eos ? id_of(eos, "eos_token") : std::nullopt);
+  }
+  // The ids a post-processor adds are written in the file, not looked up: one that names no
+  // token would reach a model's embedding as an index past its end. What it adds around an
+  // empty text is every id it can add.
+  if (post_) {
+    std::vector<int32_t> added;
+    post_->apply(added, true);
+    for (int32_t id : added)
+      if (id < 0 || (!added_by_id_.count(id) && !model_->id_to_token(id)))
+        throw v1::ConfigError(file + ": post_processor adds token id " + std::to_string(id) +
+                              ", which is not in the vocabulary (" + std::to_string(vocab_size_) + " ids)");
   }
 }
 
