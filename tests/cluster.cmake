@@ -1,0 +1,11 @@
+# Several hosts on one machine (network namespaces with their own addresses, joined by a bridge;
+# tests/netns_lib.sh): trainrun's multi-node launch across them, equivalence with one process,
+# and faults of a host or its link. Needs root; skipped (77) with the reason printed otherwise.
+set(_cluster_cases ddp ddp3 fsdp_hybrid)
+foreach(case ${_cluster_cases})
+  add_test(NAME cluster_e2e.${case}
+    COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cluster_e2e.sh $<TARGET_FILE:trainrun>
+            ${CMAKE_CURRENT_SOURCE_DIR}/equivalence ${CMAKE_CURRENT_BINARY_DIR}/work/cluster-${case} ${case})
+  # Two runs (one process, then 4-6 ranks on two cores).
+  set_tests_properties(cluster_e2e.${case} PROPERTIES TIMEOUT 240 SKIP_RETURN_CODE 77 LABELS cluster)
+endforeach()
