@@ -12,7 +12,8 @@
 #   host_addr I           10.231.0.I
 #   cut_link I / mend_link I    pulls / plugs host I's cable (the switch port, so the host's
 #                         interface stays up and its packets vanish, as with a cut cable)
-#   slow_link I DELAY     netem delay on host I's interface (tc), e.g. "200ms"
+#   slow_link I DELAY     delays host I's outgoing packets (tc netem), e.g. "200ms", or where the
+#                         kernel has no netem, limits its rate to 4 Mbit/s (tc tbf)
 #   kill_host I [SIG]     sends SIG (default KILL) to every process on host I
 #   host_pids I           the processes on host I
 # Names carry the test's pid, so concurrent tests never share a namespace.
@@ -92,7 +93,19 @@ on_host() {
 
 cut_link() { ip -n "${NETNS_TAG}sw" link set "h$1" down; }
 mend_link() { ip -n "${NETNS_TAG}sw" link set "h$1" up; }
-slow_link() { ip netns exec "$(host_ns "$1")" tc qdisc replace dev eth0 root netem delay "$2"; }
+# A delay needs sch_netem, which some kernels lack (Firecracker's); then the link is slowed by
+# a token bucket instead (sch_tbf): 4 Mbit/s, which makes every large message wait.
+slow_link() {
+  local ns
+  ns=$(host_ns "$1")
+  if ip netns exec "$ns" tc qdisc replace dev eth0 root netem delay "$2" 2>/dev/null; then
+    echo "host$1: eth0 delayed by $2 each way (tc netem)"
+  elif ip netns exec "$ns" tc qdisc replace dev eth0 root tbf rate 4mbit burst 16kb latency 5s; then
+    echo "host$1: no sch_netem in this kernel; eth0 limited to 4 Mbit/s instead (tc tbf)"
+  else
+    return 1
+  fi
+}
 kill_host() {
   local pids
   pids=$(host_pids "$1")
