@@ -127,6 +127,23 @@ fsdp_hybrid)
   compare "$run_dir" "fsdp HYBRID_SHARD, shard group = node, 2 hosts x 2 ranks ($(elapsed "$t0") s)"
   nothing_left
   ;;
+mpi)
+  # MPICH's hydra, started on host 1 as an MPIJob's launcher pod would, reaches host 2 through
+  # `ip netns exec` in place of ssh (tests/netns_hydra_exec.sh); trainrun ranks read PMI_*.
+  "$tr" plugins mpi >/dev/null 2>&1 || { echo "SKIP: no mpi accelerator plugin in this build"; exit 77; }
+  netns_up 2
+  export NETNS_TAG
+  reference "$jobs/mlp.toml" 32 "${sgd[@]}"
+  t0=$(now)
+  rc=0
+  on_host 1 mpiexec -launcher ssh -launcher-exec "$here/netns_hydra_exec.sh" -hosts host1,host2 \
+    -ppn 2 -n 4 "$tr" --config "$jobs/mlp.toml" "${sgd[@]}" --set strategy.plugin=ddp \
+    --set accelerator.plugin=mpi --set trainer.micro_batch_size=8 --set trainer.run_dir="$run_dir" \
+    >"$work/node0" 2>&1 || rc=$?
+  [ "$rc" -eq 0 ] || { show; fail "mpiexec exited with $rc"; }
+  compare "$run_dir" "ddp over mpi (hydra), 2 hosts x 2 ranks ($(elapsed "$t0") s)"
+  nothing_left
+  ;;
 pytorchjob)
   # Each host is a pod of a Kubeflow PyTorchJob (examples/kubernetes/pytorchjob.yaml: a Master
   # and one Worker, nprocPerNode "2"), with exactly the training operator's variables; MASTER_ADDR
