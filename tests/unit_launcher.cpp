@@ -39,7 +39,9 @@ const char* const kVars[] = {
     "MPI_LOCALRANKID", "MPI_LOCALNRANKS", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
     "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_PROCID", "SLURM_NTASKS",
     "SLURM_NPROCS", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_NTASKS_PER_NODE",
-    "SLURM_TASKS_PER_NODE", "TRAINRUN_AGENT_STORE", "TRAINRUN_RUN_DIR_READY"};
+    "SLURM_TASKS_PER_NODE", "TRAINRUN_AGENT_STORE", "TRAINRUN_RUN_DIR_READY", "MASTER_ADDR",
+    "MASTER_PORT", "PET_NODE_RANK", "PET_NNODES", "PET_NPROC_PER_NODE", "PET_MASTER_ADDR",
+    "PET_MASTER_PORT"};
 
 // Sets exactly `vars` among kVars for the life of the object, then restores what was there.
 class Env {
@@ -184,6 +186,66 @@ TEST_SUITE("environment") {
     const auto w = core::detect_worker_environment();
     CHECK(w.source == "trainrun/torchrun");
     CHECK(w.rank == 1);
+  }
+
+  TEST_CASE("a Kubeflow PyTorchJob pod is a node agent; its workers are workers") {
+    // The training operator's environment for worker-0 of a job with a master and one worker,
+    // nprocPerNode 2: RANK is the pod's index and WORLD_SIZE counts pods x processes.
+    const std::map<std::string, std::string> pod{
+        {"MASTER_ADDR", "job-master-0"}, {"MASTER_PORT", "23456"}, {"WORLD_SIZE", "4"},
+        {"RANK", "1"}, {"PET_NPROC_PER_NODE", "2"}, {"PET_NODE_RANK", "1"}, {"PET_NNODES", "2"}};
+    {
+      Env env(pod);
+      CHECK_FALSE(core::detect_worker_environment().is_worker);
+      const auto c = core::cluster_launch_from_environment();
+      REQUIRE(c);
+      CHECK(c->source == "Kubeflow PyTorchJob");
+      const std::vector<std::pair<std::string, std::string>> want{
+          {"nnodes", "2"}, {"node_rank", "1"}, {"nproc_per_node", "2"},
+          {"master_addr", "job-master-0"}, {"master_port", "23456"}};
+      CHECK(c->launch == want);
+    }
+    {
+      // Without PET_NNODES (older operators): WORLD_SIZE / PET_NPROC_PER_NODE nodes.
+      auto older = pod;
+      older.erase("PET_NNODES");
+      Env env(older);
+      const auto c = core::cluster_launch_from_environment();
+      REQUIRE(c);
+      CHECK(c->launch.front() == std::pair<std::string, std::string>{"nnodes", "2"});
+    }
+    {
+      // What trainrun's agent (or torchrun) gives a worker in that pod: a worker.
+      auto worker = pod;
+      worker["RANK"] = "3";
+      worker["LOCAL_RANK"] = "1";
+      worker["LOCAL_WORLD_SIZE"] = "2";
+      Env env(worker);
+      CHECK_FALSE(core::cluster_launch_from_environment());
+      const auto w = core::detect_worker_environment();
+      CHECK(w.is_worker);
+      CHECK(w.rank == 3);
+      CHECK(w.local_rank == 1);
+    }
+    {
+      auto elastic = pod;
+      elastic["PET_NNODES"] = "1:4";
+      Env env(elastic);
+      CHECK_THROWS_WITH_AS(core::cluster_launch_from_environment(),
+                           doctest::Contains("PET_NNODES='1:4' is a range"), v1::ConfigError);
+    }
+    {
+      auto bad = pod;
+      bad["PET_NODE_RANK"] = "2";
+      Env env(bad);
+      CHECK_THROWS_WITH_AS(core::cluster_launch_from_environment(),
+                           doctest::Contains("PET_NODE_RANK=2 is not below the number of nodes 2"),
+                           v1::ConfigError);
+    }
+    {
+      Env env({});
+      CHECK_FALSE(core::cluster_launch_from_environment());
+    }
   }
 
   TEST_CASE("malformed and inconsistent values name the variable") {

@@ -299,6 +299,24 @@ int main(int argc, char** argv) {
               << " from " << TRAINRUN_BUILD_TORCH_ORIGIN << ")" << std::endl;
     return 0;
   }
+  // A cluster's job controller (a Kubeflow PyTorchJob pod) gives the layout through the
+  // environment: after the job file and --set, before the launch flags, which win.
+  std::optional<core::ClusterLaunch> cluster;
+  try {
+    cluster = core::cluster_launch_from_environment();
+  } catch (const v1::ConfigError& e) {
+    print_error(e.what());
+    return 2;
+  }
+  if (cluster) {
+    std::string said;
+    for (const auto& [key, value] : cluster->launch) {
+      overrides.push_back("launch." + key + "=" + value);
+      said += (said.empty() ? "" : ", ") + key + " " + value;
+    }
+    std::cerr << "trainrun: " << cluster->source << " environment: " << said << "\n";
+    for (const auto& n : cluster->notes) std::cerr << "trainrun: " << n << "\n";
+  }
   // The launch flags are --set overrides, applied after the --set flags, so they win.
   for (const auto& [key, value] : {std::pair{"nproc_per_node", &nproc_per_node}, {"nnodes", &nnodes},
                                    {"node_rank", &node_rank}, {"master_addr", &master_addr},

@@ -60,10 +60,56 @@ std::string seconds_text(double s) {
 // ---------------------------------------------------------------------------------------------
 // Rendezvous
 
+// The first host of a SLURM host list: "node[03-05,9],gpu1" -> "node03"; each bracket group
+// stands for its first entry (zero padding kept), as `scontrol show hostnames` would list first.
+std::string slurm_first_host(const std::string& list) {
+  std::string out;
+  int depth = 0;
+  bool skipping = false;
+  for (char c : list) {
+    if (c == ',' && depth == 0) break;
+    if (c == '[') { ++depth; skipping = false; continue; }
+    if (c == ']') { --depth; skipping = false; continue; }
+    if (depth > 0) {
+      if (c == ',' || c == '-') skipping = true;
+      if (!skipping) out += c;
+      continue;
+    }
+    out += c;
+  }
+  return out;
+}
+
+// Under srun (SLURM_PROCID) without MASTER_ADDR/MASTER_PORT: rank 0 serves the store on the
+// step's first node (where srun's block distribution puts task 0), on a port derived from the
+// job and step ids so that concurrent jobs and steps on one node differ.
+std::optional<StoreAddress> store_address_from_slurm() {
+  const char* procid = std::getenv("SLURM_PROCID");
+  if (!procid || !*procid) return std::nullopt;
+  const char* nodes = std::getenv("SLURM_STEP_NODELIST");
+  if (!nodes || !*nodes) nodes = std::getenv("SLURM_JOB_NODELIST");
+  if (!nodes || !*nodes) nodes = std::getenv("SLURM_NODELIST");
+  const char* job = std::getenv("SLURM_JOB_ID");
+  if (!job || !*job) job = std::getenv("SLURM_JOBID");
+  TR_CHECK_TYPED(ConfigError, nodes && *nodes && job && *job,
+                 "SLURM_PROCID is set but SLURM_STEP_NODELIST / SLURM_JOB_ID are not, and neither "
+                 "is MASTER_ADDR / MASTER_PORT: set MASTER_ADDR and MASTER_PORT (the rendezvous "
+                 "store) in the job script");
+  const char* step = std::getenv("SLURM_STEP_ID");
+  const long long job_id = std::atoll(job);
+  const long long step_id = step ? std::atoll(step) : 0;
+  StoreAddress a;
+  a.host = slurm_first_host(nodes);
+  a.port = 20000 + static_cast<int>((job_id * 16 + (step_id & 15)) % 40000);
+  a.from = "SLURM (first node of " + std::string(nodes) + ", port from job " + job + " step " +
+           std::to_string(step_id) + "; set MASTER_ADDR and MASTER_PORT to choose)";
+  return a;
+}
+
 std::optional<StoreAddress> store_address_from_environment() {
   const char* addr = std::getenv("MASTER_ADDR");
   const char* port = std::getenv("MASTER_PORT");
-  if (!addr && !port) return std::nullopt;
+  if (!addr && !port) return store_address_from_slurm();
   TR_CHECK_TYPED(ConfigError, addr && *addr, "MASTER_PORT is set but MASTER_ADDR is not: set both "
                  "(the address and port of the rendezvous store)");
   TR_CHECK_TYPED(ConfigError, port && *port, "MASTER_ADDR is set but MASTER_PORT is not: set both "
@@ -88,7 +134,8 @@ std::shared_ptr<c10d::Store> open_store(const StoreAddress& address, int rank, i
   opts.waitWorkers = false;
   opts.numWorkers = c10::nullopt;
   opts.timeout = millis(timeout_s);
-  const std::string where = address.host + ":" + std::to_string(address.port);
+  const std::string where = address.host + ":" + std::to_string(address.port) +
+                            (address.from.empty() ? "" : " (from " + address.from + ")");
   try {
     return std::make_shared<c10d::TCPStore>(address.host, opts);
   } catch (const std::exception& e) {
@@ -323,7 +370,8 @@ struct Monitor::Impl {
 
   // "rank 2 (host h, pid 5): last completed #16 all_reduce(...), pending none, heard 0.4 s ago"
   // for every peer that has not issued `seq` yet.
-  std::string missing_report(uint64_t seq) const {
+  // `failed`: for an operation that failed; otherwise for one still waiting (the stall warning).
+  std::string missing_report(uint64_t seq, bool failed) const {
     std::string out;
     int missing = 0;
     for (int r = 0; r < cfg.world_size; ++r) {
@@ -348,7 +396,10 @@ struct Monitor::Impl {
              (f[5] == "0" ? std::string("none") : "#" + f[5] + " " + f[6]) + ", last heard " +
              seconds_text(heard) + " ago";
     }
-    if (missing == 0) return "every peer has issued it (the transport failed; see the cause above)";
+    if (missing == 0)
+      return failed ? "every peer has issued it (the transport failed; see the cause above)"
+                    : "every peer has issued it: its data is still in transit (a slow or "
+                      "congested link between the hosts?)";
     return "not arrived: " + out;
   }
 
@@ -391,7 +442,7 @@ struct Monitor::Impl {
           std::ostringstream os;
           os << "trainrun " << cfg.backend << ": warning: rank " << global << ": " << text << " #"
              << seq << " in group " << cfg.group << " has waited " << seconds_text(waited) << "; "
-             << missing_report(seq) << "\n";
+             << missing_report(seq, false) << "\n";
           std::cerr << os.str() << std::flush;
         }
       } catch (const std::exception& e) {
@@ -522,7 +573,7 @@ std::string Monitor::describe_failure(uint64_t seq, const std::string& what) con
     try {
       if (config_.check_order && m.store->check({config_.prefix + "mismatch"}))
         return out + "; cause: " + string_of(m.store->get(config_.prefix + "mismatch"));
-      out += "; " + m.missing_report(seq);
+      out += "; " + m.missing_report(seq, true);
     } catch (const std::exception& e) {
       out += "; peers' progress unavailable (rendezvous store unreachable: " + what_of(e) + ")";
     }

@@ -38,10 +38,13 @@ struct StoreAddress {
   std::string host;           ///< MASTER_ADDR
   int port = 0;               ///< MASTER_PORT, 1..65535
   bool agent_serves = false;  ///< TRAINRUN_AGENT_STORE=1: the launcher serves it, not rank 0
+  std::string from;           ///< where the address came from when not MASTER_ADDR/PORT
 };
 
-/// Reads MASTER_ADDR, MASTER_PORT and TRAINRUN_AGENT_STORE. nullopt when neither address
-/// variable is set; throws ConfigError naming the variable when one is missing or malformed.
+/// Reads MASTER_ADDR, MASTER_PORT and TRAINRUN_AGENT_STORE. Under srun (SLURM_PROCID) without
+/// either: the first host of SLURM_STEP_NODELIST (or SLURM_JOB_NODELIST) and a port of 20000 +
+/// (SLURM_JOB_ID x 16 + SLURM_STEP_ID mod 16) mod 40000, served by rank 0. nullopt when none
+/// of these is set; throws ConfigError naming the variable when one is missing or malformed.
 std::optional<StoreAddress> store_address_from_environment();
 
 /// Connects to the store, or on rank 0 (when no agent serves it) starts serving it first.

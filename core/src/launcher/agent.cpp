@@ -120,6 +120,9 @@ constexpr int kTickMs = 100;
 // while node 0 waits for the other nodes to finish (running workers notice a lost peer
 // themselves, through their collectives).
 constexpr double kAgentLostS = 15.0;
+// The other nodes' agents give up on node 0's store when one operation (a heartbeat, reading
+// job/failed) gets no answer for this long: node 0's host is down or cut off.
+constexpr double kStoreOpTimeoutS = 10.0;
 // How long a failure that looks like a consequence of another rank's (a transport error) waits
 // for that rank's own failure before it is reported as the cause.
 constexpr double kCauseWindowS = 2.0;
@@ -686,6 +689,25 @@ bool Agent::wait_for_result() {
   }
   const std::string result = text(store_->get(kResultKey));
   if (result != "ok") throw Error(result.substr(result.find('\n') + 1));
+  // From here on this connection carries the heartbeat and the job's failure: a store that
+  // stops answering (node 0's host down or cut off) must be noticed within seconds, not after
+  // the rendezvous timeout, which a TCPStore client keeps as its socket timeout for good.
+  c10d::TCPStoreOptions o;
+  o.port = static_cast<std::uint16_t>(spec_.master_port);
+  o.isServer = false;
+  o.waitWorkers = false;
+  o.timeout = std::chrono::milliseconds(
+      static_cast<int64_t>(std::min(kStoreOpTimeoutS, spec_.rendezvous_timeout_s) * 1000));
+  try {
+    QuietC10Logging quiet;
+    store_ = std::make_unique<c10d::TCPStore>(spec_.master_addr, o);
+    // LibTorch 1.13's client socket has no receive timeout until its first wait, which leaves
+    // it at the store's timeout; a get waits. Without it a cut link blocks the agent for good.
+    store_->get(kResultKey);
+  } catch (const std::exception& e) {
+    throw Error("node " + std::to_string(spec_.node_rank) + ": node 0's agent at " + where() +
+                " went away at the end of the rendezvous (see its output): " + v1::what_of(e));
+  }
   return true;
 }
 
@@ -992,7 +1014,7 @@ void Agent::poll_peers() {
     store_lost_ = true;
     if (!exit_code_) {
       exit_code_ = 1;
-      say("lost the rendezvous store at " + where() + " (node 0's agent is gone: " + v1::what_of(e) +
+      say("lost the rendezvous store at " + where() + " (node 0's agent is gone or its host unreachable: " + v1::what_of(e) +
           "); stopping the ranks of node " + std::to_string(spec_.node_rank));
       begin_stop();
     }

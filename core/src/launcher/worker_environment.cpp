@@ -4,10 +4,12 @@
 
 #include <trainrun/error.hpp>
 
+#include <algorithm>
 #include <charconv>
 #include <cstdlib>
 #include <filesystem>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -81,7 +83,59 @@ int slurm_tasks_on_node(const std::string& text, int node) {
   return node >= 0 && node < static_cast<int>(counts.size()) ? counts[node] : counts.front();
 }
 
+// A pod of a Kubeflow PyTorchJob (training operator): the operator sets RANK and WORLD_SIZE for
+// the pod (RANK = its node index) and PET_NODE_RANK for torchrun, which would then set
+// LOCAL_RANK in each worker. Such a process is a node agent, not a worker.
+bool kubeflow_pod() {
+  const auto node = env_value("PET_NODE_RANK");
+  const auto local = env_value("LOCAL_RANK");
+  return node && !node->empty() && (!local || local->empty());
+}
+
 }  // namespace
+
+std::optional<ClusterLaunch> cluster_launch_from_environment() {
+  if (!kubeflow_pod()) return std::nullopt;
+  ClusterLaunch c;
+  c.source = "Kubeflow PyTorchJob";
+  const int node_rank = env_int("PET_NODE_RANK", *env_value("PET_NODE_RANK"));
+  std::optional<int> nproc;
+  if (auto v = env_value("PET_NPROC_PER_NODE"); v && !v->empty()) {
+    // "auto" / "gpu" let torchrun decide; here the job file's nproc_per_node does.
+    if (v->find_first_not_of("0123456789") == std::string::npos) nproc = env_int("PET_NPROC_PER_NODE", *v);
+    else c.notes.push_back("PET_NPROC_PER_NODE='" + *v + "' is not a number: [launch] nproc_per_node is used");
+  }
+  int nnodes = 0;
+  if (auto v = env_value("PET_NNODES"); v && !v->empty()) {
+    if (v->find(':') != std::string::npos)
+      throw ConfigError("environment variable PET_NNODES='" + *v + "' is a range (an elastic "
+                        "PyTorchJob): trainrun runs a fixed number of nodes; give the job a "
+                        "fixed replica count without elasticPolicy");
+    nnodes = env_int("PET_NNODES", *v);
+  } else if (auto w = optional_int("WORLD_SIZE")) {
+    nnodes = *w / std::max(1, nproc.value_or(1));  // the operator's WORLD_SIZE = pods x nproc
+  } else {
+    throw ConfigError("environment: PET_NODE_RANK is set but neither PET_NNODES nor WORLD_SIZE "
+                      "is; a PyTorchJob sets both");
+  }
+  if (nnodes < 1 || node_rank >= nnodes)
+    throw ConfigError("environment: PET_NODE_RANK=" + std::to_string(node_rank) +
+                      " is not below the number of nodes " + std::to_string(nnodes) +
+                      " (PET_NNODES, or WORLD_SIZE / PET_NPROC_PER_NODE)");
+  const char* addr_var = env_value("PET_MASTER_ADDR") ? "PET_MASTER_ADDR" : "MASTER_ADDR";
+  const char* port_var = env_value("PET_MASTER_PORT") ? "PET_MASTER_PORT" : "MASTER_PORT";
+  const auto addr = env_value(addr_var);
+  if (!addr || addr->empty())
+    throw ConfigError("environment: PET_NODE_RANK is set but MASTER_ADDR is not; a PyTorchJob "
+                      "sets it to the master pod's service");
+  c.launch.emplace_back("nnodes", std::to_string(nnodes));
+  c.launch.emplace_back("node_rank", std::to_string(node_rank));
+  if (nproc) c.launch.emplace_back("nproc_per_node", std::to_string(*nproc));
+  c.launch.emplace_back("master_addr", *addr);
+  if (auto port = env_value(port_var); port && !port->empty())
+    c.launch.emplace_back("master_port", std::to_string(env_int(port_var, *port)));
+  return c;
+}
 
 WorkerEnvironment detect_worker_environment() {
   WorkerEnvironment w;
@@ -91,7 +145,7 @@ WorkerEnvironment detect_worker_environment() {
   // Variable names of the source found, for messages about inconsistent values.
   const char *rank_var = nullptr, *size_var = nullptr, *lrank_var = nullptr, *lsize_var = nullptr;
   std::optional<int> local_rank, local_size;
-  if (auto r = env_value("RANK"); r && !r->empty()) {
+  if (auto r = env_value("RANK"); r && !r->empty() && !kubeflow_pod()) {
     w.source = "trainrun/torchrun";
     rank_var = "RANK", size_var = "WORLD_SIZE", lrank_var = "LOCAL_RANK",
     lsize_var = "LOCAL_WORLD_SIZE";

@@ -21,6 +21,7 @@
 // Multi-node: every agent polls the store key job/failed; the first agent whose worker fails
 // writes the cause there, and the others stop their workers and print it. Node 0's agent serves
 // the store and stays until the other agents have ended (or their heartbeat stopped).
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -49,6 +50,23 @@ struct WorkerEnvironment {
 /// Missing local variables mean every rank is on this node. Throws ConfigError naming the
 /// variable when a value is malformed or inconsistent (rank >= world_size, ...).
 WorkerEnvironment detect_worker_environment();
+
+/// The layout a cluster's job controller gives this node's agent through the environment.
+struct ClusterLaunch {
+  std::string source;  ///< "Kubeflow PyTorchJob"
+  std::vector<std::pair<std::string, std::string>> launch;  ///< [launch] key -> value
+  std::vector<std::string> notes;  ///< variables present but not used, and why
+};
+
+/// A Kubeflow PyTorchJob pod (PET_NODE_RANK set, LOCAL_RANK not: the training operator's
+/// environment, before torchrun or trainrun's agent made workers of it): nnodes from PET_NNODES
+/// (or WORLD_SIZE / PET_NPROC_PER_NODE: the operator's WORLD_SIZE counts pods x processes),
+/// node_rank from PET_NODE_RANK, nproc_per_node from PET_NPROC_PER_NODE when it is a number,
+/// master_addr/master_port from PET_MASTER_ADDR/PORT or MASTER_ADDR/PORT. The operator's RANK
+/// is the pod's index, not a worker's rank: detect_worker_environment does not take such a
+/// process for a worker. nullopt elsewhere. Throws ConfigError naming the variable for a
+/// malformed value or an elastic job (PET_NNODES = "1:4").
+std::optional<ClusterLaunch> cluster_launch_from_environment();
 
 /// How to run the workers of this node.
 struct LaunchSpec {
