@@ -28,6 +28,7 @@
 #include <nlohmann/json.hpp>
 
 #include "trainrun/activation_checkpointing.hpp"
+#include "trainrun/deferred_weights.hpp"
 #include "trainrun/linear.hpp"
 
 #include "trainrun/core/checkpoint.hpp"
@@ -331,6 +332,33 @@ uint32_t abi_minor_of(const Registry& reg, const ComponentConfig& c) {
   return v1::kAbiMinor;
 }
 
+// ABI 1.7 deferred loading (trainrun/deferred_weights.hpp, protocol step 2): a model built with
+// its weights still in their files is filled by a strategy that reads only this rank's shard,
+// when nothing before the strategy reads values; otherwise its weights are read whole here, once.
+// Returns why they were read whole ("" when left to the strategy or nothing was deferred).
+std::string settle_deferred_weights(Slot<v1::Model>& model, bool init_weights, const Registry& reg,
+                                    const JobConfig& job, Slot<v1::Precision>& precision,
+                                    Slot<v1::Strategy>& strategy) {
+  auto* d = dynamic_cast<v1::DeferredWeights*>(model.obj.get());
+  if (d == nullptr || !model.call("weights_deferred", [&](v1::Model&) { return d->weights_deferred(); }))
+    return "";
+  std::string why;
+  const auto* loader = dynamic_cast<const v1::DeferredWeightsLoader*>(strategy.obj.get());
+  const auto* bytes = dynamic_cast<const v1::PrecisionBytes*>(precision.obj.get());
+  if (init_weights)
+    why = "[trainer] init_weights replaces them";
+  else if (loader == nullptr || abi_minor_of(reg, job.strategy) < 7 || !loader->loads_deferred_weights())
+    why = strategy.label + " does not load them by shard";
+  else if (bytes == nullptr || bytes->param_bytes() != 4 || abi_minor_of(reg, job.precision) < 7)
+    why = precision.label + " converts them";
+  for (const auto& c : job.callbacks)
+    if (why.empty() && abi_minor_of(reg, c) < 7)
+      why = "callback '" + c.plugin + "' predates ABI 1.7 and may read them";
+  if (!why.empty())
+    model.call("load_deferred_weights", [&](v1::Model&) { d->load_deferred_weights(); return 0; });
+  return why;
+}
+
 // Batch as ABI 1.0-1.5 laid it out: a dataset built against such an SDK constructs only these
 // fields in the caller's return slot, so the core must not receive it as a 1.6 Batch (whose
 // appended tensors would be left unconstructed).
@@ -565,8 +593,12 @@ int train(const JobConfig& job, const Registry& registry) {
   // is measured from here.
   const int64_t mem_baseline = memory_now(false);
   auto model = build<v1::Model>(registry, job.model, ctx);
-  if (const std::string init = job.trainer.get_string("init_weights"); !init.empty())
-    load_initial_weights(*model.obj, init, model.label);
+  const std::string init_weights = job.trainer.get_string("init_weights");
+  if (!init_weights.empty()) {
+    if (auto* d = dynamic_cast<v1::DeferredWeights*>(model.obj.get()))
+      model.call("load_deferred_weights", [&](v1::Model&) { d->load_deferred_weights(); return 0; });
+    load_initial_weights(*model.obj, init_weights, model.label);
+  }
   auto precision = build<v1::Precision>(registry, job.precision, ctx);
   auto strategy = build<v1::Strategy>(registry, job.strategy, ctx);
   auto optimizer = build<v1::Optimizer>(registry, job.optimizer, ctx);
@@ -590,6 +622,8 @@ int train(const JobConfig& job, const Registry& registry) {
       log_warn("no '" + name + "' callback plugin found: " + output + " will not be written");
     }
   }
+
+  settle_deferred_weights(model, !init_weights.empty(), registry, job, precision, strategy);
 
   // Batch grew in ABI 1.6 (position_ids, segment_ids): batches of an older dataset are received
   // in their own layout; behind an older strategy (whose copies of a batch end before the new
