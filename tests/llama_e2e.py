@@ -19,6 +19,18 @@ Modes:
            on the HF base gives an HF directory whose logits equal the adapter model's; onto a
            base it was not trained on (other shapes, fewer layers, same shapes but another
            model_type) it exits 2 naming the tensor or key and writes nothing.
+  shardload  loading by shard (ABI 1.7 DeferredWeights): at 2 ranks under fsdp and zero stage 3
+           each rank reads only its shard's bytes from model.safetensors (the two ranks' reads add
+           up to the file's tensor bytes, neither reads more than half plus one tensor's
+           alignment; with LoRA, whose frozen tensors outside the decoder layers stay whole, each
+           reads part), and the losses of 4 AdamW steps, with and without LoRA, are identical to
+           the read-whole path (forced by [trainer] init_weights = the same file).
+  export   `trainrun export` on a sharded checkpoint (fsdp, 2 ranks) of a full fine-tuning run:
+           the HF directory loads in from_pretrained with no missing or unexpected keys, gives
+           trainrun's logits on it (1e-5) and equals the run's own <run_dir>/hf/ (same step);
+           --dtype bfloat16 with a small --max-shard-size writes bf16 shards + index that load
+           too; tokenizer files are copied; an existing --output and a LoRA checkpoint are errors
+           (exit 2, nothing written).
   bad      bad input, each exit 2 with a message naming the fault and no <run_dir>/hf/: no
            config.json, an unsupported model_type, a shard listed in the index but missing, a
            truncated safetensors file, a tensor of the wrong shape, a LoRA target matching nothing.
@@ -317,6 +329,10 @@ def main():
             fail("QLoRA under fsdp and ddp disagree")
         if not a[-1] < a[0]:
             fail("QLoRA did not lower the loss")
+    elif MODE == "export":
+        export(base)
+    elif MODE == "shardload":
+        shardload(base)
     elif MODE == "bad":
         bad(base)
     else:
@@ -353,6 +369,112 @@ def mismatched_bases(adapter):
     case("another-model_type", other, qwen3,
          rf'config\.json key "model_type" is "{"mistral" if other == "mistral" else "llama"}", but the adapter '
          rf'was trained on .*base .*whose model_type is "{theirs}"')
+
+
+def export(base):
+    from safetensors import safe_open
+
+    with open(os.path.join(base, "tokenizer_config.json"), "w") as f:
+        f.write('{"model_max_length": 64}\n')
+    tokens = os.path.join(WORK, "tokens.u32")
+    _, frac = token_file(tokens)
+    ckpt = '\n[[callbacks]]\nplugin = "checkpoint"\nevery_n_steps = 0\nsave_last = true\n'
+    run_dir = os.path.join(WORK, "run")
+    job(os.path.join(WORK, "run.toml"), base, tokens, frac, run_dir, 3, 2e-2,
+        '\n[strategy]\nplugin = "fsdp"\n' + ckpt)
+    run_trainrun(["--config", os.path.join(WORK, "run.toml"), "--set", "launch.nproc_per_node=2",
+                  "--set", "accelerator.plugin=gloo-cpu"])
+    checkpoints = os.path.join(run_dir, "checkpoints")
+    out = os.path.join(WORK, "exported")
+    run_trainrun(["export", checkpoints, "--output", out])
+    for f in ("config.json", "generation_config.json", "model.safetensors", "tokenizer_config.json"):
+        if not os.path.isfile(os.path.join(out, f)):
+            fail(f"export wrote no {f}")
+    with safe_open(os.path.join(out, "model.safetensors"), "pt") as f:
+        if f.metadata() != {"format": "pt"}:
+            fail(f"export: __metadata__ is {f.metadata()}")
+        if any(f.get_tensor(k).dtype != torch.float32 for k in f.keys()):
+            fail("export: the weights are not float32 (as trained)")
+    with safe_open(os.path.join(run_dir, "hf", "model.safetensors"), "pt") as a, \
+            safe_open(os.path.join(out, "model.safetensors"), "pt") as b:
+        if sorted(a.keys()) != sorted(b.keys()) or any(not torch.equal(a.get_tensor(k), b.get_tensor(k)) for k in a.keys()):
+            fail("export: the weights differ from the run's own <run_dir>/hf/ at the same step")
+    compare_logits(out, "export")  # from_pretrained (no missing/unexpected keys) vs trainrun
+    bf16 = os.path.join(WORK, "exported-bf16")
+    run_trainrun(["export", checkpoints, "--output", bf16, "--dtype", "bfloat16", "--max-shard-size", "20KB"])
+    index = os.path.join(bf16, "model.safetensors.index.json")
+    if not os.path.isfile(index):
+        fail("export --max-shard-size 20KB wrote no index")
+    shards = sorted(set(json.load(open(index))["weight_map"].values()))
+    config = json.load(open(os.path.join(bf16, "config.json")))
+    if config.get("torch_dtype") != "bfloat16" and config.get("dtype") != "bfloat16":
+        fail(f"export --dtype bfloat16: config.json says {config.get('dtype')}")
+    from transformers import AutoModelForCausalLM
+    m, info = AutoModelForCausalLM.from_pretrained(bf16, output_loading_info=True)
+    if any(info.get(k) for k in ("missing_keys", "unexpected_keys", "mismatched_keys")):
+        fail(f"bf16 export: from_pretrained reports {info}")
+    if next(m.parameters()).dtype != torch.bfloat16:
+        fail("bf16 export: from_pretrained did not load bfloat16 weights")
+    print(f"{VARIANT} export: bf16 in {len(shards)} shards loads in from_pretrained")
+    msg = run_trainrun(["export", checkpoints, "--output", out], expect_rc=2)
+    if "exists" not in msg:
+        fail("export onto an existing directory: the message does not say so")
+    lora_dir = os.path.join(WORK, "lora")
+    job(os.path.join(WORK, "lora.toml"), base, tokens, frac, lora_dir, 2, 2e-2,
+        ckpt + '\n[[callbacks]]\nplugin = "lora"\nr = 4\nlora_alpha = 8.0\ntarget_modules = ["all-linear"]\n')
+    run_trainrun(["--config", os.path.join(WORK, "lora.toml")])
+    lora_out = os.path.join(WORK, "exported-lora")
+    msg = run_trainrun(["export", os.path.join(lora_dir, "checkpoints"), "--output", lora_out], expect_rc=2)
+    if "merge-lora" not in msg or os.path.exists(lora_out):
+        fail("export of a LoRA checkpoint: expected exit 2 pointing to merge-lora and nothing written")
+
+
+def shardload(base):
+    import re
+    from safetensors import safe_open
+
+    tokens = os.path.join(WORK, "tokens.u32")
+    _, frac = token_file(tokens)
+    weights = os.path.join(base, "model.safetensors")
+    with safe_open(weights, "pt") as f:
+        total = sum(f.get_tensor(k).numel() * f.get_tensor(k).element_size() for k in f.keys())
+        largest = max(f.get_tensor(k).numel() * f.get_tensor(k).element_size() for k in f.keys())
+    lora = ('\n[[callbacks]]\nplugin = "lora"\nr = 4\nlora_alpha = 8.0\n'
+            'target_modules = ["all-linear"]\n')
+    cases = [("fsdp", "fsdp", ""), ("zero3", "zero", "\nstage = 3\nparam_persistence_threshold = 0\n"), ("fsdp-lora", "fsdp", lora)]
+    for name, strategy, extra in cases:
+        runs = {}
+        for load in ("shard", "whole"):
+            run_dir = os.path.join(WORK, f"{name}-{load}")
+            cfg = os.path.join(WORK, f"{name}-{load}.toml")
+            strat = f'\n[strategy]\nplugin = "{strategy}"\n' + (extra if strategy == "zero" else "")
+            job(cfg, base, tokens, frac, run_dir, 4, 2e-2, strat + (extra if strategy != "zero" else ""))
+            args = ["--config", cfg, "--set", "launch.nproc_per_node=2", "--set", "accelerator.plugin=gloo-cpu"]
+            if load == "whole":
+                args += ["--set", f"trainer.init_weights={weights}"]
+            out = run_trainrun(args)
+            reads = {int(r): int(b) for r, b in re.findall(r"llama: rank (\d) read (\d+) bytes of weights", out)}
+            if sorted(reads) != [0, 1]:
+                fail(f"{name} {load}: expected a read report from ranks 0 and 1, got {reads}")
+            if load == "shard" and extra == lora:
+                # The frozen base is sharded per decoder layer; frozen tensors outside the layers
+                # (the tied embedding, the final norm) stay whole on every rank and are read whole.
+                print(f"{name}: bytes read per rank {reads} of {total} in the file")
+                if not max(reads.values()) < total or not sum(reads.values()) > total:
+                    fail(f"{name}: expected each rank to read part of the file, got {reads}")
+            elif load == "shard":
+                print(f"{name}: bytes read per rank {reads} of {total} in the file")
+                if sum(reads.values()) != total:
+                    fail(f"{name}: the ranks read {sum(reads.values())} bytes together, the file holds {total}")
+                if max(reads.values()) > total / 2 + largest:
+                    fail(f"{name}: a rank read {max(reads.values())} bytes, more than half of {total} plus one tensor")
+            elif any(b != total for b in reads.values()):
+                fail(f"{name} whole: every rank should read all {total} bytes, got {reads}")
+            runs[load] = losses(run_dir)
+        a, b = runs["shard"], runs["whole"]
+        print(f"{name}: losses by shard {a}\n{name}: losses whole    {b}")
+        if len(a) != 4 or a != b:
+            fail(f"{name}: losses after loading by shard differ from the read-whole path")
 
 
 def bad(base):

@@ -27,6 +27,7 @@
 #include "trainrun/core/registry.hpp"
 #include "trainrun/core/runtime.hpp"
 #include "trainrun/cpu_runtime.hpp"
+#include "trainrun/deferred_weights.hpp"
 #include "trainrun/generation.hpp"
 #include "trainrun/hf/safetensors.hpp"
 #include "trainrun/text/chat_template.hpp"
@@ -274,6 +275,8 @@ int run_generate_command(int argc, char** argv) {
     std::unique_ptr<v1::Model> model =
         reg.create<v1::Model>(info, v1::Options(values, "trainrun generate --model " + model_dir), ctx);
     const std::string label = core::describe_component(info);
+    if (auto* d = dynamic_cast<v1::DeferredWeights*>(model.get()))  // ABI 1.7: read them whole
+      core::guarded(label, "load_deferred_weights", [&] { d->load_deferred_weights(); return 0; });
     auto* decoder = dynamic_cast<v1::IncrementalDecoder*>(model.get());
     if (!decoder) return bad(label + " does not offer incremental decoding (v1::IncrementalDecoder)");
     int merged = 0;

@@ -16,6 +16,7 @@
 
 #include "chat_cli.hpp"
 #include "collectives.hpp"
+#include "export_cli.hpp"
 #include "generate_cli.hpp"
 #include "merge_lora.hpp"
 #include "report.hpp"
@@ -182,6 +183,7 @@ int main(int argc, char** argv) {
   if (argc > 1 && std::string(argv[1]) == "generate") return trainrun::app::run_generate_command(argc, argv);
   if (argc > 1 && std::string(argv[1]) == "chat-template") return trainrun::app::run_chat_template_command(argc, argv);
   if (argc > 1 && std::string(argv[1]) == "report") return trainrun::app::run_report_command(argc, argv);
+  if (argc > 1 && std::string(argv[1]) == "export") return trainrun::app::run_export_command(argc, argv);
   // `consolidate <checkpoint> <out> [--max-shard-size BYTES]`: one full model from the pieces.
   if (argc > 1 && std::string(argv[1]) == "consolidate") {
     std::vector<std::string> args;
@@ -278,6 +280,7 @@ int main(int argc, char** argv) {
                  "       trainrun check --config job.toml [--set key=value]... [--plugin-path P]...\n"
                  "       trainrun plugins [NAME]\n"
                  "       trainrun consolidate <checkpoint dir> <out dir> [--max-shard-size 5GB]\n"
+                 "       trainrun export CHECKPOINT --output DIR [--dtype bfloat16] (an HF model directory)\n"
                  "       trainrun merge-lora --base MODEL --adapter DIR --output FILE\n"
                  "       trainrun encode|decode --tokenizer DIR [--jsonl] (see trainrun encode --help)\n"
                  "       trainrun tokenize --tokenizer DIR --output corpus.bin FILES... (see trainrun tokenize --help)\n"

@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <limits>
 #include <map>
@@ -18,6 +19,7 @@
 #include "trainrun/linear.hpp"
 #include "trainrun/packed_batch.hpp"
 #include "trainrun/plugin.hpp"
+#include "trainrun/sharding.hpp"
 
 namespace trainrun::llama {
 
@@ -362,18 +364,29 @@ class DecoderLayerImpl : public torch::nn::Module {
 };
 TORCH_MODULE(DecoderLayer);
 
+// Deferred loading: a submodule's parameters keep their shapes but give their memory back as
+// soon as the submodule is built, so building the model never holds more than its largest part.
+void release_parameters(torch::nn::Module& m, bool release) {
+  if (!release) return;
+  for (auto& p : m.parameters(true))
+    if (p.defined() && p.numel() > 0) v1::sharding::free_storage(p);
+}
+
 // LlamaModel in HF's naming (the "model." prefix).
 class DecoderImpl : public torch::nn::Module {
  public:
-  explicit DecoderImpl(const LlamaConfig& c) {
+  DecoderImpl(const LlamaConfig& c, bool release) {
     embed_tokens = register_module("embed_tokens", torch::nn::Embedding(c.vocab_size, c.hidden_size));
+    release_parameters(*embed_tokens, release);
     layers = register_module("layers", torch::nn::ModuleList());
     for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
       DecoderLayer l(c);
+      release_parameters(*l, release);
       layers->push_back(l);
       layer_ptrs.push_back(l.ptr());
     }
     norm = register_module("norm", RMSNorm(c.hidden_size, c.rms_norm_eps));
+    release_parameters(*norm, release);
   }
   torch::nn::Embedding embed_tokens{nullptr};
   torch::nn::ModuleList layers{nullptr};
@@ -384,10 +397,13 @@ TORCH_MODULE(Decoder);
 
 class CausalLMImpl : public torch::nn::Module {
  public:
-  explicit CausalLMImpl(const LlamaConfig& c) : cfg(c) {
-    model = register_module("model", Decoder(c));
+  CausalLMImpl(const LlamaConfig& c, bool release) : cfg(c) {
+    model = register_module("model", Decoder(c, release));
     // Tied: the output projection reuses embed_tokens.weight (not registered twice, ModuleModel).
-    if (!c.tie_word_embeddings) lm_head = register_module("lm_head", linear(c.hidden_size, c.vocab_size, false));
+    if (!c.tie_word_embeddings) {
+      lm_head = register_module("lm_head", linear(c.hidden_size, c.vocab_size, false));
+      release_parameters(*lm_head, release);
+    }
     inv_freq = rope_inv_freq(c);
   }
 
@@ -458,7 +474,7 @@ LlamaModel::LlamaModel(const v1::Options& o, const v1::RunContext& ctx) : run_di
   max_shard_bytes_ = hf::parse_size(o.get_string("max_shard_size"));
   const std::string path = o.get_string("path");
   if (!path.empty()) {
-    load(path);
+    load(path, /*defer=*/true);  // the host loads them whole, or a sharded strategy by shard
   } else {
     json j;
     j["model_type"] = o.get_string("model_type");
@@ -476,7 +492,7 @@ LlamaModel::LlamaModel(const v1::Options& o, const v1::RunContext& ctx) : run_di
     j["attention_bias"] = o.get_bool("attention_bias");
     if (o.get_int("sliding_window") > 0) j["sliding_window"] = o.get_int("sliding_window");
     cfg_ = LlamaConfig::from_json(j.dump(), o.context());
-    build();
+    build(false);
     // transformers' _init_weights: N(0, initializer_range) for Linear and Embedding weights,
     // zero biases, unit RMSNorm gains.
     torch::NoGradGuard no_grad;
@@ -492,10 +508,10 @@ LlamaModel::LlamaModel(const v1::Options& o, const v1::RunContext& ctx) : run_di
                  data.vocab_size, ") is larger than the model's vocab_size (", cfg_.vocab_size, ")");
 }
 
-LlamaModel::LlamaModel(const std::string& dir) : save_hf_(false) { load(dir); }
+LlamaModel::LlamaModel(const std::string& dir) : save_hf_(false) { load(dir, /*defer=*/false); }
 
-void LlamaModel::build() {
-  net_ = CausalLM(cfg_).ptr();
+void LlamaModel::build(bool release) {
+  net_ = CausalLM(cfg_, release).ptr();
   set_module(net_);
   units_.clear();
   auto& net = net_of(net_);
@@ -504,14 +520,39 @@ void LlamaModel::build() {
                                                 net.model->layer_ptrs[static_cast<size_t>(i)]));
 }
 
-// Reads every parameter from the directory's safetensors, one tensor at a time straight into
-// the parameter (peak memory: the model plus its largest tensor in the file's dtype).
-void LlamaModel::load(const std::string& dir) {
-  hf::ModelDir md(dir);
+namespace {
+// Bytes this process has read through read()/pread() so far (/proc/self/io rchar), -1 where
+// the kernel does not say.
+int64_t rchar_now() {
+  std::ifstream io("/proc/self/io");
+  std::string k;
+  int64_t v = 0;
+  while (io >> k >> v)
+    if (k == "rchar:") return v;
+  return -1;
+}
+// A /proc/self/status figure in bytes ("VmRSS", "VmHWM"), -1 where the kernel does not say.
+int64_t status_bytes(const std::string& key) {
+  std::ifstream st("/proc/self/status");
+  std::string line;
+  while (std::getline(st, line))
+    if (line.rfind(key + ":", 0) == 0) return std::stoll(line.substr(key.size() + 1)) * 1024;
+  return -1;
+}
+}  // namespace
+
+// Checks every parameter against the directory's safetensors headers (names, shapes, dtypes;
+// nothing missing or unexpected), then either reads them now, one tensor at a time straight into
+// the parameter (peak memory: the model plus its largest tensor in the file's dtype), or, with
+// `defer`, leaves them without values for load_deferred_weights() or read_weight_range().
+void LlamaModel::load(const std::string& dir, bool defer) {
+  rss_at_build_ = status_bytes("VmRSS");
+  md_ = std::make_unique<hf::ModelDir>(dir);
+  hf::ModelDir& md = *md_;
   dir_ = fs::absolute(dir).lexically_normal().string();
   config_text_ = md.config_text();
   cfg_ = LlamaConfig::from_json(config_text_, (fs::path(dir) / "config.json").string());
-  build();
+  build(defer);
   std::set<std::string> wanted;
   torch::NoGradGuard no_grad;
   for (auto& item : net_->named_parameters(true)) {
@@ -526,7 +567,7 @@ void LlamaModel::load(const std::string& dir) {
                    item.value().sizes());
     TR_CHECK_TYPED(ConfigError, e.dtype == at::kFloat || e.dtype == at::kBFloat16 || e.dtype == at::kHalf,
                    md.file_of(name), ": tensor '", name, "' is ", e.dtype, " (F32, BF16 or F16 expected)");
-    item.value().copy_(md.read(name));
+    deferred_[name] = item.value();
   }
   for (const auto& name : md.tensor_names()) {
     if (wanted.count(name)) continue;
@@ -537,6 +578,47 @@ void LlamaModel::load(const std::string& dir) {
     TR_CHECK_TYPED(ConfigError, false, md.file_of(name), ": unexpected tensor '", name, "' (not a parameter of ",
                    cfg_.model_type, " as config.json describes it)");
   }
+  if (!defer) load_deferred_weights();
+}
+
+
+bool LlamaModel::weight_deferred(const std::string& name) const { return deferred_.count(name) > 0; }
+
+void LlamaModel::read_weight_range(const std::string& name, int64_t offset, const at::Tensor& out) {
+  auto it = deferred_.find(name);
+  TR_CHECK(it != deferred_.end() && md_ != nullptr, "llama: read_weight_range: '", name,
+           "' is not a parameter waiting for its values");
+  const int64_t n = it->second.numel();
+  TR_CHECK(offset >= 0 && offset + out.numel() <= n, "llama: read_weight_range: elements [", offset, ", ",
+           offset + out.numel(), ") lie outside '", name, "' (", n, " elements)");
+  if (rchar_start_ < 0) rchar_start_ = rchar_now();
+  torch::NoGradGuard no_grad;
+  at::Tensor part = out.numel() == n ? md_->read(name).reshape({-1}) : md_->read_range(name, offset, out.numel());
+  bytes_read_ += static_cast<int64_t>(part.nbytes());
+  ++ranges_read_;
+  out.copy_(part);
+}
+
+void LlamaModel::load_deferred_weights() {
+  if (deferred_.empty()) return;
+  torch::NoGradGuard no_grad;
+  for (auto& [name, p] : deferred_) {
+    v1::sharding::refill_storage(p);
+    read_weight_range(name, 0, p.detach().view({-1}));
+  }
+  deferred_weights_loaded();
+}
+
+void LlamaModel::deferred_weights_loaded() {
+  if (bytes_read_ > 0 && run_dir_.size() > 0) {
+    const int64_t rchar = rchar_start_ >= 0 ? rchar_now() - rchar_start_ : -1;
+    std::cout << "llama: rank " << rank_ << " read " << bytes_read_ << " bytes of weights in " << ranges_read_
+              << " reads (" << md_->total_bytes() << " in the files; " << rchar << " bytes read by the process); "
+              << "RSS " << rss_at_build_ << " bytes before the model was built, peak " << status_bytes("VmHWM")
+              << " bytes now" << std::endl;
+  }
+  deferred_.clear();
+  md_.reset();
 }
 
 at::Tensor LlamaModel::logits(const at::Tensor& ids) {

@@ -8,12 +8,15 @@
 // mapping tables. Each decoder layer is one sharding Unit; every projection is a
 // trainrun::v1::Linear, so quant-nf4/int8 and lora apply.
 #include <ATen/core/Tensor.h>
+#include <trainrun/deferred_weights.hpp>
 #include <trainrun/generation.hpp>
+#include <trainrun/hf/model_dir.hpp>
 #include <trainrun/hf/model_source.hpp>
 #include <trainrun/interfaces.hpp>
 #include <trainrun/module_model.hpp>
 #include <trainrun/packed_batch.hpp>
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -55,7 +58,8 @@ class LlamaModel final : public v1::ModuleModel,
                          public v1::BatchFieldsReaderBase,
                          public v1::FinalStateDictConsumer,
                          public v1::HfModelSource,
-                         public v1::IncrementalDecoder {
+                         public v1::IncrementalDecoder,
+                         public v1::DeferredWeights {
  public:
   static void declare_options(v1::OptionSchema& s);
   LlamaModel(const v1::Options& o, const v1::RunContext& ctx);
@@ -75,6 +79,16 @@ class LlamaModel final : public v1::ModuleModel,
   std::string hf_model_dir() const override { return dir_; }
   std::string hf_task_type() const override { return "CAUSAL_LM"; }
 
+  /// DeferredWeights (ABI 1.7): built from an HF directory through the plugin, the model checks
+  /// every tensor's header but reads no weight until the host or a sharded strategy asks.
+  bool weights_deferred() const override { return !deferred_.empty(); }
+  bool weight_deferred(const std::string& name) const override;
+  void load_deferred_weights() override;
+  void read_weight_range(const std::string& name, int64_t offset, const at::Tensor& out) override;
+  /// Prints what this rank read (bytes of weights, and the process's rchar since the first read)
+  /// and closes the weight files.
+  void deferred_weights_loaded() override;
+
   /// KV-cache decoding (llama_decode.inc): keys/values cached per layer after RoPE, as
   /// transformers' DynamicCache holds them; the training forward above is not used.
   std::unique_ptr<v1::DecodeState> new_decode_state(int64_t batch_size, int64_t max_length) override;
@@ -86,8 +100,8 @@ class LlamaModel final : public v1::ModuleModel,
                const std::string& dtype, int64_t max_shard_bytes) const;
 
  private:
-  void build();
-  void load(const std::string& dir);
+  void build(bool release);
+  void load(const std::string& dir, bool defer);
 
   LlamaConfig cfg_;
   std::string dir_, config_text_, run_dir_, save_dtype_ = "auto";
@@ -96,6 +110,9 @@ class LlamaModel final : public v1::ModuleModel,
   int rank_ = 0;
   std::shared_ptr<torch::nn::Module> net_;
   std::vector<std::unique_ptr<v1::Unit>> units_;
+  std::unique_ptr<hf::ModelDir> md_;            ///< open while weights are deferred
+  std::map<std::string, at::Tensor> deferred_;  ///< parameters waiting for their values
+  int64_t bytes_read_ = 0, ranges_read_ = 0, rchar_start_ = -1, rss_at_build_ = -1;
 };
 
 }  // namespace trainrun::llama

@@ -3,9 +3,11 @@
 #include <trainrun/finite_check.hpp>
 #include <trainrun/plugin.hpp>
 
+#include <ATen/Parallel.h>
 #include <c10/core/GradMode.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <algorithm>
 #include <cmath>
 #include <iostream>
 #include <sstream>
@@ -175,13 +177,42 @@ at::Tensor nf4_absmax(const Nf4Tensor& q) {
   return dequantize_blockwise(q.absmax_q, q.absmax2, dynamic_map(), q.dq_blocksize) + q.absmax_offset;
 }
 
-at::Tensor nf4_dequantize(const Nf4Tensor& q) {
+at::Tensor nf4_dequantize_reference(const Nf4Tensor& q) {
   c10::NoGradGuard no_grad;
   // One lookup per byte into a [256, 2] table gives both of its values.
   at::Tensor values = nf4_byte_table().index_select(0, q.packed.to(at::kLong)).reshape({-1});
   values = values.slice(0, 0, q.numel);
   at::Tensor absmax = nf4_absmax(q);
   return (as_blocks(values, q.blocksize) * absmax.unsqueeze(1)).reshape({-1}).slice(0, 0, q.numel).view(q.shape);
+}
+
+at::Tensor nf4_dequantize(const Nf4Tensor& q) {
+  if (!q.packed.device().is_cpu()) return nf4_dequantize_reference(q);
+  c10::NoGradGuard no_grad;
+  // One pass over the packed bytes, block by block (blocksize is even, so a byte never straddles
+  // two blocks): each output element is code * absmax, the same float32 product as the
+  // reference's, without its int64 index copy, [n, 2] gather and padded block view.
+  const at::Tensor absmax = nf4_absmax(q).contiguous();
+  const at::Tensor packed = q.packed.contiguous();
+  at::Tensor out = at::empty({q.numel}, absmax.options());
+  const uint8_t* p = packed.data_ptr<uint8_t>();
+  const float* a = absmax.data_ptr<float>();
+  float* o = out.data_ptr<float>();
+  const int64_t n = q.numel, bs = q.blocksize, blocks = (n + bs - 1) / bs;
+  at::parallel_for(0, blocks, std::max<int64_t>(1, 16384 / bs), [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const float m = a[b];
+      const int64_t e0 = b * bs, e1 = std::min(n, e0 + bs);
+      int64_t e = e0;
+      for (; e + 1 < e1; e += 2) {
+        const uint8_t v = p[e / 2];
+        o[e] = kNf4Code[v >> 4] * m;
+        o[e + 1] = kNf4Code[v & 15] * m;
+      }
+      if (e < e1) o[e] = kNf4Code[p[e / 2] >> 4] * m;
+    }
+  });
+  return out.view(q.shape);
 }
 
 namespace {

@@ -81,8 +81,11 @@ struct Nf4Tensor {
 Nf4Tensor nf4_quantize(const at::Tensor& w, const Nf4Options& options, const std::string& name);
 /// The per-block absmax, float32 [blocks] (dequantized when double-quantized).
 at::Tensor nf4_absmax(const Nf4Tensor& q);
-/// The dequantized tensor, float32 of q.shape.
+/// The dequantized tensor, float32 of q.shape: on CPU one fused pass over the packed bytes.
 at::Tensor nf4_dequantize(const Nf4Tensor& q);
+/// The same values as torch ops (table lookup, block view, multiply): the reference the fused
+/// pass is tested against, and the path on other devices.
+at::Tensor nf4_dequantize_reference(const Nf4Tensor& q);
 
 /// A row-wise int8-quantized matrix.
 struct Int8Tensor {

@@ -11,6 +11,7 @@
 #include <iostream>
 
 #include "setup.hpp"
+#include "trainrun/deferred_weights.hpp"
 #include "trainrun/core/log.hpp"
 #include "trainrun/core/launcher.hpp"
 #include "trainrun/core/memory.hpp"
@@ -43,6 +44,33 @@ uint32_t abi_minor_of(const Registry& reg, const ComponentConfig& c) {
   for (const auto& p : reg.plugins())
     if (p.name == c.info->plugin_name) return p.abi_minor;
   return v1::kAbiMinor;
+}
+
+// ABI 1.7 deferred loading (trainrun/deferred_weights.hpp, protocol step 2): a model built with
+// its weights still in their files is filled by a strategy that reads only this rank's shard,
+// when nothing before the strategy reads values; otherwise its weights are read whole here, once.
+// Returns why they were read whole ("" when left to the strategy or nothing was deferred).
+std::string settle_deferred_weights(Slot<v1::Model>& model, bool init_weights, const Registry& reg,
+                                    const JobConfig& job, Slot<v1::Precision>& precision,
+                                    Slot<v1::Strategy>& strategy) {
+  auto* d = dynamic_cast<v1::DeferredWeights*>(model.obj.get());
+  if (d == nullptr || !model.call("weights_deferred", [&](v1::Model&) { return d->weights_deferred(); }))
+    return "";
+  std::string why;
+  const auto* loader = dynamic_cast<const v1::DeferredWeightsLoader*>(strategy.obj.get());
+  const auto* bytes = dynamic_cast<const v1::PrecisionBytes*>(precision.obj.get());
+  if (init_weights)
+    why = "[trainer] init_weights replaces them";
+  else if (loader == nullptr || abi_minor_of(reg, job.strategy) < 7 || !loader->loads_deferred_weights())
+    why = strategy.label + " does not load them by shard";
+  else if (bytes == nullptr || bytes->param_bytes() != 4 || abi_minor_of(reg, job.precision) < 7)
+    why = precision.label + " converts them";
+  for (const auto& c : job.callbacks)
+    if (why.empty() && abi_minor_of(reg, c) < 7)
+      why = "callback '" + c.plugin + "' predates ABI 1.7 and may read them";
+  if (!why.empty())
+    model.call("load_deferred_weights", [&](v1::Model&) { d->load_deferred_weights(); return 0; });
+  return why;
 }
 
 // Components that report their own per-step figures (capability v1::StepMetricsSource).
@@ -126,13 +154,18 @@ void Run::build_components() {
   // is measured from here.
   mem_baseline_ = memory_now(false);
   model_ = build<v1::Model>(registry_, job_.model, ctx_);
-  if (const std::string init = job_.trainer.get_string("init_weights"); !init.empty())
-    load_initial_weights(*model_.obj, init, model_.label);
+  const std::string init_weights = job_.trainer.get_string("init_weights");
+  if (!init_weights.empty()) {
+    if (auto* d = dynamic_cast<v1::DeferredWeights*>(model_.obj.get()))
+      model_.call("load_deferred_weights", [&](v1::Model&) { d->load_deferred_weights(); return 0; });
+    load_initial_weights(*model_.obj, init_weights, model_.label);
+  }
   precision_ = build<v1::Precision>(registry_, job_.precision, ctx_);
   strategy_ = build<v1::Strategy>(registry_, job_.strategy, ctx_);
   optimizer_ = build<v1::Optimizer>(registry_, job_.optimizer, ctx_);
   for (const auto& c : job_.callbacks) callbacks_.push_back(build<v1::Callback>(registry_, c, ctx_));
   add_default_callbacks();
+  settle_deferred_weights(model_, !init_weights.empty(), registry_, job_, precision_, strategy_);
   comm_ = accelerator_.call("communicator", [](v1::Accelerator& a) { return &a.communicator(); });
 }
 

@@ -20,14 +20,15 @@ namespace trainrun::v1 {
 /// ABI version of this SDK. The loader accepts a plugin whose major equals the core's and whose
 /// minor is not newer than the core's.
 constexpr uint32_t kAbiMajor = 1;
-constexpr uint32_t kAbiMinor = 6;  ///< 1.1: capability StepMetricsSource; 1.2: OptionType::IntOrAuto;
+constexpr uint32_t kAbiMinor = 7;  ///< 1.1: capability StepMetricsSource; 1.2: OptionType::IntOrAuto;
                                    ///< 1.3: UnitOutputHooks, Unit checkpointer, ParameterShapesAware,
                                    ///< CheckpointState; 1.4: LinearBase, LinearAdapter, trainrun Linear,
                                    ///< FinalStateDictConsumer (adapters); CheckpointableStrategy,
                                    ///< CheckpointPolicy (checkpoints); 1.5:
                                    ///< RecvReduceCommunicator (ring all-reduce); 1.6:
                                    ///< Batch::position_ids/segment_ids, kIgnoreIndex targets,
-                                   ///< BatchFieldsReader
+                                   ///< BatchFieldsReader; 1.7: DeferredWeights,
+                                   ///< DeferredWeightsLoader (loading weights by shard)
 
 /// Component kinds; values are part of the ABI and never renumbered.
 enum class ComponentKind : uint32_t {

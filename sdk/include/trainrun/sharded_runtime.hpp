@@ -43,6 +43,7 @@
 #include <string>
 #include <vector>
 
+#include "trainrun/deferred_weights.hpp"
 #include "trainrun/gradient_hooks.hpp"
 #include "trainrun/interfaces.hpp"
 #include "trainrun/replicas.hpp"
@@ -191,8 +192,13 @@ class ShardedRuntime : public UnitHooks, public UnitOutputHooks {
       TR_CHECK(p.tensor.scalar_type() == at::kFloat, opts_.name, ": parameter '", p.name,
                "' is ", p.tensor.scalar_type(), "; the sharding engine flattens float32 "
                "parameters (use a mixed precision that keeps float32 weights)");
+    // ABI 1.7: a model whose weights wait in files is filled here, each flat parameter reading
+    // only this rank's shard (trainrun/deferred_weights.hpp).
+    deferred_ = dynamic_cast<DeferredWeights*>(&model);
+    if (deferred_ != nullptr && !deferred_->weights_deferred()) deferred_ = nullptr;
     build_groups();
     if (uses_unit_hooks()) build_frozen();
+    if (deferred_ != nullptr) fill_the_rest();
     install_hooks();
     if (uses_unit_hooks())
       for (Unit* u : units_) u->set_hooks(this);
@@ -527,6 +533,7 @@ class ShardedRuntime : public UnitHooks, public UnitOutputHooks {
       fo.full_grads = opts_.full_grads;
       fo.param_dtype = opts_.param_dtype;
       fo.reduce_dtype = opts_.reduce_dtype;
+      fo.fill = filler();
       g.flat = std::make_unique<FlatParameter>(std::move(ps), *shard_, fo);
       for (int u = g.first_unit; u >= 0 && u <= g.last_unit; ++u)
         unit_group_[static_cast<size_t>(u)] = static_cast<int>(gi);
@@ -620,6 +627,37 @@ class ShardedRuntime : public UnitHooks, public UnitOutputHooks {
     return out;
   }
 
+  // Deferred loading: how flat parameters read their pieces (empty without a deferred model).
+  // A parameter the model added after construction (a LoRA adapter) has its values already.
+  std::function<void(const NamedTensor&, int64_t, const at::Tensor&)> filler() {
+    if (deferred_ == nullptr) return {};
+    DeferredWeights* d = deferred_;
+    return [d](const NamedTensor& p, int64_t offset, const at::Tensor& out) {
+      if (d->weight_deferred(p.name))
+        d->read_weight_range(p.name, offset, out);
+      else
+        out.copy_(p.tensor.detach().reshape({-1}).narrow(0, offset, out.numel()));
+    };
+  }
+  // Deferred loading, after the flat parameters read their shards: what stays whole on every
+  // rank (frozen parameters outside units or tied, all frozen ones under Buckets grouping) is
+  // read whole, then the model is told its weights are in.
+  void fill_the_rest() {
+    c10::NoGradGuard no_grad;
+    std::set<const void*> done;
+    for (const auto& p : grads_) done.insert(p.tensor.unsafeGetTensorImpl());
+    for (FrozenFlat* f : frozen_flats())
+      for (const auto& t : f->tensors()) done.insert(t.tensor.unsafeGetTensorImpl());
+    for (const auto& p : all_params_) {
+      if (p.tensor.numel() == 0 || !done.insert(p.tensor.unsafeGetTensorImpl()).second ||
+          !deferred_->weight_deferred(p.name))
+        continue;
+      refill_storage(p.tensor);
+      deferred_->read_weight_range(p.name, 0, p.tensor.detach().view({-1}));
+    }
+    deferred_->deferred_weights_loaded();
+  }
+
   // Frozen parameters used by exactly one unit go with that unit's group, or, when the unit has
   // no trainable parameter, into a frozen flat of its own; tied or unit-less ones stay whole.
   void build_frozen() {
@@ -653,13 +691,15 @@ class ShardedRuntime : public UnitHooks, public UnitOutputHooks {
     }
     for (auto& [gi, tensors] : per_group) {
       Group& g = groups_[static_cast<size_t>(gi)];
-      g.frozen = std::make_unique<FrozenFlat>(tensors, *shard_, g.flat->options().name + " (frozen)");
+      g.frozen = std::make_unique<FrozenFlat>(tensors, *shard_, g.flat->options().name + " (frozen)",
+                                              filler());
     }
     if (!per_unit.empty()) {
       unit_frozen_.resize(units_.size());
       for (auto& [u, tensors] : per_unit) {
         unit_frozen_[static_cast<size_t>(u)] = std::make_unique<FrozenFlat>(
-            tensors, *shard_, opts_.name + " unit " + units_[static_cast<size_t>(u)]->name() + " (frozen)");
+            tensors, *shard_, opts_.name + " unit " + units_[static_cast<size_t>(u)]->name() + " (frozen)",
+            filler());
       }
     }
   }
@@ -761,6 +801,7 @@ class ShardedRuntime : public UnitHooks, public UnitOutputHooks {
 
   RuntimeOptions opts_;
   Model* model_;
+  DeferredWeights* deferred_ = nullptr;  // set while the constructor fills a deferred model
   Communicator* shard_;
   Communicator* replicate_;
   std::vector<NamedTensor> all_params_;  // as the model lists them
@@ -823,7 +864,8 @@ class ShardedStrategy : public Strategy,
                         public StepMetricsSource,
                         public MemoryInputsAware,
                         public ShardedStateDictSource,
-                        public CheckpointableStrategy {
+                        public CheckpointableStrategy,
+                        public DeferredWeightsLoader {
  public:
   /// `name` for messages, e.g. "strategy 'zero'".
   ShardedStrategy(std::string name, const RunContext& ctx)
@@ -848,6 +890,8 @@ class ShardedStrategy : public Strategy,
                                                 p.shard ? *p.shard : world, p.replicate);
   }
 
+  /// ABI 1.7: setup() fills a deferred model itself, each rank reading its shards only.
+  bool loads_deferred_weights() const override { return true; }
   void set_memory_inputs(const MemoryInputs& inputs) override { memory_inputs_ = inputs; }
   std::vector<NamedTensor> optimizer_parameters() override {
     return rt("optimizer_parameters").optimizer_parameters();
@@ -899,15 +943,37 @@ class ShardedStrategy : public Strategy,
     TR_CHECK(comm.world_size() == world_size_ && comm.rank() == rank_, name_,
              ": the accelerator's communicator is rank ", comm.rank(), " of ", comm.world_size(),
              ", but this process is rank ", rank_, " of ", world_size_);
+    auto* deferred = dynamic_cast<DeferredWeights*>(&model);
+    const bool defer = deferred != nullptr && deferred->weights_deferred();
+    std::vector<NamedTensor> params = model.named_parameters();
     if (!device_.is_cpu()) {
       torch::nn::Module* m = model.module();
       TR_CHECK(m != nullptr, name_, ": the model is not a torch::nn::Module, so it cannot be "
                "moved to ", device_);
+      if (defer) {
+        // Parameters without values move as sizes only: the runtime fills them on the device.
+        c10::NoGradGuard no_grad;
+        for (auto& p : params)
+          if (p.tensor.device() != device_) {
+            p.tensor.set_data(at::empty(p.tensor.sizes(), p.tensor.options().device(device_)));
+            free_storage(p.tensor);
+          }
+      }
       m->to(device_);
     }
-    std::vector<NamedTensor> params = model.named_parameters();
     std::vector<NamedTensor> buffers = model.named_buffers();
-    replicate_from_rank0(comm, device_, name_, params, buffers);
+    if (defer) {
+      // Every rank reads its values from the same files: only the shapes are compared, and
+      // only buffers are broadcast.
+      if (comm.world_size() > 1) {
+        check_same_model_on_all_ranks(comm, device_, name_, params, buffers);
+        std::vector<at::Tensor> state;
+        for (const auto& b : buffers) state.push_back(b.tensor);
+        if (!state.empty()) broadcast_from_rank0(comm, state);
+      }
+    } else {
+      replicate_from_rank0(comm, device_, name_, params, buffers);
+    }
     return comm;
   }
   /// The derived strategy's policy, called by setup() once the model is replicated: what to

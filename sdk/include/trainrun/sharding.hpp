@@ -31,6 +31,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -165,6 +166,11 @@ class FlatParameter {
     at::ScalarType param_dtype = at::kFloat;
     /// dtype gradients are reduce-scattered (and all-reduced across replicas) in.
     at::ScalarType reduce_dtype = at::kFloat;
+    /// ABI 1.7, deferred loading (trainrun/deferred_weights.hpp): when set, the parameters hold
+    /// no values yet and fill(param, offset, out) writes elements [offset, offset + out.numel())
+    /// of the parameter's flattening into `out` (float32, 1-D, a view of this rank's buffers). The constructor then reads only this rank's shard (keep_full: every parameter
+    /// whole), and the full buffer is never allocated for a sharded flat parameter.
+    std::function<void(const NamedTensor& param, int64_t offset, const at::Tensor& out)> fill;
   };
 
   /// `params`: float32 leaves on `comm`'s device, each in one flat parameter only. Their current
@@ -188,20 +194,34 @@ class FlatParameter {
              opts_.name, ": param_dtype ", opts_.param_dtype, " and reduce_dtype ",
              opts_.reduce_dtype, " must be floating types");
     const auto fopts = params_.front().tensor.options().requires_grad(false);
-    at::Tensor values = at::zeros({layout_.padded_numel()}, fopts);
-    for (size_t i = 0; i < params_.size(); ++i) {
-      const ParamSpan& s = layout_.params()[i];
-      values.narrow(0, s.offset, s.numel).copy_(params_[i].tensor.reshape({-1}));
-    }
     const int64_t S = layout_.shard_numel();
     const int64_t lo = static_cast<int64_t>(comm.rank()) * S;
+    at::Tensor values;
+    if (opts_.fill && !opts_.keep_full) {
+      // Deferred loading: only this rank's pieces are read. The full buffer is allocated but
+      // never written (the parameters' views need its storage to exist when they are made);
+      // release() below returns it untouched.
+      shard_ = at::zeros({S}, fopts);
+      for (const Piece& pc : layout_.pieces(comm.rank()))
+        opts_.fill(params_[pc.param], pc.param_offset, shard_.narrow(0, pc.shard_offset, pc.length));
+      full_ = at::empty({layout_.padded_numel()}, fopts.dtype(opts_.param_dtype));
+    } else {
+      values = at::zeros({layout_.padded_numel()}, fopts);
+      for (size_t i = 0; i < params_.size(); ++i) {
+        const ParamSpan& s = layout_.params()[i];
+        if (opts_.fill)
+          opts_.fill(params_[i], 0, values.narrow(0, s.offset, s.numel));
+        else
+          values.narrow(0, s.offset, s.numel).copy_(params_[i].tensor.reshape({-1}));
+      }
+    }
     // ZeRO-1/2 keep every parameter whole: the shard is a view of it (no second copy) unless the
     // parameters compute in another dtype. ZeRO-3 keeps only the shard between uses, in storage
     // of its own.
-    if (low_precision()) {
+    if (values.defined() && low_precision()) {
       full_ = values.to(opts_.param_dtype);
       shard_ = values.narrow(0, lo, S).clone();
-    } else {
+    } else if (values.defined()) {
       full_ = values;
       shard_ = opts_.keep_full ? full_.narrow(0, lo, S) : full_.narrow(0, lo, S).clone();
     }
@@ -423,7 +443,10 @@ class FrozenFlat {
   /// `tensors`: frozen leaves on `comm`'s device, the same on every rank (replicate_from_rank0).
   /// Afterwards each is a view of the full buffer, released until gather(). Throws Error on a
   /// tensor that requires grad or has no element.
-  FrozenFlat(std::vector<NamedTensor> tensors, Communicator& comm, std::string name)
+  /// ABI 1.7: with `fill` (FlatParameter::Options::fill) the tensors hold no values yet and
+  /// only this rank's bytes are read, element range by element range.
+  FrozenFlat(std::vector<NamedTensor> tensors, Communicator& comm, std::string name,
+             std::function<void(const NamedTensor&, int64_t, const at::Tensor&)> fill = {})
       : tensors_(std::move(tensors)), comm_(&comm), name_(std::move(name)) {
     c10::NoGradGuard no_grad;
     TR_CHECK(!tensors_.empty(), name_, ": no frozen tensors");
@@ -439,6 +462,26 @@ class FrozenFlat {
     const int64_t W = comm.world_size();
     shard_bytes_ = (off + kAlign * W - 1) / (kAlign * W) * kAlign;
     const auto bopts = tensors_.front().tensor.options().dtype(at::kByte).requires_grad(false);
+    if (fill) {
+      // Deferred loading: this rank's bytes only; shard boundaries are multiples of kAlign, so
+      // each piece is whole elements of its tensor's dtype.
+      shard_ = at::zeros({shard_bytes_}, bopts);
+      const int64_t lo = comm.rank() * shard_bytes_, hi = lo + shard_bytes_;
+      for (size_t i = 0; i < spans_.size(); ++i) {
+        const Span& s = spans_[i];
+        const int64_t a = std::max(lo, s.byte_offset), b = std::min(hi, s.byte_offset + s.nbytes);
+        if (a >= b) continue;
+        const int64_t esize = static_cast<int64_t>(c10::elementSize(s.dtype));
+        fill(tensors_[i], (a - s.byte_offset) / esize, shard_.narrow(0, a - lo, b - a).view(s.dtype));
+      }
+      full_ = at::empty({shard_bytes_ * W}, bopts);
+      for (size_t i = 0; i < tensors_.size(); ++i) {
+        const Span& s = spans_[i];
+        tensors_[i].tensor.set_data(full_.narrow(0, s.byte_offset, s.nbytes).view(s.dtype).view(s.shape));
+      }
+      release();
+      return;
+    }
     full_ = at::zeros({shard_bytes_ * W}, bopts);
     for (size_t i = 0; i < tensors_.size(); ++i) {
       const Span& s = spans_[i];

@@ -1,0 +1,171 @@
+// `trainrun export` (export_cli.hpp). The checkpoint's model is consolidated into full tensors
+// (core::consolidate_checkpoint, so sharded checkpoints of any world size work), the model
+// component of the checkpoint's own job is built from meta.json's resolved job (a model from an
+// HF directory leaves its weights unread: ABI 1.7 DeferredWeights), and the consolidated state
+// goes to its FinalStateDictConsumer, which writes <run_dir>/hf/ as at the end of training; that
+// directory is then renamed to --output. Nothing is left behind on failure.
+#include "export_cli.hpp"
+
+#include <boost/program_options.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "trainrun/core/checkpoint.hpp"
+#include "trainrun/core/config.hpp"
+#include "trainrun/core/registry.hpp"
+#include "trainrun/core/safetensors.hpp"
+#include "trainrun/interfaces.hpp"
+
+namespace trainrun::app {
+
+namespace fs = std::filesystem;
+namespace po = boost::program_options;
+
+namespace {
+
+// Removes a temporary directory whatever happens.
+struct TempDir {
+  fs::path path;
+  ~TempDir() {
+    std::error_code ec;
+    if (!path.empty()) fs::remove_all(path, ec);
+  }
+};
+
+std::string resolve(const std::string& src) {
+  if (fs::is_regular_file(src) && fs::path(src).filename() == "latest")
+    return core::resolve_checkpoint("latest", fs::path(src).parent_path().string(), false);
+  if (fs::is_directory(src) && !fs::exists(fs::path(src) / "meta.json") && fs::exists(fs::path(src) / "latest"))
+    return core::resolve_checkpoint("latest", src, false);
+  return src;
+}
+
+}  // namespace
+
+int run_export_command(int argc, char** argv) {
+  std::string output, dtype = "auto", max_shard = "5GB";
+  std::vector<std::string> positional, plugin_paths;
+  po::options_description opts("trainrun export options");
+  opts.add_options()("help,h", "show this help")(
+      "output,o", po::value(&output), "HF model directory to write (must not exist or be empty)")(
+      "dtype", po::value(&dtype), "weights' dtype: auto (as trained: the input model's), float32, bfloat16, float16")(
+      "max-shard-size", po::value(&max_shard), "largest weight file before sharding, as transformers' "
+      "max_shard_size (default 5GB)")(
+      "plugin-path", po::value(&plugin_paths)->composing(), "plugin directory or file, searched first (repeatable)");
+  po::options_description hidden;
+  hidden.add_options()("checkpoint", po::value(&positional)->composing());
+  po::options_description all;
+  all.add(opts).add(hidden);
+  po::positional_options_description pos;
+  pos.add("checkpoint", -1);
+  po::variables_map vm;
+  auto bad = [](const std::string& m) {
+    std::cerr << "trainrun export: error: " << m << std::endl;
+    return 2;
+  };
+  try {
+    po::store(po::command_line_parser(argc - 1, argv + 1).options(all).positional(pos).run(), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    std::cerr << "trainrun export: error: " << e.what() << "\n" << opts << std::endl;
+    return 2;
+  }
+  if (vm.count("help")) {
+    std::cout << "usage: trainrun export CHECKPOINT --output DIR [--dtype auto|float32|bfloat16|float16] "
+                 "[--max-shard-size 5GB]\n"
+                 "Writes a Hugging Face model directory (config.json, generation_config.json, "
+                 "model.safetensors or shards + model.safetensors.index.json, tokenizer files) from a "
+                 "checkpoint of any world size. CHECKPOINT: a checkpoint directory, a checkpoints "
+                 "directory or its `latest` file.\n\n"
+              << opts << std::endl;
+    return 0;
+  }
+  if (positional.size() != 1) return bad("give one CHECKPOINT (see --help)");
+  if (output.empty()) return bad("--output DIR is required");
+  if (dtype != "auto" && dtype != "float32" && dtype != "bfloat16" && dtype != "float16")
+    return bad("--dtype '" + dtype + "': give auto, float32, bfloat16 or float16");
+  std::error_code ec;
+  if (fs::exists(output, ec) && !(fs::is_directory(output, ec) && fs::is_empty(output, ec)))
+    return bad("--output " + output + " exists and is not an empty directory; nothing written");
+  if (!fs::exists(positional[0], ec)) return bad(positional[0] + ": no such checkpoint directory");
+  try {
+    const std::string src = resolve(positional[0]);
+    const fs::path meta_path = fs::path(src) / "meta.json";
+    if (!fs::is_regular_file(meta_path)) return bad(src + ": no meta.json (not a trainrun checkpoint)");
+    nlohmann::json meta;
+    try {
+      std::ifstream f(meta_path);
+      meta = nlohmann::json::parse(f);
+    } catch (const nlohmann::json::exception& e) {
+      return bad(meta_path.string() + ": " + e.what());
+    }
+    if (!meta.contains("job") || !meta["job"].contains("toml") || !meta["job"]["toml"].is_string())
+      return bad(meta_path.string() + ": no job.toml in the checkpoint's meta (written by an older trainrun?)");
+
+    // Work beside the output so the final rename stays on one file system.
+    const fs::path out = fs::absolute(output).lexically_normal();
+    fs::create_directories(out.parent_path());
+    TempDir tmp{out.parent_path() / (out.filename().string() + ".export-tmp")};
+    fs::remove_all(tmp.path, ec);
+    fs::create_directories(tmp.path);
+
+    const fs::path job_file = tmp.path / "job.toml";
+    {
+      std::ofstream f(job_file);
+      f << meta["job"]["toml"].get<std::string>();
+      if (!f) throw v1::Error("cannot write " + job_file.string());
+    }
+    core::JobFile jf = core::JobFile::load(job_file.string(), {});
+    std::vector<std::string> paths = plugin_paths;
+    for (const auto& p : jf.plugin_paths()) paths.push_back(p);
+    core::Registry reg;
+    reg.load_search_path(core::Registry::search_path(paths, {}));
+    const core::JobConfig job = jf.validate(reg);
+
+    const int64_t n = core::consolidate_checkpoint(src, (tmp.path / "weights").string(), 0);
+    std::vector<v1::NamedTensor> state = core::read_safetensors((tmp.path / "weights" / "model.safetensors").string(), nullptr);
+
+    std::map<std::string, v1::OptionValue> values = job.model.options.values();
+    const std::string label = core::describe_component(*job.model.info);
+    for (const char* k : {"save_hf", "save_dtype", "max_shard_size"})
+      if (!values.count(k))
+        return bad(label + " (the checkpoint's [model]) has no option '" + k +
+                   "': it does not write Hugging Face model directories");
+    values["save_hf"] = true;
+    values["save_dtype"] = dtype;
+    values["max_shard_size"] = max_shard;
+    v1::RunContext ctx;
+    ctx.run_dir = tmp.path.string();
+    ctx.job_file = job_file.string();
+    ctx.data.task = "language_modeling";
+    for (const auto& t : state)  // an inline config whose vocab_size came from the dataset
+      if (t.name == "model.embed_tokens.weight" && t.tensor.dim() == 2) ctx.data.vocab_size = t.tensor.size(0);
+    std::unique_ptr<v1::Model> model =
+        reg.create<v1::Model>(*job.model.info, v1::Options(values, "trainrun export: [model] of " + src), ctx);
+    auto* consumer = dynamic_cast<v1::FinalStateDictConsumer*>(model.get());
+    if (consumer == nullptr)
+      return bad(label + " does not write Hugging Face model directories (no FinalStateDictConsumer)");
+    core::guarded(label, "on_final_state_dict", [&] { consumer->on_final_state_dict(state); return 0; });
+    if (!fs::is_regular_file(tmp.path / "hf" / "config.json"))
+      return bad(label + " wrote no HF directory for " + src +
+                 " (see its message above: a LoRA checkpoint's adapters are merged by `trainrun "
+                 "merge-lora`, from the run's adapter/ directory)");
+    if (fs::exists(out)) fs::remove(out);  // empty, checked above
+    fs::rename(tmp.path / "hf", out);
+    std::cout << "exported " << n << " tensors from " << src << " into " << out.string() << std::endl;
+    return 0;
+  } catch (const v1::Error& e) {
+    return bad(e.what());
+  } catch (const std::exception& e) {
+    std::cerr << "trainrun export: error: " << e.what() << std::endl;
+    return 1;
+  }
+}
+
+}  // namespace trainrun::app

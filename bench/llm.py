@@ -1,0 +1,283 @@
+#!/usr/bin/env python3
+"""LoRA fine-tuning of SmolLM2-135M-Instruct: trainrun against transformers + PEFT in a plain
+torch loop, and QLoRA (nf4) against LoRA, in one run on this machine (issue 21, done-when 4).
+
+    $TRAINRUN_VENV/bin/python bench/llm.py [--build build] [--steps 3] [--warmup 1]
+                                           [--batch 1] [--seq 512] [--threads 1] [--only lora|qlora]
+
+Both sides: the HF directory scripts/gguf_to_hf.py makes (cached in BUILD/cache), float32
+weights, LoRA r 16, lora_alpha 32, dropout 0, target_modules all-linear (every projection of
+every decoder layer, not lm_head), AdamW lr 1e-4 on the adapters only, sequences of --seq
+tokens, --batch sequences per rank per step, --threads intra-op threads per rank, at 1 rank and
+at 2 ranks (trainrun: strategy single / ddp over gloo-cpu; torch: the model as is / DDP over
+gloo). The tokens are the fortunes file (fortunes-min) tokenized by the model's tokenizer.
+Figures:
+  tokens/s   global tokens of a step / its wall time, median over the steps after --warmup
+             (trainrun: tokens_per_s of metrics.jsonl; torch: forward, loss, backward,
+             optimizer step, zero_grad, loss.item() timed per step on rank 0);
+  peak RSS   the largest VmHWM of the run's processes (every rank, the launcher), polled
+             from /proc every 0.2 s while it runs: one rank's peak resident memory;
+  QLoRA      trainrun's median step time with precision quant-nf4 (blocksize 64, double
+             quantization, all-linear) + the same LoRA, against LoRA on the float32 base.
+Goals (issue 21): trainrun/torch tokens/s >= 1.3x, peak RSS <= 0.8x; QLoRA/LoRA <= 1.5x.
+The machine's load average is printed before and after: other processes skew every figure.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# ---------------------------------------------------------------------------------------------
+# The torch side: this file re-run as one worker per rank (--worker).
+
+def worker(a):
+    import torch
+
+    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    torch.set_num_threads(a.threads)
+    torch.set_num_interop_threads(1)
+    if world > 1:
+        import torch.distributed as dist
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.float32)
+    model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0,
+                                             target_modules="all-linear", task_type="CAUSAL_LM"))
+    model.train()
+    if world > 1:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        model = DDP(model)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4, weight_decay=0.0)
+    import numpy as np
+    toks = torch.from_numpy(np.fromfile(a.tokens, dtype="<u4").astype(np.int64))
+    T, B = a.seq, a.batch
+    times = []
+    for step in range(a.warmup + a.steps):
+        t0 = time.perf_counter()
+        rows = [toks[((step * world + rank) * B + j) * T:((step * world + rank) * B + j) * T + T + 1]
+                for j in range(B)]
+        w = torch.stack(rows)
+        x, y = w[:, :T], w[:, 1:]
+        logits = model(input_ids=x).logits
+        # The core's convention: sum over targets, normalised by the global batch's targets.
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1),
+                                                 reduction="sum") / (T * B * world)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        loss.item()
+        times.append(time.perf_counter() - t0)
+    if rank == 0:
+        print(json.dumps({"step_times": times}), flush=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Orchestration
+
+def tree_pids(root):
+    """root and all its descendants (from /proc/*/stat parent links)."""
+    parent = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    parent[int(d)] = int(f.read().rsplit(")", 1)[1].split()[1])
+            except OSError:
+                pass
+    out, todo = [], [root]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo.extend(c for c, pp in parent.items() if pp == p)
+    return out
+
+
+def run_polled(cmd, env):
+    """Runs cmd, polling the largest VmHWM (bytes) of its process tree; returns (output, peak)."""
+    print("$ " + " ".join(cmd), file=sys.stderr, flush=True)
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    peak = [0]
+    done = threading.Event()
+
+    def poll():
+        while not done.is_set():
+            for pid in tree_pids(p.pid):
+                try:
+                    with open(f"/proc/{pid}/status") as f:
+                        for line in f:
+                            if line.startswith("VmHWM:"):
+                                peak[0] = max(peak[0], int(line.split()[1]) * 1024)
+                except OSError:
+                    pass
+            done.wait(0.2)
+
+    t = threading.Thread(target=poll, daemon=True)
+    t.start()
+    out = p.communicate()[0]
+    done.set()
+    t.join()
+    if p.returncode != 0:
+        sys.stderr.write(out[-6000:])
+        sys.exit(f"failed ({p.returncode}): {' '.join(cmd)}")
+    return out, peak[0]
+
+
+def trainrun_job(a, path, run_dir, world, qlora):
+    with open(path, "w") as f:
+        f.write(f"""[trainer]
+max_steps = {a.warmup + a.steps}
+global_batch_size = {a.batch * world}
+micro_batch_size = {a.batch}
+seed = 1
+log_every = 1
+eval_every = 0
+run_dir = "{run_dir}"
+
+[model]
+plugin = "llama"
+path = "{a.model}"
+save_hf = false
+
+[data]
+plugin = "text"
+format = "uint32"
+vocab_size = 49152
+block_size = {a.seq}
+eval_fraction = 0.0
+paths = ["{a.tokens}"]
+
+[optimizer]
+plugin = "adamw"
+lr = 1e-4
+weight_decay = 0.0
+
+[strategy]
+plugin = "{'ddp' if world > 1 else 'single'}"
+
+[accelerator]
+plugin = "{'gloo-cpu' if world > 1 else 'cpu'}"
+threads = {a.threads}
+
+[[callbacks]]
+plugin = "lora"
+r = 16
+lora_alpha = 32.0
+target_modules = ["all-linear"]
+""" + ("""
+[precision]
+plugin = "quant-nf4"
+target_modules = ["all-linear"]
+blocksize = 64
+double_quant = true
+""" if qlora else ""))
+
+
+def run_trainrun(a, work, world, qlora=False):
+    name = f"trainrun-{'qlora' if qlora else 'lora'}-{world}"
+    run_dir = os.path.join(work, name)
+    job = os.path.join(work, name + ".toml")
+    trainrun_job(a, job, run_dir, world, qlora)
+    env = dict(os.environ, OMP_NUM_THREADS=str(a.threads), OPENBLAS_NUM_THREADS=str(a.threads))
+    _, peak = run_polled([a.trainrun, "--config", job, "--set", f"launch.nproc_per_node={world}"], env)
+    rows = [json.loads(l) for l in open(os.path.join(run_dir, "metrics.jsonl"))]
+    rows = [r for r in rows if "tokens_per_s" in r and "eval_loss" not in r][a.warmup:]
+    return {"tokens_per_s": statistics.median(r["tokens_per_s"] for r in rows),
+            "step_s": statistics.median(r["step_time_s"] for r in rows), "peak_rss": peak}
+
+
+def run_torch(a, work, world):
+    env = dict(os.environ, OMP_NUM_THREADS=str(a.threads), OPENBLAS_NUM_THREADS=str(a.threads),
+               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29500 + os.getpid() % 1000), WORLD_SIZE=str(world))
+    args = [sys.executable, os.path.abspath(__file__), "--worker", "--model", a.model, "--tokens", a.tokens,
+            "--steps", str(a.steps), "--warmup", str(a.warmup), "--batch", str(a.batch), "--seq", str(a.seq),
+            "--threads", str(a.threads)]
+    if world == 1:
+        out, peak = run_polled(args, dict(env, RANK="0"))
+    else:
+        # One launcher process starting the ranks, so the polled tree holds all of them.
+        launcher = ("import os, subprocess, sys\n"
+                    f"ps = [subprocess.Popen({args!r}, env=dict(os.environ, RANK=str(r))) for r in range({world})]\n"
+                    "sys.exit(max(p.wait() for p in ps))\n")
+        out, peak = run_polled([sys.executable, "-c", launcher], env)
+    line = [l for l in out.splitlines() if l.startswith('{"step_times"')][-1]
+    times = json.loads(line)["step_times"][a.warmup:]
+    step = statistics.median(times)
+    return {"tokens_per_s": a.seq * a.batch * world / step, "step_s": step, "peak_rss": peak}
+
+
+def ensure_inputs(a):
+    if not os.path.isfile(os.path.join(a.model, "model.safetensors")):
+        subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "gguf_to_hf.py"), a.model], check=True)
+    if not os.path.isfile(a.tokens):
+        from tokenizers import Tokenizer
+        import numpy as np
+        tok = Tokenizer.from_file(os.path.join(a.model, "tokenizer.json"))
+        text = ""
+        for f in ("/usr/share/games/fortunes/fortunes", "/usr/share/games/fortunes/literature"):
+            if os.path.isfile(f):
+                text += open(f, errors="replace").read()
+        ids = np.array(tok.encode(text).ids, dtype="<u4")
+        need = (a.warmup + a.steps) * 2 * a.batch * (a.seq + 1) * 2
+        if ids.size < need:
+            ids = np.resize(ids, need)  # repeat: the content does not change the speed
+        ids.tofile(a.tokens)
+
+
+def load():
+    return open("/proc/loadavg").read().split()[:3]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--build", default=os.environ.get("TRAINRUN_BUILD_DIR", os.path.join(ROOT, "build")))
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--seq", type=int, default=512)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--only", choices=["lora", "qlora"])
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--model", help=argparse.SUPPRESS)
+    ap.add_argument("--tokens", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.worker:
+        return worker(a)
+    a.trainrun = os.path.join(a.build, "bin", "trainrun")
+    a.model = a.model or os.path.join(a.build, "cache", "smollm2-135m-instruct")
+    a.tokens = a.tokens or os.path.join(a.build, "cache", "smollm2-fortunes.u32")
+    ensure_inputs(a)
+    work = tempfile.mkdtemp(prefix="bench-llm-")
+    print(f"load average before: {' '.join(load())}")
+    print(f"SmolLM2-135M, LoRA r 16 all-linear, seq {a.seq}, {a.batch} sequence(s) per rank per step, "
+          f"{a.threads} thread(s) per rank, {a.steps} steps after {a.warmup} warm-up")
+    if a.only != "qlora":
+        print(f"{'ranks':>5} {'trainrun tok/s':>15} {'torch tok/s':>12} {'ratio':>6}   "
+              f"{'trainrun RSS':>12} {'torch RSS':>10} {'ratio':>6}")
+        for world in (1, 2):
+            t = run_trainrun(a, work, world)
+            p = run_torch(a, work, world)
+            print(f"{world:>5} {t['tokens_per_s']:>15.1f} {p['tokens_per_s']:>12.1f} "
+                  f"{t['tokens_per_s'] / p['tokens_per_s']:>5.2f}x   {t['peak_rss'] / 2**20:>9.0f} MiB "
+                  f"{p['peak_rss'] / 2**20:>6.0f} MiB {t['peak_rss'] / p['peak_rss']:>5.2f}x", flush=True)
+    if a.only != "lora":
+        lo = run_trainrun(a, work, 1)
+        q = run_trainrun(a, work, 1, qlora=True)
+        print(f"QLoRA (nf4) step {q['step_s']:.2f} s vs LoRA {lo['step_s']:.2f} s on 1 rank: "
+              f"{q['step_s'] / lo['step_s']:.2f}x (peak RSS {q['peak_rss'] / 2**20:.0f} MiB vs "
+              f"{lo['peak_rss'] / 2**20:.0f} MiB)", flush=True)
+    print(f"load average after: {' '.join(load())}")
+
+
+if __name__ == "__main__":
+    main()
