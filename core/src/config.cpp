@@ -3,6 +3,7 @@
 // a typo on line 40 is reported before a ten-minute data load, with the file, line, column and
 // key named.
 #include "trainrun/core/config.hpp"
+#include "trainrun/core/launcher.hpp"
 #include "trainrun/core/runtime.hpp"
 
 #include <toml++/toml.h>
@@ -618,26 +619,6 @@ JobConfig JobFile::validate(const Registry& registry) const {
                         error);
   }
 
-  // The layout of the nodes is checked here, not only by the launcher, so `trainrun check`
-  // reports it with the key's place in the file.
-  {
-    const auto* launch_table = root.get_as<toml::table>("launch");
-    auto loc_of = [&](const char* key) {
-      const toml::node* n = launch_table ? launch_table->get(key) : nullptr;
-      return n ? where(n->source(), file) : file;
-    };
-    const int64_t nnodes = job.launch.get_int("nnodes");
-    const int64_t node_rank = job.launch.get_int("node_rank");
-    if (node_rank >= nnodes)
-      throw ConfigError(loc_of("node_rank") + ": [launch] node_rank " + std::to_string(node_rank) +
-                        " must be less than nnodes " + std::to_string(nnodes));
-    if (nnodes > 1 && job.launch.get_int("master_port") == 0)
-      throw ConfigError(loc_of("master_port") +
-                        ": [launch] master_port = 0 (pick a free port) works only with nnodes = 1; "
-                        "with nnodes = " + std::to_string(nnodes) +
-                        " every node must be given the same port (e.g. master_port = 29500)");
-  }
-
   auto component = [&](const toml::table& t, ComponentKind kind, const std::string& section,
                        const char* default_plugin) {
     ComponentConfig c;
@@ -684,14 +665,25 @@ JobConfig JobFile::validate(const Registry& registry) const {
                                         "[[callbacks]][" + std::to_string(i++) + "]", nullptr));
   }
 
-  if (job.launch.get_int("nnodes") > 1 && launcher_of(job) == "mpiexec") {
-    const auto* launch_table = root.get_as<toml::table>("launch");
-    const toml::node* n = launch_table ? launch_table->get("nnodes") : nullptr;
-    throw ConfigError((n ? where(n->source(), file) : file) + ": [launch] nnodes = " +
-                      std::to_string(job.launch.get_int("nnodes")) +
-                      " with the mpiexec launcher: trainrun starts mpiexec on one node only; for "
-                      "several nodes run `mpiexec -f hostfile -n N trainrun --config ...` yourself "
-                      "(each process then reads its rank from mpiexec)");
+  // The node layout, with the launcher's own checks (launch_layout_problem), so `trainrun check`
+  // reports what a launch would refuse, at the key's place in the file. After the components:
+  // the launcher depends on the accelerator (launcher_of).
+  {
+    LaunchSpec layout;
+    layout.nproc_per_node = static_cast<int>(job.launch.get_int("nproc_per_node"));
+    layout.nnodes = static_cast<int>(job.launch.get_int("nnodes"));
+    layout.node_rank = static_cast<int>(job.launch.get_int("node_rank"));
+    layout.master_port = static_cast<int>(job.launch.get_int("master_port"));
+    layout.rendezvous_timeout_s = job.launch.get_seconds("rendezvous_timeout_s");
+    layout.grace_s = job.launch.get_seconds("stop_grace_s");
+    layout.save_timeout_s = job.launch.get_seconds("stop_save_timeout_s");
+    layout.mpiexec = launcher_of(job) == "mpiexec";
+    layout.max_restarts = static_cast<int>(job.launch.get_int("max_restarts"));
+    if (const auto problem = launch_layout_problem(layout)) {
+      const auto* launch_table = root.get_as<toml::table>("launch");
+      const toml::node* n = launch_table ? launch_table->get(problem->key) : nullptr;
+      throw ConfigError((n ? where(n->source(), file) : file) + ": " + problem->message);
+    }
   }
 
   // Resolved job: every table with its defaults, for the run directory and `trainrun check`.

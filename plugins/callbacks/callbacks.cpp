@@ -16,6 +16,8 @@
 
 namespace trainrun::plugins {
 
+using namespace trainrun::v1;
+
 namespace fs = std::filesystem;
 // Keys in insertion order, so every line reads step, epoch, rank, ... rather than alphabetically.
 using Json = nlohmann::ordered_json;

@@ -11,21 +11,19 @@
 
 namespace trainrun::plugins {
 
-using namespace trainrun::v1;
-
 /// Writes one JSON object per logged step, and one per evaluation, to <run_dir>/<filename>.
 /// Lines are flushed as written, so a crashed run keeps everything it logged; the file is
 /// appended to, so a resumed run continues it. Non-finite numbers (a NaN loss) are written as
 /// null, since JSON has no NaN.
-class MetricsCallback final : public Callback {
+class MetricsCallback final : public v1::Callback {
  public:
-  static void declare_options(OptionSchema& schema);
-  MetricsCallback(const Options& options, const RunContext& ctx);
+  static void declare_options(v1::OptionSchema& schema);
+  MetricsCallback(const v1::Options& options, const v1::RunContext& ctx);
 
-  void on_train_start(const TrainPlan& plan) override;
-  void on_step_end(const StepMetrics& m) override;
-  void on_eval_end(const EvalMetrics& m) override;
-  void on_train_end(const TrainSummary& summary) override;
+  void on_train_start(const v1::TrainPlan& plan) override;
+  void on_step_end(const v1::StepMetrics& m) override;
+  void on_eval_end(const v1::EvalMetrics& m) override;
+  void on_train_end(const v1::TrainSummary& summary) override;
 
   /// The file this rank writes, or "" when this rank writes none.
   const std::string& path() const { return path_; }
@@ -47,18 +45,18 @@ std::string format_progress(int64_t step, int64_t total, double loss, double sam
 /// Redraws a single progress line on stderr with '\r', at most every refresh_s seconds, and
 /// ends it with a newline at the end of training. Only on rank 0, and only when stderr is a
 /// terminal: otherwise it does nothing, and the core's plain log lines are the record.
-class ProgressCallback final : public Callback {
+class ProgressCallback final : public v1::Callback {
  public:
-  static void declare_options(OptionSchema& schema);
-  ProgressCallback(const Options& options, const RunContext& ctx);
+  static void declare_options(v1::OptionSchema& schema);
+  ProgressCallback(const v1::Options& options, const v1::RunContext& ctx);
 
-  void on_train_start(const TrainPlan& plan) override;
-  void on_step_end(const StepMetrics& m) override;
-  void on_train_end(const TrainSummary& summary) override;
+  void on_train_start(const v1::TrainPlan& plan) override;
+  void on_step_end(const v1::StepMetrics& m) override;
+  void on_train_end(const v1::TrainSummary& summary) override;
 
  private:
   using Clock = std::chrono::steady_clock;
-  void draw(const StepMetrics& m, Clock::time_point now);
+  void draw(const v1::StepMetrics& m, Clock::time_point now);
 
   bool active_;
   double refresh_s_;
@@ -68,26 +66,26 @@ class ProgressCallback final : public Callback {
   Clock::time_point start_;
   Clock::time_point last_draw_;
   bool drawn_ = false;
-  StepMetrics last_;
+  v1::StepMetrics last_;
 };
 
 /// The `checkpoint` policy (capability CheckpointPolicy): when the core writes a checkpoint and
 /// how many it keeps. Options: every_n_steps (0 = off), every_n_minutes (0 = off; wall clock of
 /// rank 0), keep_last (0 = all), save_on_signal (SIGTERM/SIGINT: save, then exit), save_last
 /// (at the end of training), dir ("" = <run_dir>/checkpoints).
-class CheckpointCallback final : public Callback, public CheckpointPolicy {
+class CheckpointCallback final : public v1::Callback, public v1::CheckpointPolicy {
  public:
-  static void declare_options(OptionSchema& schema);
-  CheckpointCallback(const Options& options, const RunContext& ctx);
+  static void declare_options(v1::OptionSchema& schema);
+  CheckpointCallback(const v1::Options& options, const v1::RunContext& ctx);
 
-  CheckpointSettings checkpoint_settings() const override { return settings_; }
-  bool should_save(int64_t step, double elapsed_s, CheckpointReason reason) override;
+  v1::CheckpointSettings checkpoint_settings() const override { return settings_; }
+  bool should_save(int64_t step, double elapsed_s, v1::CheckpointReason reason) override;
 
  private:
   int64_t every_n_steps_;
   double every_n_minutes_;
   bool save_on_signal_, save_last_;
-  CheckpointSettings settings_;
+  v1::CheckpointSettings settings_;
   double last_save_s_ = 0;
 };
 

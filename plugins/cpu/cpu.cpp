@@ -6,6 +6,8 @@
 
 namespace trainrun::plugins {
 
+using namespace trainrun::v1;
+
 namespace {
 
 std::shared_ptr<Work> done() { return std::make_shared<CompletedWork>(); }

@@ -13,6 +13,8 @@
 
 namespace trainrun::plugins {
 
+using namespace trainrun::v1;
+
 namespace ddp {
 
 std::vector<std::vector<size_t>> assign_buckets(const std::vector<BucketItem>& order,

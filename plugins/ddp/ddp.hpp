@@ -29,8 +29,6 @@
 
 namespace trainrun::plugins {
 
-using namespace trainrun::v1;
-
 namespace ddp {
 
 /// One gradient to be placed in a bucket: its index (in the caller's numbering), its size in
@@ -56,16 +54,16 @@ std::vector<std::vector<size_t>> assign_buckets(const std::vector<BucketItem>& o
 
 /// The `ddp` strategy. Options: bucket_cap_mb (25), first_bucket_mb (1), overlap (true),
 /// find_unused_parameters (false), gradient_compression ("none" | "fp16" | "bf16").
-class DdpStrategy final : public ReplicatedStrategy {
+class DdpStrategy final : public v1::ReplicatedStrategy {
  public:
-  static void declare_options(OptionSchema& schema);
-  DdpStrategy(const Options& options, const RunContext& ctx);
+  static void declare_options(v1::OptionSchema& schema);
+  DdpStrategy(const v1::Options& options, const v1::RunContext& ctx);
 
   /// ReplicatedStrategy::prepare (same model on every rank, rank 0's values broadcast), then
   /// builds the buckets and installs the gradient-ready hooks.
-  void setup(Model& model, Accelerator& accelerator, const TrainPlan& plan) override;
+  void setup(v1::Model& model, v1::Accelerator& accelerator, const v1::TrainPlan& plan) override;
   /// The batch moved to the device and run through the model (as `single`).
-  ModelOutput forward(const Batch& batch) override;
+  v1::ModelOutput forward(const v1::Batch& batch) override;
   /// sync = false: the coming backward only accumulates locally (no communication).
   void before_backward(bool sync) override;
   /// Launches the buckets not yet launched, waits for all, and leaves every trainable
@@ -86,7 +84,7 @@ class DdpStrategy final : public ReplicatedStrategy {
     at::Tensor flat;             ///< the gradients, in the parameters' dtype
     at::Tensor wire;             ///< what is all-reduced: `flat`, or its compressed copy
     size_t pending = 0;          ///< parameters not yet ready in this sync pass
-    std::shared_ptr<Work> work;  ///< set once launched
+    std::shared_ptr<v1::Work> work;  ///< set once launched
   };
   /// Per trainable parameter (deduplicated by tensor): where its slot is and its state in the
   /// current sync pass.
@@ -117,7 +115,7 @@ class DdpStrategy final : public ReplicatedStrategy {
   int64_t first_cap_bytes_;
   bool overlap_;
   bool find_unused_;
-  GradientCompression compression_;
+  v1::GradientCompression compression_;
 
   std::vector<GradSlot> grads_;         ///< distinct trainable tensors, registration order
   std::vector<Bucket> buckets_;

@@ -10,6 +10,8 @@
 
 namespace trainrun::plugins {
 
+using namespace trainrun::v1;
+
 namespace {
 
 // torch::optim requires lr but the SDK's OptionSchema has no shorthand for a required float.

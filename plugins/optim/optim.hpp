@@ -11,8 +11,6 @@
 
 namespace trainrun::plugins {
 
-using namespace trainrun::v1;
-
 /// What both rules keep per parameter. State tensors are allocated in init() and never
 /// reallocated, so state() hands out the live tensors: a checkpoint reader can restore them in
 /// place with copy_(). `step` counts this parameter's updates (a parameter without a gradient is
@@ -34,21 +32,21 @@ struct ParamSlot {
 };
 
 /// Shared plumbing: the schedule, the parameter slots and the named state.
-class ScheduledOptimizer : public Optimizer {
+class ScheduledOptimizer : public v1::Optimizer {
  public:
-  void init(const std::vector<NamedTensor>& params, const TrainPlan& plan) override;
+  void init(const std::vector<v1::NamedTensor>& params, const v1::TrainPlan& plan) override;
   double lr(int64_t step) const override;
-  std::vector<NamedTensor> state() override;
+  std::vector<v1::NamedTensor> state() override;
 
  protected:
-  ScheduledOptimizer(const Options& options, double peak_lr,
+  ScheduledOptimizer(const v1::Options& options, double peak_lr,
                      std::vector<std::string> buffer_names);
   /// Whether this rule needs per-parameter buffers at all (SGD without momentum does not).
   virtual bool needs_state() const { return !buffer_names_.empty(); }
   void check_initialized(const char* what) const;
 
   std::string context_;
-  LrSchedule schedule_;
+  v1::LrSchedule schedule_;
   std::vector<std::string> buffer_names_;
   std::vector<ParamSlot> slots_;
   bool initialized_ = false;
@@ -57,10 +55,10 @@ class ScheduledOptimizer : public Optimizer {
 /// torch.optim.SGD (PyTorch 1.13) with momentum, dampening, Nesterov and coupled L2 weight
 /// decay:  g += wd * p;  b = g (first step) or momentum * b + (1 - dampening) * g;
 ///         g = g + momentum * b (Nesterov) or b;  p -= lr * g.
-class Sgd final : public ScheduledOptimizer, public OptimizerStateBytes {
+class Sgd final : public ScheduledOptimizer, public v1::OptimizerStateBytes {
  public:
-  static void declare_options(OptionSchema& schema);
-  Sgd(const Options& options, const RunContext& ctx);
+  static void declare_options(v1::OptionSchema& schema);
+  Sgd(const v1::Options& options, const v1::RunContext& ctx);
   void step(int64_t step) override;
   /// The momentum buffer (4 bytes per parameter), none without momentum.
   double state_bytes_per_param() const override { return momentum_ != 0 ? 4 : 0; }
@@ -83,10 +81,10 @@ class Sgd final : public ScheduledOptimizer, public OptimizerStateBytes {
 /// parameter grouping of GPT-2/BERT training code. The dimension is the parameter's shape as
 /// the model created it (ParameterShapesAware), so the 1-D pieces a ZeRO/FSDP strategy hands
 /// over are decayed exactly as the unsharded parameters would be.
-class AdamW final : public ScheduledOptimizer, public ParameterShapesAware, public OptimizerStateBytes {
+class AdamW final : public ScheduledOptimizer, public v1::ParameterShapesAware, public v1::OptimizerStateBytes {
  public:
-  static void declare_options(OptionSchema& schema);
-  AdamW(const Options& options, const RunContext& ctx);
+  static void declare_options(v1::OptionSchema& schema);
+  AdamW(const v1::Options& options, const v1::RunContext& ctx);
   void step(int64_t step) override;
   /// exp_avg and exp_avg_sq in float32.
   double state_bytes_per_param() const override { return 8; }

@@ -7,6 +7,8 @@
 
 namespace trainrun::plugins {
 
+using namespace trainrun::v1;
+
 using v1::ConfigError;
 
 DynamicLossScaler::DynamicLossScaler(const LossScalerOptions& o) : options_(o) {

@@ -14,6 +14,8 @@
 
 namespace trainrun::plugins {
 
+using namespace trainrun::v1;
+
 namespace {
 
 // float16's largest finite value: a scaled gradient beyond it would be inf in a float16

@@ -29,12 +29,10 @@
 
 namespace trainrun::plugins {
 
-using namespace trainrun::v1;
-
 /// Autocast state of this thread, set for the life of the object and restored afterwards,
 /// with the nesting count and cast cache handled as torch.autocast does (the cache is cleared
 /// when the outermost autocast region ends).
-class AutocastScope final : public Scope {
+class AutocastScope final : public v1::Scope {
  public:
   /// cpu_dtype / cuda_dtype: the autocast dtype per device type, nullopt = leave that device
   /// type's autocast off.
@@ -60,17 +58,17 @@ struct MixedConfig {
 };
 
 /// bf16-mixed, bf16-true and fp16-mixed: one class, configured by MixedConfig.
-class MixedPrecision : public Precision,
-                       public PrecisionBytes,
-                       public StepMetricsSource,
-                       public CheckpointState {
+class MixedPrecision : public v1::Precision,
+                       public v1::PrecisionBytes,
+                       public v1::StepMetricsSource,
+                       public v1::CheckpointState {
  public:
   explicit MixedPrecision(MixedConfig config);
 
-  void convert(Model& model) override;
-  std::unique_ptr<Scope> autocast() override;
+  void convert(v1::Model& model) override;
+  std::unique_ptr<v1::Scope> autocast() override;
   at::Tensor scale_loss(const at::Tensor& loss) override;
-  bool unscale_and_check(const std::vector<at::Tensor>& grads, Communicator& comm) override;
+  bool unscale_and_check(const std::vector<at::Tensor>& grads, v1::Communicator& comm) override;
   void update(bool skipped) override;
   double loss_scale() const override;
 
@@ -101,15 +99,15 @@ bool overflow_local(const std::vector<at::Tensor>& grads, bool fp16_range_check)
 /// `bf16-mixed`: no options.
 class Bf16Mixed final : public MixedPrecision {
  public:
-  static void declare_options(OptionSchema& schema);
-  Bf16Mixed(const Options& options, const RunContext& ctx);
+  static void declare_options(v1::OptionSchema& schema);
+  Bf16Mixed(const v1::Options& options, const v1::RunContext& ctx);
 };
 
 /// `bf16-true`: no options.
 class Bf16True final : public MixedPrecision {
  public:
-  static void declare_options(OptionSchema& schema);
-  Bf16True(const Options& options, const RunContext& ctx);
+  static void declare_options(v1::OptionSchema& schema);
+  Bf16True(const v1::Options& options, const v1::RunContext& ctx);
 };
 
 /// `fp16-mixed`: the loss scaler's options, DeepSpeed's names and defaults (loss_scale,
@@ -117,10 +115,10 @@ class Bf16True final : public MixedPrecision {
 /// plus raise_error_at_min_scale and fp16_range_check.
 class Fp16Mixed final : public MixedPrecision {
  public:
-  static void declare_options(OptionSchema& schema);
-  Fp16Mixed(const Options& options, const RunContext& ctx);
+  static void declare_options(v1::OptionSchema& schema);
+  Fp16Mixed(const v1::Options& options, const v1::RunContext& ctx);
   /// The MixedConfig the options describe (throws ConfigError naming a bad key).
-  static MixedConfig config_from(const Options& options);
+  static MixedConfig config_from(const v1::Options& options);
 };
 
 /// Whether this CPU computes bfloat16 natively: /proc/cpuinfo lists avx512_bf16 or amx_bf16.
@@ -129,18 +127,18 @@ bool cpu_has_native_bf16(std::string* why = nullptr);
 
 /// `auto`: bf16-mixed where supported (see the file comment), else fp32 (the fp32 component's
 /// behaviour: no autocast, no scaling, the finite check). Forwards every call to the choice.
-class AutoPrecision final : public Precision,
-                            public PrecisionBytes,
-                            public StepMetricsSource,
-                            public CheckpointState {
+class AutoPrecision final : public v1::Precision,
+                            public v1::PrecisionBytes,
+                            public v1::StepMetricsSource,
+                            public v1::CheckpointState {
  public:
-  static void declare_options(OptionSchema& schema);
-  AutoPrecision(const Options& options, const RunContext& ctx);
+  static void declare_options(v1::OptionSchema& schema);
+  AutoPrecision(const v1::Options& options, const v1::RunContext& ctx);
 
-  void convert(Model& model) override { chosen_->convert(model); }
-  std::unique_ptr<Scope> autocast() override { return chosen_->autocast(); }
+  void convert(v1::Model& model) override { chosen_->convert(model); }
+  std::unique_ptr<v1::Scope> autocast() override { return chosen_->autocast(); }
   at::Tensor scale_loss(const at::Tensor& loss) override { return chosen_->scale_loss(loss); }
-  bool unscale_and_check(const std::vector<at::Tensor>& grads, Communicator& comm) override {
+  bool unscale_and_check(const std::vector<at::Tensor>& grads, v1::Communicator& comm) override {
     return chosen_->unscale_and_check(grads, comm);
   }
   void update(bool skipped) override { chosen_->update(skipped); }

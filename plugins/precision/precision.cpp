@@ -7,6 +7,8 @@
 
 namespace trainrun::plugins {
 
+using namespace trainrun::v1;
+
 void Fp32Precision::declare_options(OptionSchema&) {}
 
 Fp32Precision::Fp32Precision(const Options&, const RunContext&) {}

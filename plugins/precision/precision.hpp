@@ -9,15 +9,13 @@
 
 namespace trainrun::plugins {
 
-using namespace trainrun::v1;
-
 // all_finite_local, all_ranks_agree and all_finite_agreed come from trainrun/finite_check.hpp.
 
-class Fp32Precision final : public Precision, public PrecisionBytes {
+class Fp32Precision final : public v1::Precision, public v1::PrecisionBytes {
  public:
-  static void declare_options(OptionSchema& schema);
-  Fp32Precision(const Options& options, const RunContext& ctx);
-  bool unscale_and_check(const std::vector<at::Tensor>& grads, Communicator& comm) override;
+  static void declare_options(v1::OptionSchema& schema);
+  Fp32Precision(const v1::Options& options, const v1::RunContext& ctx);
+  bool unscale_and_check(const std::vector<at::Tensor>& grads, v1::Communicator& comm) override;
   /// float32 weights and gradients, no master copy.
   double param_bytes() const override { return 4; }
   double grad_bytes() const override { return 4; }

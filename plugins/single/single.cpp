@@ -9,6 +9,8 @@
 
 namespace trainrun::plugins {
 
+using namespace trainrun::v1;
+
 void SingleStrategy::declare_options(OptionSchema&) {}
 
 SingleStrategy::SingleStrategy(const Options&, const RunContext& ctx) {

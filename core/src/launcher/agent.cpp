@@ -1154,26 +1154,8 @@ int Agent::finish() {
 }  // namespace
 
 int launch(const LaunchSpec& spec) {
-  auto bad = [](const std::string& m) { return ConfigError("launch: " + m); };
-  if (spec.argv.empty()) throw bad("no worker command line (argv is empty)");
-  if (spec.nproc_per_node < 1) throw bad("[launch] nproc_per_node must be at least 1");
-  if (spec.nnodes < 1) throw bad("[launch] nnodes must be at least 1");
-  if (spec.node_rank < 0 || spec.node_rank >= spec.nnodes)
-    throw bad("[launch] node_rank " + std::to_string(spec.node_rank) + " must be in [0, nnodes " +
-              std::to_string(spec.nnodes) + ")");
-  if (spec.master_port < 0 || spec.master_port > 65535)
-    throw bad("[launch] master_port " + std::to_string(spec.master_port) + " is not a port");
-  if (spec.master_port == 0 && spec.nnodes > 1)
-    throw bad("[launch] master_port = 0 (pick a free port) works only with nnodes = 1; every "
-              "node must be given the same port");
-  if (spec.mpiexec && spec.nnodes > 1)
-    throw bad("the mpiexec launcher runs on one node; for " + std::to_string(spec.nnodes) +
-              " nodes run `mpiexec -f hostfile -n N trainrun --config ...` yourself");
-  if (!(spec.rendezvous_timeout_s > 0)) throw bad("[launch] rendezvous_timeout_s must be > 0");
-  if (!(spec.grace_s >= 0)) throw bad("[launch] stop_grace_s must be >= 0");
-  if (!(spec.save_timeout_s >= 0)) throw bad("[launch] stop_save_timeout_s must be >= 0");
-  if (spec.max_restarts > 0 && (spec.nnodes > 1 || spec.mpiexec))
-    throw bad("[launch] max_restarts works with nnodes = 1 and trainrun's own agent");
+  if (spec.argv.empty()) throw ConfigError("launch: no worker command line (argv is empty)");
+  if (const auto problem = launch_layout_problem(spec)) throw ConfigError("launch: " + problem->message);
   // Elastic restarts: the failed attempt's agent has already stopped every worker and named
   // the failing rank and its cause; a fresh agent (new rendezvous, new port) starts them all
   // again, and TRAINRUN_RESTART tells the trainers to resume from the latest checkpoint.

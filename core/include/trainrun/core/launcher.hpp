@@ -89,6 +89,18 @@ struct LaunchSpec {
                                   ///< workers see TRAINRUN_RESTART=k and resume from `latest`
 };
 
+/// A node layout that cannot work: the [launch] key at fault and what is wrong with it.
+struct LaunchLayoutProblem {
+  std::string key;      ///< e.g. "node_rank"; the job validation points at its place in the file
+  std::string message;  ///< "[launch] node_rank 2 must be less than nnodes 2"
+};
+
+/// The launch checks, in one place: node_rank in [0, nnodes), master_port a port and 0 only on
+/// one node, the mpiexec launcher and max_restarts on one node only, positive counts and
+/// timeouts. Job validation (config.cpp, with the key's file:line) and launch() (for a spec
+/// made by other means) both ask it; argv is not looked at. Returns nullopt for a good layout.
+std::optional<LaunchLayoutProblem> launch_layout_problem(const LaunchSpec& spec);
+
 /// Runs this node's workers to completion (single-threaded; installs SIGINT/SIGTERM/SIGCHLD
 /// handlers for its duration and puts the previous ones back). Returns 0 when every worker exited 0; otherwise
 /// stops the rest and returns the failing worker's exit code (128 + signal number when it was
