@@ -22,7 +22,7 @@ foreach(c ${_llama_cases})
     COMMAND ${TRAINRUN_REF_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/llama_e2e.py $<TARGET_FILE:trainrun>
             $<TARGET_FILE:llama_logits> ${CMAKE_CURRENT_BINARY_DIR}/work/llama-${_mode}-${_variant}
             ${_mode} ${_variant})
-  set_tests_properties(llama.${_mode}.${_variant} PROPERTIES TIMEOUT 180 LABELS llama
+  set_tests_properties(llama.${_mode}.${_variant} PROPERTIES TIMEOUT 240 LABELS llama
     ENVIRONMENT "OMP_NUM_THREADS=1;OPENBLAS_NUM_THREADS=1")
 endforeach()
 

@@ -18,6 +18,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <fstream>
 #include <mutex>
 #include <set>
@@ -140,6 +141,12 @@ class TensorFile {
     }
   }
   bool has(const std::string& key) const { return file_->find(key) != nullptr; }
+  /// Elements stored under `key`.
+  int64_t numel(const std::string& key) const {
+    const hf::TensorEntry* e = file_->find(key);
+    if (e == nullptr) throw CheckpointError(path_.string() + ": no tensor '" + key + "'");
+    return e->numel();
+  }
   /// The tensor stored under `key`, flattened, or elements [lo, lo + len) of it.
   at::Tensor read(const std::string& key, int64_t lo = 0, int64_t len = -1) {
     const hf::TensorEntry* e = file_->find(key);
@@ -156,6 +163,33 @@ class TensorFile {
   fs::path path_;
   std::unique_ptr<hf::SafetensorsFile> file_;
 };
+
+// meta.json comes from disk: a value of the wrong JSON type, or one LibTorch refuses (a
+// negative size, a slice past a tensor's end), means a damaged checkpoint. Called from a catch
+// block: rethrows the exception in flight as a CheckpointError naming meta.json.
+[[noreturn]] void rethrow_as_damaged(const std::string& dir) {
+  const std::string where = dir.empty() ? std::string("checkpoint meta.json")
+                                        : "checkpoint " + (fs::path(dir) / "meta.json").string();
+  try {
+    throw;
+  } catch (const nlohmann::json::exception& e) {
+    throw CheckpointError(where + ": malformed (" + v1::parse_error_text(e.what()) + ")");
+  } catch (const c10::Error& e) {
+    throw CheckpointError(where + ": " + e.what_without_backtrace());
+  }
+}
+
+// Elements of a shape from meta.json; a negative dimension or a product past int64 is damage.
+int64_t numel_of(const std::vector<int64_t>& shape, const std::string& dir, const std::string& name) {
+  int64_t n = 1;
+  for (int64_t d : shape) {
+    if (d < 0 || (d > 0 && n > std::numeric_limits<int64_t>::max() / d))
+      throw CheckpointError("checkpoint " + dir + ": tensor '" + name + "' has shape " +
+                            c10::str(c10::IntArrayRef(shape)) + " in meta.json");
+    n *= d;
+  }
+  return n;
+}
 
 // Writes this rank's pieces of one section; returns the index entries {name: {shape, dtype,
 // slices: [{file, key, offset, length}]}}.
@@ -314,7 +348,7 @@ std::string save_checkpoint(const CheckpointSaveRequest& req, v1::Communicator* 
   return final_path;
 }
 
-nlohmann::json verify_checkpoint(const std::string& dir) {
+nlohmann::json verify_checkpoint(const std::string& dir) try {
   const fs::path d(dir);
   const fs::path mp = d / "meta.json";
   if (!fs::is_regular_file(mp))
@@ -347,6 +381,10 @@ nlohmann::json verify_checkpoint(const std::string& dir) {
                             " (corrupt)");
   }
   return meta;
+} catch (const CheckpointError&) {
+  throw;
+} catch (...) {
+  rethrow_as_damaged(dir);
 }
 
 std::string resolve_checkpoint(const std::string& resume, const std::string& root, bool log) {
@@ -392,7 +430,7 @@ std::string resolve_checkpoint(const std::string& resume, const std::string& roo
 }
 
 void load_checkpoint_pieces(const std::string& dir, const nlohmann::json& meta,
-                            const std::string& section, std::vector<v1::CheckpointPiece>& targets) {
+                            const std::string& section, std::vector<v1::CheckpointPiece>& targets) try {
   const auto& index = meta.at("tensors").at(section);
   std::map<std::string, std::unique_ptr<TensorFile>> files;
   auto file = [&](const std::string& name) -> TensorFile& {
@@ -429,16 +467,26 @@ void load_checkpoint_pieces(const std::string& dir, const nlohmann::json& meta,
                             std::to_string(lo) + ", " + std::to_string(hi) + ") are covered " +
                             std::to_string(covered) + " times, not once");
   }
+} catch (const v1::Error&) {
+  throw;
+} catch (...) {
+  rethrow_as_damaged(dir);
 }
 
-bool restore_rng_state(const nlohmann::json& meta, int rank, int world_size) {
+bool restore_rng_state(const nlohmann::json& meta, int rank, int world_size) try {
   if (meta.at("world_size").get<int>() != world_size) return false;
   const auto& r = meta.at("rng").at(static_cast<size_t>(rank));
-  const at::Tensor state = unbase64(r.at("cpu").get<std::string>(), r.at("cpu_bytes").get<int64_t>());
+  const int64_t bytes = r.at("cpu_bytes").get<int64_t>();
+  TR_CHECK_TYPED(CheckpointError, bytes >= 0, "checkpoint meta.json: rank ", rank, "'s rng cpu_bytes is ", bytes);
+  const at::Tensor state = unbase64(r.at("cpu").get<std::string>(), bytes);
   auto gen = at::detail::getDefaultCPUGenerator();
   std::lock_guard<std::mutex> lock(gen.mutex());
   gen.set_state(state);
   return true;
+} catch (const v1::Error&) {
+  throw;
+} catch (...) {
+  rethrow_as_damaged("");
 }
 
 std::vector<v1::CheckpointPiece> optimizer_state_pieces(
@@ -465,7 +513,7 @@ std::vector<v1::CheckpointPiece> optimizer_state_pieces(
   return out;
 }
 
-int64_t consolidate_checkpoint(const std::string& dir, const std::string& out, int64_t max_shard_bytes) {
+int64_t consolidate_checkpoint(const std::string& dir, const std::string& out, int64_t max_shard_bytes) try {
   const nlohmann::json meta = verify_checkpoint(dir);
   const auto& index = meta.at("tensors").at("model");
   fs::create_directories(out);
@@ -480,9 +528,8 @@ int64_t consolidate_checkpoint(const std::string& dir, const std::string& out, i
   std::vector<std::vector<std::string>> shards(1);
   int64_t cur = 0;
   for (const auto& [name, e] : index.items()) {
-    int64_t numel = 1;
-    for (int64_t d : e.at("shape").get<std::vector<int64_t>>()) numel *= d;
-    const int64_t bytes = numel * 4;
+    const int64_t numel = numel_of(e.at("shape").get<std::vector<int64_t>>(), dir, name);
+    const int64_t bytes = numel > std::numeric_limits<int64_t>::max() / 4 ? std::numeric_limits<int64_t>::max() : numel * 4;
     if (max_shard_bytes > 0 && cur > 0 && cur + bytes > max_shard_bytes) shards.emplace_back(), cur = 0;
     shards.back().push_back(name);
     cur += bytes;
@@ -495,8 +542,15 @@ int64_t consolidate_checkpoint(const std::string& dir, const std::string& out, i
     for (const auto& name : shards[k]) {
       const auto& e = index[name];
       const auto shape = e.at("shape").get<std::vector<int64_t>>();
-      int64_t numel = 1;
-      for (int64_t d : shape) numel *= d;
+      const int64_t numel = numel_of(shape, dir, name);
+      // The shape is meta.json's claim; what the slices' files hold (checksummed) bounds what
+      // is allocated.
+      int64_t held = 0;
+      for (const auto& s : e.at("slices")) held += file(s.at("file").get<std::string>()).numel(s.at("key").get<std::string>());
+      if (held != numel)
+        throw CheckpointError("checkpoint " + dir + ": model tensor '" + name + "' of shape " +
+                              c10::str(c10::IntArrayRef(shape)) + " has " + std::to_string(held) +
+                              " elements in its slices' files");
       at::Tensor flat;
       int64_t covered = 0;
       for (const auto& s : e.at("slices")) {
@@ -523,6 +577,10 @@ int64_t consolidate_checkpoint(const std::string& dir, const std::string& out, i
     write_file_synced(fs::path(out) / "model.safetensors.index.json", idx.dump(2));
   }
   return count;
+} catch (const v1::Error&) {
+  throw;
+} catch (...) {
+  rethrow_as_damaged(dir);
 }
 
 }  // namespace trainrun::core
