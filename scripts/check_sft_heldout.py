@@ -106,10 +106,12 @@ def sample(tok, msgs):
     return ids, counted
 
 
-def heldout_loss(model, samples, torch):
+def heldout_loss(model, samples, torch, what):
     total, count = 0.0, 0
     with torch.no_grad():
-        for ids, counted in samples:
+        for k, (ids, counted) in enumerate(samples):
+            if k % 50 == 0:
+                print(f"  {what}: conversation {k} of {len(samples)}", file=sys.stderr, flush=True)
             logits = model(torch.tensor([ids])).logits[0, :-1].double()
             targets = torch.tensor(ids[1:])
             keep = torch.tensor(counted[1:], dtype=torch.bool)
@@ -185,9 +187,9 @@ def main():
     hf = os.path.join(a.run_dir, "hf")
     base_dir = hf if os.path.isfile(os.path.join(hf, "config.json")) else job["model"]["path"]
     model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32, attn_implementation="eager").eval()
-    before, count = heldout_loss(model, evaluated, torch)
+    before, count = heldout_loss(model, evaluated, torch, "base model")
     peft = PeftModel.from_pretrained(model, os.path.join(a.run_dir, "adapter")).eval()
-    after, _ = heldout_loss(peft, evaluated, torch)
+    after, _ = heldout_loss(peft, evaluated, torch, "base + adapter")
     ours_after, targets = final_eval_loss(a.run_dir)
     ours_before = final_eval_loss(a.before_run)[0] if a.before_run else None
     rel = lambda x, y: abs(x - y) / abs(y)
