@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # All-reduce bandwidth between two hosts with their own addresses (network namespaces joined by
 # a bridge, tests/netns_lib.sh; root needed), one rank on each, through `trainrun bench
-# collectives` run as the two workers (torchrun's variables). Prints its table per backend.
+# collectives`: gloo-cpu as two workers (torchrun's variables), mpi through MPICH's hydra.
 #   bench/netns_allreduce.sh build/bin/trainrun [SIZES, default 64MiB] [ITERS, default 5]
 set -euo pipefail
 here=$(cd "$(dirname "$0")/../tests" && pwd)
@@ -22,3 +22,11 @@ for backend in gloo-cpu; do
   echo "--- $backend"; cat "/tmp/netns-bench-$$-1"; cat "/tmp/netns-bench-$$-2" | grep -i error || true
   rm -f /tmp/netns-bench-$$-*
 done
+# mpi: MPICH's hydra on host 1 reaches host 2 through `ip netns exec` (tests/netns_hydra_exec.sh).
+if "$tr" plugins mpi >/dev/null 2>&1; then
+  export NETNS_TAG
+  echo "--- mpi"
+  on_host 1 mpiexec -launcher ssh -launcher-exec "$here/netns_hydra_exec.sh" -hosts host1,host2 \
+    -ppn 1 -n 2 "$tr" bench collectives --backend mpi --sizes "$sizes" --iters "$iters" --warmup 1 \
+    --label "2 namespaced hosts, 1 rank each"
+fi
