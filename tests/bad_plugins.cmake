@@ -25,8 +25,10 @@ endfunction()
 trainrun_test_plugin(bad-abi-major abi-major SOURCES ${_bad_src}/handmade_descriptor.cpp
   DEFINITIONS BAD_ABI_MAJOR=99 BAD_ABI_MINOR=0
               BAD_PLUGIN_NAME="bad-abi-major" BAD_COMPONENT_NAME="abi99-net")
+# One minor newer than this SDK's, whatever that is (it was a fixed 7 until the SDK reached 1.7).
+math(EXPR _newer_minor "${TRAINRUN_ABI_MINOR} + 1")
 trainrun_test_plugin(bad-abi-minor abi-minor SOURCES ${_bad_src}/handmade_descriptor.cpp
-  DEFINITIONS BAD_ABI_MINOR=7 BAD_PLUGIN_NAME="bad-abi-minor" BAD_COMPONENT_NAME="abi-minor7-net")
+  DEFINITIONS BAD_ABI_MINOR=${_newer_minor} BAD_PLUGIN_NAME="bad-abi-minor" BAD_COMPONENT_NAME="abi-minor-newer-net")
 trainrun_test_plugin(bad-torch-version torch-version SOURCES ${_bad_src}/handmade_descriptor.cpp
   DEFINITIONS BAD_TORCH_VERSION="1.12.1"
               BAD_PLUGIN_NAME="bad-torch-version" BAD_COMPONENT_NAME="torch1121-net")
@@ -124,11 +126,11 @@ bad_plugin_test(bad_plugin_abi_major_job 2
 
 set(_f ${_bad_out}/abi-minor/libtrainrun-bad-abi-minor.so)
 bad_plugin_test(bad_plugin_abi_minor_file 2
-  "plugin ${_f}: built for ABI 1\\.7, this trainrun supports ABI 1\\.${TRAINRUN_ABI_MINOR} \\(major must match, minor must not be newer\\)"
+  "plugin ${_f}: built for ABI 1\\.${_newer_minor}, this trainrun supports ABI 1\\.${TRAINRUN_ABI_MINOR} \\(major must match, minor must not be newer\\)"
   -- ${_trainrun} plugins --plugin-path ${_f})
 bad_plugin_test(bad_plugin_abi_minor_job 2
-  "model plugin 'abi-minor7-net' cannot be used: plugin ${_f}: built for ABI 1\\.7"
-  -- ${_trainrun} check --config ${_jobs}/mlp_idx.toml --set model.plugin=abi-minor7-net
+  "model plugin 'abi-minor-newer-net' cannot be used: plugin ${_f}: built for ABI 1\\.${_newer_minor}"
+  -- ${_trainrun} check --config ${_jobs}/mlp_idx.toml --set model.plugin=abi-minor-newer-net
      --plugin-path ${_bad_out}/abi-minor)
 
 set(_f ${_bad_out}/torch-version/libtrainrun-bad-torch-version.so)
@@ -246,7 +248,7 @@ foreach(c abi-major abi-minor torch-version not-a-plugin entry-v2 corrupt-trunca
   list(APPEND _all --plugin-path ${_bad_out}/${c})
 endforeach()
 bad_plugin_test(bad_plugins_good_job_still_trains 0
-  "built for ABI 99\\.0.*skipped" "built for ABI 1\\.7.*skipped" "built for LibTorch 1\\.12\\.1.*skipped"
+  "built for ABI 99\\.0.*skipped" "built for ABI 1\\.${_newer_minor}.*skipped" "built for LibTorch 1\\.12\\.1.*skipped"
   "final eval: .* after 4 steps"
   -- ${_trainrun} --config ${_jobs}/mlp_idx.toml --set trainer.run_dir=${_runs}/good_job ${_all})
 set_tests_properties(bad_plugins_good_job_still_trains PROPERTIES FIXTURES_REQUIRED corrupt_plugins)
