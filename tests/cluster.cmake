@@ -17,5 +17,9 @@ foreach(case srun sbatch scancel)
     COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/slurm_e2e.sh $<TARGET_FILE:trainrun>
             ${CMAKE_CURRENT_SOURCE_DIR}/equivalence ${CMAKE_CURRENT_BINARY_DIR}/work/slurm-${case}
             ${CMAKE_SOURCE_DIR} ${case})
-  set_tests_properties(slurm_e2e.${case} PROPERTIES TIMEOUT 240 SKIP_RETURN_CODE 77 LABELS cluster)
+  # One at a time: each test's throwaway SLURM numbers its jobs from 1, and under plain srun
+  # rank 0 serves the store on a port derived from the job and step ids (as on a real cluster,
+  # where job ids are unique), so two of these at once would pick the same port.
+  set_tests_properties(slurm_e2e.${case} PROPERTIES TIMEOUT 240 SKIP_RETURN_CODE 77 LABELS cluster
+    RESOURCE_LOCK slurm_job_ids)
 endforeach()
