@@ -695,19 +695,19 @@ std::shared_ptr<Work> GlooCommunicator::reduce_scatter(const at::Tensor& input,
                    [&m, input, output, op = opts.op,
                     text = desc.text()](uint32_t tag, Millis timeout) mutable {
                      if (output.numel() == 0) return;
-                     if (m.shm_collectives) {
-                       shm::reduce_scatter(m.shm_context(tag, timeout, text), input, output, op);
-                       if (op == ReduceOp::Avg) divide_in_place(output, m.size);
-                       return;
-                     }
                      // In place (output = this rank's chunk of the input, as NCCL allows) is
-                     // safe: that chunk is read last, in the step that writes the output. Any
-                     // other overlap would overwrite input the ring still has to read.
+                     // safe for both rings: that chunk is read last, in the step that writes the
+                     // output. Any other overlap would overwrite input the ring still has to read.
                      const auto* in = static_cast<const char*>(input.data_ptr());
                      const auto* out = static_cast<const char*>(output.data_ptr());
                      const bool overlap = out < in + input.nbytes() && in < out + output.nbytes();
                      const bool in_place = out == in + m.rank * output.nbytes();
                      const at::Tensor source = overlap && !in_place ? input.clone() : input;
+                     if (m.shm_collectives) {
+                       shm::reduce_scatter(m.shm_context(tag, timeout, text), source, output, op);
+                       if (op == ReduceOp::Avg) divide_in_place(output, m.size);
+                       return;
+                     }
                      dispatch(input.scalar_type(), [&](auto t) {
                        using T = typename decltype(t)::type;
                        gloo_ring::reduce_scatter<T>(m.context, source.data_ptr<T>(),

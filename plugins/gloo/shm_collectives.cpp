@@ -95,12 +95,9 @@ void reduce_scatter(const CollectiveContext& c, const at::Tensor& input, at::Ten
   const int64_t k = output.numel();
   if (k == 0) return;
   at::Tensor out = output.view(-1);
-  const auto* in_begin = static_cast<const char*>(input.data_ptr());
-  const auto* out_begin = static_cast<const char*>(output.data_ptr());
-  const bool overlap = out_begin < in_begin + input.nbytes() && in_begin < out_begin + output.nbytes();
-  const bool in_place = out_begin == in_begin + r * output.nbytes();
-  // Any overlap but "output is this rank's chunk" would overwrite input still to be sent.
-  const at::Tensor source = (overlap && !in_place ? input.clone() : input).view(-1);
+  const at::Tensor source = input.view(-1);
+  const bool in_place = output.data_ptr() ==
+                        static_cast<const char*>(input.data_ptr()) + r * output.nbytes();
   auto chunk = [&](int j) { return source.slice(0, mod(j, N) * k, (mod(j, N) + 1) * k); };
   if (N == 1) {
     if (!in_place) out.copy_(chunk(r));

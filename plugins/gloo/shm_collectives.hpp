@@ -57,7 +57,8 @@ void all_reduce(const CollectiveContext& c, at::Tensor& tensor, v1::ReduceOp op)
 
 /// output (numel k) = op over ranks of chunk `rank` of input (numel k * size), as c10d's
 /// reduce_scatter_tensor. input and output may overlap only when output is this rank's chunk
-/// of input. Avg reduces as Sum. Errors as all_reduce.
+/// of input (the caller clones input for any other overlap). Avg reduces as Sum. Errors as
+/// all_reduce.
 void reduce_scatter(const CollectiveContext& c, const at::Tensor& input, at::Tensor& output,
                     v1::ReduceOp op);
 
