@@ -5,7 +5,10 @@
 # srun: `srun -n 2 trainrun` with ranks from SLURM's variables, the store on the step's first
 # node, srun's CPU binding kept (a map that crosses trainrun's own slicing), losses equal to one
 # process. sbatch: examples/slurm/train.sbatch, the same check. scancel: a running job is
-# cancelled; every rank ends within KillWait, with nothing left.
+# cancelled; every rank ends within KillWait, with nothing left. requeue: `scontrol requeue` after
+# a checkpoint; the second run resumes from it by itself and ends bitwise equal to an
+# uninterrupted run. killed_task: one srun task SIGKILLed; the other ends within the collective
+# timeout naming rank 1.
 source "$(dirname "$0")/e2e_lib.sh"
 source "$(dirname "$0")/slurm_lib.sh"
 tr=$1 jobs=$2 work=$3 repo=$4 case=$5
@@ -66,6 +69,78 @@ scancel)
   # KillWait (5 s in slurm_lib.sh's config) is SLURM's own bound: SIGKILL after it.
   within 10 "$t" "scancel to the job's end"
   expect_in "$work/job.out" "CANCELLED"
+  no_leftovers "$run_dir"
+  ;;
+requeue)
+  # #SBATCH --requeue in the shipped script: the job is requeued (scontrol requeue) after its
+  # first checkpoint; SLURM stops it (SIGTERM: trainrun saves at the step it is in, then exits),
+  # starts it again with SLURM_RESTART_COUNT=1, and the second run resumes from `latest`
+  # without being told to. Its losses from there on and its final weights equal an uninterrupted
+  # run's exactly (same 2 ranks, same strategy: tolerance 0). Each save waits 2 s (a test hook
+  # that changes no number), so the requeue lands mid-run.
+  ck=(--set 'callbacks=[{plugin="checkpoint", every_n_steps=10}]' --set trainer.max_steps=60
+      --set trainer.log_every=1 --set launch.stop_grace_s=4)
+  straight=(--config "$jobs/mlp.toml" "${sgd[@]}" --set strategy.plugin=ddp --set trainer.micro_batch_size=16)
+  TRAINRUN=$tr sbatch --wait --output="$work/straight.out" "$repo/examples/slurm/train.sbatch" \
+    "${straight[@]:1}" "${ck[@]}" --set trainer.run_dir="$work/straight" >"$work/sbatch0.out" 2>&1 ||
+    { cat "$work/sbatch0.out" "$work/straight.out"; fail "the uninterrupted job failed"; }
+  TRAINRUN=$tr TRAINRUN_TEST_SAVE_DELAY_S=2 sbatch --parsable --open-mode=append --output="$work/job.out" \
+    "$repo/examples/slurm/train.sbatch" "${ddp[@]:1}" "${ck[@]}" >"$work/jobid" 2>&1 ||
+    { cat "$work/jobid"; fail "sbatch failed"; }
+  job=$(cut -d';' -f1 "$work/jobid")
+  wait_for "$run_dir/checkpoints/latest" "step-" 90
+  t0=$(now)
+  scontrol requeue "$job" || { cat "$work/job.out"; fail "scontrol requeue $job failed"; }
+  # SLURM holds a requeued batch job back for a while (its BeginTime moves about two minutes
+  # on); once it is pending again, let it start at once.
+  for _ in $(seq 1 300); do
+    squeue -h -j "$job" -o %T 2>/dev/null | grep -q PENDING && break
+    sleep 0.1
+  done
+  scontrol update JobId="$job" StartTime=now || fail "could not let the requeued job $job start now"
+  # The job leaves the queue only once its second run has ended.
+  for _ in $(seq 1 1200); do squeue -h -j "$job" 2>/dev/null | grep -q . || break; sleep 0.1; done
+  cat "$work/job.out"
+  squeue -h -j "$job" 2>/dev/null | grep -q . && fail "job $job still queued or running 120 s after the requeue"
+  echo "measured: requeue to the end of the second run in $(elapsed "$t0") s"
+  state=$(scontrol show job "$job" 2>/dev/null | grep -oE "JobState=[A-Z]+" || true)
+  restarts=$(scontrol show job "$job" 2>/dev/null | grep -oE "Restarts=[0-9]+" || true)
+  echo "$state $restarts"
+  [ "$restarts" = "Restarts=1" ] || fail "job $job: $restarts, expected Restarts=1 (one requeue)"
+  expect_in "$work/job.out" "SLURM requeue 1 \(SLURM_RESTART_COUNT\): resuming from the latest checkpoint"
+  from=$(grep -oE "resumed from .*step-[0-9]+ at step [0-9]+" "$work/job.out" | grep -oE "[0-9]+$" | tail -1)
+  [ -n "$from" ] || fail "the second run did not say where it resumed"
+  [ "$from" -ge 10 ] && [ "$from" -lt 60 ] || fail "resumed at step $from, expected 10..59"
+  [ -d "$run_dir/previous-1" ] || fail "the first run's files were not kept in previous-1"
+  echo "resumed at step $from"
+  py "$here/checkpoint_check.py" same-losses "$work/straight" "$run_dir" $((from + 1))
+  py "$here/checkpoint_check.py" same-weights "$work/straight/model.safetensors" "$run_dir/model.safetensors"
+  no_leftovers "$run_dir"
+  ;;
+killed_task)
+  # One task of `srun -n 2` is SIGKILLed mid-run (kill -9, not scancel; no --kill-on-bad-exit):
+  # trainrun itself must end the other rank, naming rank 1, within the collective timeout
+  # (accelerator.timeout_s), and srun must end with nothing left behind.
+  timeout_s=6
+  srun -n 2 --cpu-bind=cores "$tr" "${ddp[@]}" --set trainer.max_steps=1000000 --set trainer.log_every=1 \
+    --set accelerator.timeout_s=$timeout_s >"$work/out" 2>&1 &
+  srun_pid=$!
+  wait_for "$run_dir/metrics.jsonl" '"step": ?5\b' 90
+  job=$(squeue -h -o %A | head -1)
+  victim=$(scontrol listpids "$job" 2>/dev/null | awk '$5 == "1" { print $1 }' | head -1)
+  [ -n "$victim" ] || { scontrol listpids "$job" || true; fail "no pid for task 1 of job $job"; }
+  t0=$(now)
+  kill -9 "$victim"
+  rc=0
+  for _ in $(seq 1 $(( (timeout_s + 20) * 10 ))); do kill -0 "$srun_pid" 2>/dev/null || break; sleep 0.1; done
+  t=$(elapsed "$t0")
+  kill -0 "$srun_pid" 2>/dev/null && { cat "$work/out"; fail "srun still running $t s after task 1 was killed"; }
+  wait "$srun_pid" || rc=$?
+  cat "$work/out"
+  [ "$rc" -ne 0 ] || fail "srun exited 0 after a task was killed"
+  # The survivor's own error names the dead rank (a peer's collective or transport failure).
+  expect_in "$work/out" "rank 1 \(host [^,]+, pid $victim\)"
+  within $(( timeout_s + 4 )) "$t" "kill -9 of task 1 to srun's end (exit $rc)"
   no_leftovers "$run_dir"
   ;;
 *)

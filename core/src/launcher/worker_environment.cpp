@@ -196,6 +196,16 @@ WorkerEnvironment detect_worker_environment() {
   return w;
 }
 
+std::optional<std::string> restart_of_this_job() {
+  if (auto t = env_value("TRAINRUN_RESTART"); t && !t->empty())
+    return "restart " + std::to_string(env_int("TRAINRUN_RESTART", *t));
+  // SLURM counts the times it started the batch job again (requeue or node failure); srun
+  // passes the variable on to every task. 0 or unset: the first run.
+  if (auto n = optional_int("SLURM_RESTART_COUNT"); n && *n > 0)
+    return "SLURM requeue " + std::to_string(*n) + " (SLURM_RESTART_COUNT)";
+  return std::nullopt;
+}
+
 std::string self_executable() {
   std::error_code ec;
   fs::path p = fs::read_symlink("/proc/self/exe", ec);

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "trainrun/core/checkpoint.hpp"
+#include "trainrun/core/launcher.hpp"
 #include "trainrun/core/log.hpp"
 
 namespace fs = std::filesystem;
@@ -68,11 +69,12 @@ std::vector<v1::CheckpointPiece> Run::optimizer_pieces() {
 
 void Run::resume() {
   std::string resume = job_.trainer.get_string("resume");
-  if (const char* restart = std::getenv("TRAINRUN_RESTART"); restart != nullptr && resume.empty()) {
-    // An elastic restart ([launch] max_restarts): continue from the latest checkpoint if any.
+  if (const auto restart = restart_of_this_job(); restart && resume.empty()) {
+    // An elastic restart ([launch] max_restarts) or a requeued SLURM job: continue from the
+    // latest checkpoint if any (a first run that set resume = "latest" would fail on none).
     const bool any = fs::exists(fs::path(ckpt_root_) / "latest");
     if (lead_)
-      log_info(std::string("restart ") + restart + ": " +
+      log_info(*restart + ": " +
                (any ? "resuming from the latest checkpoint in " + ckpt_root_
                     : "no checkpoint in " + ckpt_root_ + " yet, starting from step 0"));
     if (any) resume = "latest";

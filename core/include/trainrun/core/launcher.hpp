@@ -51,6 +51,14 @@ struct WorkerEnvironment {
 /// variable when a value is malformed or inconsistent (rank >= world_size, ...).
 WorkerEnvironment detect_worker_environment();
 
+/// Whether this run is a restart of an earlier attempt of the same job, which then continues
+/// from the latest checkpoint when [trainer] resume is not set: TRAINRUN_RESTART=k (trainrun's
+/// agent, [launch] max_restarts) or SLURM_RESTART_COUNT=k > 0 (a requeued batch job: `scontrol
+/// requeue`, or a node failure with --requeue). Returns "restart k" / "SLURM requeue k
+/// (SLURM_RESTART_COUNT)" for messages; nullopt for a first run. Throws ConfigError naming the
+/// variable when its value is not a non-negative integer.
+std::optional<std::string> restart_of_this_job();
+
 /// The layout a cluster's job controller gives this node's agent through the environment.
 struct ClusterLaunch {
   std::string source;  ///< "Kubeflow PyTorchJob"
