@@ -321,6 +321,19 @@ namespace {
 // collectives: a collective completes only once every rank has issued it (broadcast's root may
 // run a few ahead).
 constexpr uint64_t kSlots = 4096;
+// Progress is published this long at most after it changes (a store write per rank per
+// interval, however many collectives complete in it), and again every kRepublish while nothing
+// changes, so that its age tells a live peer from a dead or cut-off one: a record older than
+// kSilentAfter is a peer that stopped publishing.
+constexpr double kPublishGap = 0.02;
+constexpr double kRepublish = 0.9;
+constexpr double kSilentAfter = 3.0;
+// After a transport failure in which every peer seems to have issued the collective, a peer
+// killed a moment ago still looks alive: its last record is fresh. The report looks again
+// after kRecheck, when a live peer has republished (at most about a second ago) and a dead
+// one's record is older than kRecheckSilent.
+constexpr double kRecheck = 2.0;
+constexpr double kRecheckSilent = 1.8;
 }  // namespace
 
 struct Monitor::Impl {
@@ -346,6 +359,7 @@ struct Monitor::Impl {
   std::mutex stop_mu;
   std::condition_variable stop_cv;
   bool stopping = false;
+  bool changed = false;  // under stop_mu: progress changed, the watchdog publishes it
   std::thread watchdog;
 
   std::string status_key(int r) const { return cfg.prefix + "status/" + std::to_string(r); }
@@ -368,12 +382,26 @@ struct Monitor::Impl {
     store->set(status_key(cfg.rank), bytes_of(rec));
   }
 
+  // Wakes the watchdog to publish a change (begin, finished): without it the record waited for
+  // the next tick, up to a second, and peers' reports showed progress that old.
+  void progress_changed() {
+    if (cfg.world_size <= 1 || cfg.stall_warning_s <= 0) return;
+    {
+      std::lock_guard<std::mutex> g(stop_mu);
+      changed = true;
+    }
+    stop_cv.notify_one();
+  }
+
   // "rank 2 (host h, pid 5): last completed #16 all_reduce(...), pending none, heard 0.4 s ago"
-  // for every peer that has not issued `seq` yet.
+  // for every peer that has not issued `seq` yet ("not arrived") and for every peer that issued
+  // it but has published nothing for kSilentAfter (its record would be republished every
+  // kRepublish: the peer is dead, or its host unreachable).
   // `failed`: for an operation that failed; otherwise for one still waiting (the stall warning).
-  std::string missing_report(uint64_t seq, bool failed) const {
-    std::string out;
-    int missing = 0;
+  std::string missing_report(uint64_t seq, bool failed, double silent_after = kSilentAfter) const {
+    std::string out, silent;
+    int missing = 0, silent_count = 0;
+    const bool republishing = cfg.stall_warning_s > 0;
     for (int r = 0; r < cfg.world_size; ++r) {
       if (r == cfg.rank) continue;
       const int global = r < static_cast<int>(cfg.global_ranks.size()) ? cfg.global_ranks[r] : r;
@@ -389,36 +417,50 @@ struct Monitor::Impl {
         continue;
       }
       const uint64_t issued_r = std::strtoull(f[2].c_str(), nullptr, 10);
-      if (issued_r >= seq) continue;
       const double heard = (unix_ms() - std::atoll(f[7].c_str())) / 1000.0;
-      out += (missing++ ? "; " : "") + who + ": last completed " +
-             (f[3] == "0" ? std::string("none") : "#" + f[3] + " " + f[4]) + ", first pending " +
-             (f[5] == "0" ? std::string("none") : "#" + f[5] + " " + f[6]) + ", last heard " +
-             seconds_text(heard) + " ago";
+      const bool gone_quiet = republishing && heard > silent_after;
+      if (issued_r >= seq && !gone_quiet) continue;
+      const std::string progress =
+          who + ": last completed " + (f[3] == "0" ? std::string("none") : "#" + f[3] + " " + f[4]) +
+          ", first pending " + (f[5] == "0" ? std::string("none") : "#" + f[5] + " " + f[6]) +
+          ", last heard " + seconds_text(heard) + " ago";
+      if (issued_r < seq) out += (missing++ ? "; " : "") + progress;
+      else silent += (silent_count++ ? "; " : "") + progress;
     }
-    if (missing == 0)
+    if (missing == 0 && silent_count == 0)
       return failed ? "every peer has issued it (the transport failed; see the cause above)"
                     : "every peer has issued it: its data is still in transit (a slow or "
                       "congested link between the hosts?)";
-    return "not arrived: " + out;
+    std::string report;
+    if (missing > 0) report = "not arrived: " + out;
+    if (silent_count > 0)
+      report += std::string(missing > 0 ? "; " : "") + "issued it, then went silent (dead, or its host unreachable?): " + silent;
+    return report;
   }
 
   void run_watchdog() {
     const double stall = cfg.stall_warning_s;
     // Progress is published at least once a second (so a peer can tell a live rank from a dead
     // one) and at once after it changes; the tick is finer when the warning threshold is short.
-    const double tick = std::max(0.02, std::min(1.0, stall / 10.0));
+    const double tick = std::max(0.02, std::min(kRepublish, stall / 10.0));
     auto last_publish = Clock::now() - std::chrono::hours(1);
     for (;;) {
       {
+        // Woken early by a change of progress, but never sooner than kPublishGap after the
+        // last write: at thousands of collectives a second, the store sees one write per gap.
         std::unique_lock<std::mutex> lk(stop_mu);
-        if (stop_cv.wait_for(lk, millis(tick), [this] { return stopping; })) return;
+        const auto since = Clock::now() - last_publish;
+        if (since < millis(kPublishGap) &&
+            stop_cv.wait_for(lk, millis(kPublishGap) - since, [this] { return stopping; }))
+          return;
+        if (stop_cv.wait_for(lk, millis(tick), [this] { return stopping || changed; }) && stopping) return;
+        changed = false;
       }
       try {
         bool need;
         {
           std::lock_guard<std::mutex> g(mu);
-          need = dirty || Clock::now() - last_publish > std::chrono::seconds(1);
+          need = dirty || Clock::now() - last_publish > millis(kRepublish);
         }
         if (need) publish(), last_publish = Clock::now();
         uint64_t seq = 0;
@@ -484,10 +526,14 @@ Monitor::~Monitor() {
 
 uint64_t Monitor::begin(const OpDesc& op) {
   auto& m = *impl_;
-  std::lock_guard<std::mutex> g(m.mu);
-  const uint64_t seq = ++m.issued;
-  m.pending.push_back({seq, op.text(), Clock::now()});
-  m.dirty = true;
+  uint64_t seq;
+  {
+    std::lock_guard<std::mutex> g(m.mu);
+    seq = ++m.issued;
+    m.pending.push_back({seq, op.text(), Clock::now()});
+    m.dirty = true;
+  }
+  m.progress_changed();
   return seq;
 }
 
@@ -542,13 +588,16 @@ void Monitor::check_order(uint64_t seq, const OpDesc& op) {
 
 void Monitor::finished(uint64_t seq) {
   auto& m = *impl_;
-  std::lock_guard<std::mutex> g(m.mu);
-  while (!m.pending.empty() && m.pending.front().seq <= seq) {
-    m.completed_seq = m.pending.front().seq;
-    m.completed_text = m.pending.front().text;
-    m.pending.pop_front();
+  {
+    std::lock_guard<std::mutex> g(m.mu);
+    while (!m.pending.empty() && m.pending.front().seq <= seq) {
+      m.completed_seq = m.pending.front().seq;
+      m.completed_text = m.pending.front().text;
+      m.pending.pop_front();
+    }
+    m.dirty = true;
   }
-  m.dirty = true;
+  m.progress_changed();
 }
 
 void Monitor::publish_now() noexcept {
@@ -573,7 +622,12 @@ std::string Monitor::describe_failure(uint64_t seq, const std::string& what) con
     try {
       if (config_.check_order && m.store->check({config_.prefix + "mismatch"}))
         return out + "; cause: " + string_of(m.store->get(config_.prefix + "mismatch"));
-      out += "; " + m.missing_report(seq, true);
+      std::string report = m.missing_report(seq, true);
+      if (report.rfind("every peer has issued it", 0) == 0 && config_.stall_warning_s > 0) {
+        std::this_thread::sleep_for(millis(kRecheck));
+        report = m.missing_report(seq, true, kRecheckSilent);
+      }
+      out += "; " + report;
     } catch (const std::exception& e) {
       out += "; peers' progress unavailable (rendezvous store unreachable: " + what_of(e) + ")";
     }

@@ -132,7 +132,7 @@ constexpr double kCauseWindowS = 2.0;
 bool looks_collateral(const std::deque<std::string>& tail) {
   static const char* const kMarkers[] = {"reset by peer", "closed by peer", "connection closed",
                                          "Connection closed", "Broken pipe", "the transport failed",
-                                         "not arrived:", "ECONNRESET", "EPIPE"};
+                                         "not arrived:", "then went silent", "ECONNRESET", "EPIPE"};
   for (const auto& line : tail)
     for (const char* m : kMarkers)
       if (line.find(m) != std::string::npos) return true;
