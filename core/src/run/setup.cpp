@@ -12,6 +12,7 @@
 #include <map>
 #include <set>
 #include <sstream>
+#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
@@ -186,6 +187,8 @@ std::vector<std::string> report_runtime(Slot<v1::Accelerator>& accelerator, cons
   {
     nlohmann::ordered_json j;
     j["rank"] = ctx.rank;
+    char host[256] = {};
+    j["host"] = gethostname(host, sizeof host - 1) == 0 ? host : "?";  // where a launcher put the rank
     j["local_rank"] = ctx.local_rank;
     j["local_world_size"] = ctx.local_world_size;
     j["intra_op_threads"] = rb.intra_op;
