@@ -6,9 +6,13 @@
 # the single-process run): ddp (2 hosts x 2 ranks, mlp, SGD), ddp3 (3 hosts x 2 ranks),
 # fsdp_hybrid (gpt, AdamW, HYBRID_SHARD with the node as the shard group), mpi (MPICH's hydra
 # started on host 1, its proxies on every host through `ip netns exec`), pytorchjob (each host
-# gets exactly the environment of a Kubeflow PyTorchJob pod, examples/kubernetes/pytorchjob.yaml).
+# gets exactly the environment of a Kubeflow PyTorchJob pod, examples/kubernetes/pytorchjob.yaml),
+# mpijob (a launcher host runs the mpiexec of examples/kubernetes/mpijob.yaml against two worker
+# hosts, with the MPI operator's environment).
 # Faults (a long run, then): link_cut, host_killed, host_missing, master_dies, slow_link;
 # each asserts the time to a clean end, the host/rank named, and nothing left behind.
+# elastic_rejoin: max_restarts = 1, a host killed and started again, the job resumes on both
+# hosts from the latest checkpoint and ends bitwise equal to an uninterrupted run.
 source "$(dirname "$0")/e2e_lib.sh"
 source "$(dirname "$0")/netns_lib.sh"
 tr=$1 jobs=$2 work=$3 case=$4
@@ -56,6 +60,7 @@ coll_timeout=6 grace=3 rdzv=20
 store_op_timeout=10  # core/src/launcher/agent.cpp kStoreOpTimeoutS: node 1 gives up on node 0's store
 agent_lost=15        # kAgentLostS: node 0 gives up on a silent node 1
 slack=6              # teardown on two loaded cores
+progress_limit=10    # collectives (2 steps) a dead peer's last published progress may be behind
 long=(--config "$jobs/mlp.toml" "${sgd[@]}" --set strategy.plugin=ddp --set trainer.max_steps=1000000
       --set trainer.log_every=1 --set trainer.micro_batch_size=8 --set trainer.run_dir="$run_dir"
       --set accelerator.timeout_s=$coll_timeout --set launch.rendezvous_timeout_s=$rdzv
@@ -81,6 +86,25 @@ ended() {
   within "$2" "$t" "node $1 to a clean end (code $rc)"
 }
 show() { for f in "$work"/node*; do echo "--- $(basename "$f")"; cat "$f"; done; }
+# progress_current <file> <limit>: in the first collective error of <file>, every peer named
+# shows, by the progress it last published, a collective at most <limit> behind the failed one
+# (ranks run in lockstep; a record that is seconds old names collectives long finished).
+progress_current() {
+  py - "$1" "$2" <<'PY'
+import re, sys
+text = open(sys.argv[1]).read()
+m = re.search(r"#(\d+) in group world (?:timed out|failed)[^\n]*?; ((?:not arrived|issued it, then went silent)[^\n]*)", text)
+if not m:
+    sys.exit(f"no collective error naming peers in {sys.argv[1]}")
+seq, worst = int(m.group(1)), 0
+for p in re.finditer(r"rank (\d+) \(host (\S+), pid \d+\): last completed (?:none|#(\d+) .*?), first pending (?:none|#(\d+))", m.group(2)):
+    at = int(p.group(4)) if p.group(4) else int(p.group(3) or 0) + 1
+    print(f"rank {p.group(1)} (host {p.group(2)}) was at #{at} by its last record; the failed collective is #{seq}")
+    worst = max(worst, seq - at)
+if worst > int(sys.argv[2]):
+    sys.exit(f"a peer's published progress is {worst} collectives behind the failed one (limit {sys.argv[2]}): stale")
+PY
+}
 # training: until the run has logged a few steps.
 training() { wait_for "$run_dir/metrics.jsonl" '"step": ?5\b' 90; }
 # nothing_left: no process on any host, no trainrun process or /dev/shm segment anywhere.
@@ -143,6 +167,35 @@ mpi)
   compare "$run_dir" "ddp over mpi (hydra), 2 hosts x 2 ranks ($(elapsed "$t0") s)"
   nothing_left
   ;;
+mpijob)
+  # A Kubeflow MPIJob (examples/kubernetes/mpijob.yaml, MPICH): host 1 is the launcher pod and
+  # runs no rank; hosts 2 and 3 are the worker pods, 2 slots each. The launcher gets the
+  # operator's environment (HYDRA_HOST_FILE in the operator's "host:slots" format,
+  # HYDRA_LAUNCH_EXTRA_ARGS) and runs the yaml's command; hydra's ssh launcher is pointed at the
+  # namespaces through its environment (HYDRA_LAUNCHER_EXEC) instead of ssh, so the command
+  # line is the yaml's, word for word, plus the test's job settings.
+  "$tr" plugins mpi >/dev/null 2>&1 || { echo "SKIP: no mpi accelerator plugin in this build"; exit 77; }
+  netns_up 3
+  export NETNS_TAG
+  reference "$jobs/mlp.toml" 32 "${sgd[@]}"
+  printf 'host2:2\nhost3:2\n' >"$work/hostfile"
+  t0=$(now)
+  rc=0
+  on_host 1 env HYDRA_HOST_FILE="$work/hostfile" HYDRA_LAUNCH_EXTRA_ARGS="-o ConnectionAttempts=10" \
+    HYDRA_LAUNCHER=ssh HYDRA_LAUNCHER_EXEC="$here/netns_hydra_exec.sh" \
+    mpiexec -n 4 "$tr" --config "$jobs/mlp.toml" --set accelerator.plugin=mpi \
+    --set trainer.run_dir="$run_dir" "${sgd[@]}" --set strategy.plugin=ddp --set trainer.micro_batch_size=8 \
+    >"$work/node0" 2>&1 || rc=$?
+  [ "$rc" -eq 0 ] || { show; fail "the launcher's mpiexec exited with $rc"; }
+  # Ranks 0-1 on host 2 and 2-3 on host 3, none on the launcher: runtime/rank-N.json says where.
+  for r in 0 1 2 3; do
+    want=host$(( r / 2 + 2 ))
+    got=$(py -c "import json,sys; print(json.load(open(sys.argv[1])).get('host', '?'))" "$run_dir/runtime/rank-$r.json")
+    [ "$got" = "$want" ] || fail "rank $r ran on $got, the hostfile puts it on $want"
+  done
+  compare "$run_dir" "ddp over mpi as an MPIJob, launcher + 2 workers x 2 slots ($(elapsed "$t0") s)"
+  nothing_left
+  ;;
 pytorchjob)
   # Each host is a pod of a Kubeflow PyTorchJob (examples/kubernetes/pytorchjob.yaml: a Master
   # and one Worker, nprocPerNode "2"), with exactly the training operator's variables; MASTER_ADDR
@@ -180,7 +233,11 @@ link_cut)
   ended 0 $(( coll_timeout + agent_lost + slack )) 2
   ended 1 $(( store_op_timeout + grace + slack )) 1
   show
-  expect_in "$work/node0" "timed out after $coll_timeout s; not arrived: rank 2 \(host host2, pid [0-9]+\).*rank 3 \(host host2"
+  # Host 2's ranks either had not issued the collective or issued it and then went silent.
+  for r in 2 3; do
+    expect_in "$work/node0" "timed out after $coll_timeout s; (not arrived|issued it, then went silent).*rank $r \(host host2, pid [0-9]+\): last completed"
+  done
+  progress_current "$work/node0" $progress_limit
   expect_in "$work/node0" "^trainrun: rank [01] \(pid [0-9]+, node 0\) exited with code 2"
   expect_in "$work/node0" "^trainrun: node 1's agent stopped responding \(no heartbeat for $agent_lost\.0 s\)"
   expect_in "$work/node1" "^trainrun: lost the rendezvous store at $master:$port \(node 0's agent is gone or its host unreachable"
@@ -198,6 +255,7 @@ host_killed)
   ended 0 $(( agent_lost + slack )) 2
   show
   expect_in "$work/node0" "rank [23] \(host host2, pid [0-9]+\)"
+  progress_current "$work/node0" $progress_limit
   expect_in "$work/node0" "^trainrun: node 1's agent stopped responding"
   nothing_left
   ;;
@@ -260,6 +318,50 @@ slow_link)
     { show; fail "no stall warning"; }
   grep -h "error" "$work"/node0 "$work"/node1 && fail "the slow link caused an error"
   compare "$run_dir" "ddp over the slowed link"
+  nothing_left
+  ;;
+elastic_rejoin)
+  # [launch] max_restarts = 1, checkpoints every 10 steps, a run_dir both hosts share. Host 2's
+  # processes (its agent and both ranks) are SIGKILLed after the first checkpoint, and host 2
+  # starts its node again at once, as Kubernetes restarts a pod. The new agent finds node_rank
+  # 1 taken in the running round: it ends that round and waits for the next; node 0's agent
+  # stops its ranks, opens round 1, and every node starts its workers again, which resume from
+  # the latest checkpoint. The final weights are bitwise equal to an uninterrupted 2-host run.
+  netns_up 2
+  job=(--config "$jobs/mlp.toml" "${sgd[@]}" --set strategy.plugin=ddp --nproc-per-node 2
+       --set trainer.micro_batch_size=8 --set trainer.max_steps=60 --set trainer.log_every=1
+       --set 'callbacks=[{plugin="checkpoint", every_n_steps=10}]' --set accelerator.timeout_s=$coll_timeout
+       --set launch.stop_grace_s=$grace --set launch.rendezvous_timeout_s=$rdzv)
+  nodes 2 "${job[@]}" --set trainer.run_dir="$work/straight"
+  # The new node 1 may take 25 s to start on this loaded machine; node 0 waits for it this long.
+  job+=(--set launch.rendezvous_timeout_s=60)
+  # Each save waits 1 s (a test hook that changes no number), so the kill lands mid-run.
+  elastic() {
+    local h=$1 out=$2; shift 2
+    ( rc=0
+      on_host "$h" env TRAINRUN_TEST_SAVE_DELAY_S=1 "$tr" "${job[@]}" --set launch.max_restarts=1 \
+        --set trainer.run_dir="$run_dir" --nnodes 2 --node-rank $((h - 1)) --master-addr "$master" \
+        --master-port "$port" >"$work/$out" 2>&1 || rc=$?
+      echo "$rc $(now)" >"$work/end-$out" ) &
+  }
+  elastic 2 node1; elastic 1 node0
+  wait_for "$run_dir/checkpoints/latest" "step-" 120
+  kill_host 2 KILL
+  t0=$(now)
+  elastic 2 node1-again
+  for out in node0 node1-again; do
+    for _ in $(seq 1 1200); do [ -s "$work/end-$out" ] && break; sleep 0.1; done
+    [ -s "$work/end-$out" ] || { show; fail "$out did not end within 120 s of the kill"; }
+    read -r rc t <"$work/end-$out"
+    [ "$rc" -eq 0 ] || { show; fail "$out exited with code $rc"; }
+    echo "measured: $out ended (code 0) $(py -c "import sys; print(round(float(sys.argv[2]) - float(sys.argv[1]), 2))" "$t0" "$t") s after the kill"
+  done
+  show
+  expect_in "$work/node1-again" "^trainrun: node 1 \(host host2, pid [0-9]+\) rejoined the job in place of node 1 \(host host2, pid [0-9]+\), which is gone"
+  expect_in "$work/node0" "restart 1 of 1: a worker failed .*restarting all 4 workers of 2 nodes"
+  expect_in "$work/node0" "resumed from .*step-[0-9]+ at step [0-9]+"
+  grep -q "started rank 2" "$work/node1-again" || fail "the new node 1 started no worker"
+  py "$here/checkpoint_check.py" same-weights "$work/straight/model.safetensors" "$run_dir/model.safetensors"
   nothing_left
   ;;
 *)

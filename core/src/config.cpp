@@ -212,9 +212,10 @@ v1::OptionSchema launch_schema() {
              "long after its save began (keep stop_grace_s + this below the cluster's own "
              "kill delay: SLURM KillWait, Kubernetes terminationGracePeriodSeconds)", 0.0, 1e6);
   s.integer("max_restarts", 0,
-            "Elastic restarts (nnodes = 1, trainrun's agent): when a worker fails, stop all, "
-            "start them again and resume from the latest checkpoint (`checkpoint` callback), at "
-            "most this many times; 0 = a failure ends the job", 0, 1000);
+            "Elastic restarts (trainrun's agent, any nnodes): when a worker fails or a node's agent "
+            "is replaced, stop all workers on every node, start them again and resume from the "
+            "latest checkpoint (`checkpoint` callback; a run_dir every node shares), at most this "
+            "many times; 0 = a failure ends the job", 0, 1000);
   s.choice("launcher", "auto", {"auto", "trainrun", "mpiexec"},
            "How workers are started: trainrun's own agent, or MPICH's mpiexec; auto = mpiexec "
            "when [accelerator] plugin is \"mpi\", else trainrun");

@@ -438,12 +438,14 @@ struct AgentRecord {
   }
 };
 
-std::string agent_key(int node) { return "trainrun/agent/" + std::to_string(node); }
-std::string beat_key(int node) { return "trainrun/beat/" + std::to_string(node); }
-std::string ended_key(int node) { return "trainrun/ended/" + std::to_string(node); }
-const char* const kResultKey = "trainrun/rendezvous/result";
-const char* const kDuplicateKey = "trainrun/rendezvous/duplicate";
-const char* const kFailedKey = "job/failed";
+// Keys of one rendezvous round (elastic restarts across nodes start a new round; round 0's
+// names are those of a job without restarts).
+std::string round_key(int round, const std::string& name) {
+  if (round == 0) return name == "failed" ? "job/failed" : "trainrun/" + name;
+  return "trainrun/r" + std::to_string(round) + "/" + name;
+}
+// The round node 0 serves now (set before it waits for the other agents).
+const char* const kRoundKey = "trainrun/round";
 
 // A job-wide failure as stored under job/failed: "<exit code>\n<report>".
 std::pair<int, std::string> decode_failure(const std::string& s) {
@@ -451,9 +453,17 @@ std::pair<int, std::string> decode_failure(const std::string& s) {
   return {std::atoi(s.substr(0, nl).c_str()), nl == std::string::npos ? "" : s.substr(nl + 1)};
 }
 
+// What outlives one attempt of an elastic multi-node job: node 0's store server, which the
+// agents rendezvous through, round after round, and the round this node takes part in.
+struct Session {
+  std::unique_ptr<c10d::TCPStore> server;  ///< node 0 only
+  int round = 0;
+};
+
 class Agent {
  public:
-  explicit Agent(const LaunchSpec& spec) : spec_(spec), t0_(Clock::now()) {}
+  Agent(const LaunchSpec& spec, Session& session)
+      : spec_(spec), session_(session), round_(session.round), t0_(Clock::now()) {}
   /// Only reached with workers still running when the agent itself failed (an exception):
   /// nothing it started may outlive it.
   ~Agent() {
@@ -474,11 +484,17 @@ class Agent {
   Agent(const Agent&) = delete;
   Agent& operator=(const Agent&) = delete;
   int run();
+  /// The round this agent took part in (elastic multi-node jobs; 0 otherwise).
+  int round() const { return round_; }
+  /// Node 0's store stopped answering: nobody is left to restart with.
+  bool store_lost() const { return store_lost_; }
 
  private:
   // Rendezvous; returns false when interrupted before it completed.
   bool rendezvous();
   void open_store();
+  bool join_round();
+  void serve_worker_store();
   bool wait_for_agents();
   bool wait_for_result();
   void fail_rendezvous(const std::string& msg);
@@ -503,15 +519,29 @@ class Agent {
   }
   std::string where() const { return spec_.master_addr + ":" + std::to_string(port_); }
   bool multi_node() const { return spec_.nnodes > 1; }
+  bool elastic() const { return multi_node() && spec_.max_restarts > 0; }
+  std::string key(const std::string& name) const { return round_key(round_, name); }
+  std::string agent_key(int node) const { return key("agent/" + std::to_string(node)); }
+  std::string beat_key(int node) const { return key("beat/" + std::to_string(node)); }
+  std::string ended_key(int node) const { return key("ended/" + std::to_string(node)); }
+  std::string rejoined_key(int node) const { return key("rejoined/" + std::to_string(node)); }
   int world() const { return spec_.nproc_per_node * spec_.nnodes; }
   void say(const std::string& msg) { console_.line(STDERR_FILENO, "trainrun: ", msg); }
 
   const LaunchSpec& spec_;
+  Session& session_;
+  int round_ = 0;  ///< may move on while this agent joins (a node that comes back mid-job)
   const Clock::time_point t0_;
   SignalScope signals_;
   Console console_;
-  std::unique_ptr<c10d::TCPStore> store_;
+  // Node 0: session_.server (or, without restarts, its own); the others: a client.
+  std::unique_ptr<c10d::TCPStore> own_store_;
+  c10d::TCPStore* store_ = nullptr;
   int port_ = 0;
+  // Rounds after the first: the workers' store, served by node 0's agent on a free port, so
+  // that no key of an earlier round's workers (their rendezvous, order slots) is seen again.
+  std::unique_ptr<c10d::TCPStore> worker_store_;
+  int worker_port_ = 0;
   std::vector<RankSink> sinks_;  ///< this node's ranks (all ranks under mpiexec)
   std::vector<Child> children_;
   std::deque<std::string> mpiexec_tail_;
@@ -540,6 +570,12 @@ int Agent::run() {
 }
 
 void Agent::open_store() {
+  if (spec_.node_rank == 0 && session_.server) {
+    // A later round of an elastic job: the agents' store stays where they know it.
+    store_ = session_.server.get();
+    port_ = store_->getPort();
+    return;
+  }
   if (spec_.node_rank == 0) {
     c10d::TCPStoreOptions o;
     o.port = static_cast<std::uint16_t>(spec_.master_port);
@@ -552,7 +588,8 @@ void Agent::open_store() {
       QuietC10Logging quiet;
       std::optional<StoreBindScope> only_master_addr;
       if (!spec_.store_listen_all) only_master_addr.emplace(spec_.master_addr);
-      store_ = std::make_unique<c10d::TCPStore>(spec_.master_addr, o);
+      own_store_ = std::make_unique<c10d::TCPStore>(spec_.master_addr, o);
+      store_ = own_store_.get();
     } catch (const ConfigError&) {
       throw;
     } catch (const std::exception& e) {
@@ -568,6 +605,7 @@ void Agent::open_store() {
     }
     port_ = store_->getPort();
     store_->setTimeout(std::chrono::milliseconds(static_cast<int64_t>(spec_.rendezvous_timeout_s * 1000)));
+    if (elastic()) session_.server = std::move(own_store_);
     return;
   }
   port_ = spec_.master_port;
@@ -578,7 +616,8 @@ void Agent::open_store() {
   o.timeout = std::chrono::milliseconds(static_cast<int64_t>(spec_.rendezvous_timeout_s * 1000));
   try {
     QuietC10Logging quiet;
-    store_ = std::make_unique<c10d::TCPStore>(spec_.master_addr, o);
+    own_store_ = std::make_unique<c10d::TCPStore>(spec_.master_addr, o);
+    store_ = own_store_.get();
   } catch (const std::exception& e) {
     throw Error("node " + std::to_string(spec_.node_rank) + ": could not reach node 0's "
                 "rendezvous store at " + where() + " within " + fixed1(spec_.rendezvous_timeout_s) +
@@ -594,27 +633,93 @@ bool Agent::rendezvous() {
     keep_previous_run(spec_.run_dir);
   open_store();
   if (!multi_node()) return true;
-
-  AgentRecord me{host_name(), static_cast<long>(getpid()), spec_.nproc_per_node, spec_.nnodes};
-  const std::string mine = me.encode();
-  const std::string got = text(store_->compareSet(agent_key(spec_.node_rank), {}, bytes(mine)));
-  if (got != mine) {
-    const std::string msg =
-        "two agents claim node_rank " + std::to_string(spec_.node_rank) + ": " +
-        AgentRecord::decode(got).who(spec_.node_rank) + " and " + me.who(spec_.node_rank) +
-        "; give every node its own [launch] node_rank (--node-rank)";
-    store_->compareSet(kDuplicateKey, {}, bytes(msg));
-    throw Error(msg);
+  if (elastic() && spec_.node_rank == 0) {
+    store_->set(kRoundKey, bytes(std::to_string(round_)));
+    if (round_ > 0) serve_worker_store();
   }
+  if (!join_round()) return false;
   if (spec_.node_rank == 0) return wait_for_agents();
   say("node " + std::to_string(spec_.node_rank) + " joined the rendezvous at " + where() +
+      (round_ > 0 ? " (round " + std::to_string(round_) + ")" : "") +
       "; waiting for node 0 to confirm the layout");
   return wait_for_result();
 }
 
+// Registers this agent for the current round. A node_rank already claimed is a mistake (two
+// agents given the same --node-rank), except in an elastic job whose round is under way: then
+// this agent replaces one that is gone (its host was restarted, as Kubernetes restarts a pod),
+// and it ends that round (a failure every agent sees, as torchrun's agents restart when a node
+// waits to join) and joins the next one.
+bool Agent::join_round() {
+  AgentRecord me{host_name(), static_cast<long>(getpid()), spec_.nproc_per_node, spec_.nnodes};
+  const std::string mine = me.encode();
+  const auto deadline = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(spec_.rendezvous_timeout_s * 1000));
+  // The round node 0 serves now, once it is at least the one this agent is to join (after a
+  // failed round, node 0 opens the next one only when its own workers have stopped).
+  auto wait_for_round = [&](int at_least) {
+    auto current = [&] { return store_->check({kRoundKey}) ? std::atoi(text(store_->get(kRoundKey)).c_str()) : 0; };
+    for (round_ = current(); round_ < at_least; round_ = current()) {
+      if (g_stop_signals.load()) return false;
+      if (Clock::now() >= deadline)
+        throw Error("node " + std::to_string(spec_.node_rank) + ": node 0 at " + where() +
+                    " did not open round " + std::to_string(at_least) + " within " +
+                    fixed1(spec_.rendezvous_timeout_s) + " s ([launch] rendezvous_timeout_s)");
+      pollfd p{signals_.fd(), POLLIN, 0};
+      ::poll(&p, 1, kTickMs);
+      signals_.drain();
+    }
+    return true;
+  };
+  if (elastic() && spec_.node_rank != 0 && !wait_for_round(session_.round)) {
+    say("interrupted while waiting for round " + std::to_string(session_.round) + "; no worker was started");
+    return false;
+  }
+  for (;;) {
+    const std::string got = text(store_->compareSet(agent_key(spec_.node_rank), {}, bytes(mine)));
+    if (got == mine) return true;
+    const std::string earlier = AgentRecord::decode(got).who(spec_.node_rank);
+    if (!elastic() || spec_.node_rank == 0 || !store_->check({key("rendezvous/result")})) {
+      const std::string msg = "two agents claim node_rank " + std::to_string(spec_.node_rank) + ": " +
+                              earlier + " and " + me.who(spec_.node_rank) +
+                              "; give every node its own [launch] node_rank (--node-rank)";
+      store_->compareSet(key("rendezvous/duplicate"), {}, bytes(msg));
+      throw Error(msg);
+    }
+    const std::string why = me.who(spec_.node_rank) + " rejoined the job in place of " + earlier +
+                            ", which is gone; restarting every node from the latest checkpoint";
+    say(why + " (round " + std::to_string(round_) + " ends)");
+    store_->compareSet(key("failed"), {}, bytes("1\n" + why));
+    store_->set(rejoined_key(spec_.node_rank), bytes(mine));
+    if (!wait_for_round(round_ + 1)) {
+      say("interrupted while waiting for the next round; no worker was started");
+      return false;
+    }
+  }
+}
+
+// The workers' store of a round after the first, on a free port of master_addr (every
+// interface with store_listen = "all").
+void Agent::serve_worker_store() {
+  c10d::TCPStoreOptions o;
+  o.port = 0;
+  o.isServer = true;
+  o.waitWorkers = false;
+  o.timeout = std::chrono::milliseconds(static_cast<int64_t>(spec_.rendezvous_timeout_s * 1000));
+  try {
+    QuietC10Logging quiet;
+    std::optional<StoreBindScope> only_master_addr;
+    if (!spec_.store_listen_all) only_master_addr.emplace(spec_.master_addr);
+    worker_store_ = std::make_unique<c10d::TCPStore>(spec_.master_addr, o);
+  } catch (const std::exception& e) {
+    throw Error("round " + std::to_string(round_) + ": cannot serve the workers' store on " +
+                spec_.master_addr + " (a free port): " + v1::what_of(e));
+  }
+  worker_port_ = worker_store_->getPort();
+}
+
 void Agent::fail_rendezvous(const std::string& msg) {
   // The other agents read the reason from the store; give them a few ticks before it goes.
-  store_->set(kResultKey, bytes("error\n" + msg));
+  store_->set(key("rendezvous/result"), bytes("error\n" + msg));
   ::poll(nullptr, 0, 3 * kTickMs);
   throw Error(msg);
 }
@@ -628,10 +733,10 @@ bool Agent::wait_for_agents() {
   while (!store_->check(keys)) {
     if (g_stop_signals.load()) {
       say("interrupted during the rendezvous; no worker was started");
-      store_->set(kResultKey, bytes("error\nnode 0 was interrupted during the rendezvous"));
+      store_->set(key("rendezvous/result"), bytes("error\nnode 0 was interrupted during the rendezvous"));
       return false;
     }
-    if (store_->check({kDuplicateKey})) fail_rendezvous(text(store_->get(kDuplicateKey)));
+    if (store_->check({key("rendezvous/duplicate")})) fail_rendezvous(text(store_->get(key("rendezvous/duplicate"))));
     if (Clock::now() >= deadline) {
       std::string missing, arrived;
       for (int n = 0; n < spec_.nnodes; ++n) {
@@ -658,7 +763,8 @@ bool Agent::wait_for_agents() {
                       std::to_string(first.nproc) + " x nnodes " + std::to_string(first.nnodes) +
                       "; every node must use the same [launch] layout");
   }
-  store_->set(kResultKey, bytes("ok"));
+  // "ok", or in a later round "ok\n<port of the workers' store>".
+  store_->set(key("rendezvous/result"), bytes(worker_port_ ? "ok\n" + std::to_string(worker_port_) : "ok"));
   return true;
 }
 
@@ -669,7 +775,7 @@ bool Agent::wait_for_result() {
   for (;;) {
     bool ready = false;
     try {
-      ready = store_->check({kResultKey});
+      ready = store_->check({key("rendezvous/result")});
     } catch (const std::exception& e) {
       throw Error("node " + std::to_string(spec_.node_rank) + ": node 0's agent at " + where() +
                   " went away during the rendezvous (see its output): " + v1::what_of(e));
@@ -687,8 +793,9 @@ bool Agent::wait_for_result() {
     ::poll(&p, 1, kTickMs);
     signals_.drain();
   }
-  const std::string result = text(store_->get(kResultKey));
-  if (result != "ok") throw Error(result.substr(result.find('\n') + 1));
+  const std::string result = text(store_->get(key("rendezvous/result")));
+  if (result.rfind("ok", 0) != 0) throw Error(result.substr(result.find('\n') + 1));
+  if (result.size() > 3) worker_port_ = std::atoi(result.c_str() + 3);
   // From here on this connection carries the heartbeat and the job's failure: a store that
   // stops answering (node 0's host down or cut off) must be noticed within seconds, not after
   // the rendezvous timeout, which a TCPStore client keeps as its socket timeout for good.
@@ -700,10 +807,11 @@ bool Agent::wait_for_result() {
       static_cast<int64_t>(std::min(kStoreOpTimeoutS, spec_.rendezvous_timeout_s) * 1000));
   try {
     QuietC10Logging quiet;
-    store_ = std::make_unique<c10d::TCPStore>(spec_.master_addr, o);
+    own_store_ = std::make_unique<c10d::TCPStore>(spec_.master_addr, o);
+    store_ = own_store_.get();
     // LibTorch 1.13's client socket has no receive timeout until its first wait, which leaves
     // it at the store's timeout; a get waits. Without it a cut link blocks the agent for good.
-    store_->get(kResultKey);
+    store_->get(key("rendezvous/result"));
   } catch (const std::exception& e) {
     throw Error("node " + std::to_string(spec_.node_rank) + ": node 0's agent at " + where() +
                 " went away at the end of the rendezvous (see its output): " + v1::what_of(e));
@@ -747,11 +855,13 @@ void Agent::start_workers() {
         {"LOCAL_WORLD_SIZE", std::to_string(spec_.nproc_per_node)},
         {"GROUP_RANK", std::to_string(spec_.node_rank)},
         {"MASTER_ADDR", spec_.master_addr},
-        {"MASTER_PORT", std::to_string(port_)},
+        {"MASTER_PORT", std::to_string(worker_port_ ? worker_port_ : port_)},
         {"TRAINRUN_AGENT_STORE", "1"},
         {"TRAINRUN_RUN_DIR_READY", "1"},
         {"TRAINRUN_RENDEZVOUS_TIMEOUT_S", fixed1(spec_.rendezvous_timeout_s)},
         {"TRAINRUN_CONTROL_FD", std::to_string(kControlFd)}};
+    // A later round of an elastic job: the workers resume from the latest checkpoint.
+    if (round_ > 0) vars.emplace_back("TRAINRUN_RESTART", std::to_string(round_));
     const bool bar = tty && rank == 0;
     if (bar) {
       vars.emplace_back("TRAINRUN_TTY", "1");
@@ -938,7 +1048,7 @@ void Agent::on_failure(Child& c) {
     // The first agent to record a failure names the cause for the whole job.
     const std::string mine = std::to_string(code) + "\n" + report;
     try {
-      const std::string got = text(store_->compareSet(kFailedKey, {}, bytes(mine)));
+      const std::string got = text(store_->compareSet(key("failed"), {}, bytes(mine)));
       if (got != mine) {
         const auto [peer_code, peer_report] = decode_failure(got);
         exit_code_ = peer_code;
@@ -1002,8 +1112,8 @@ void Agent::poll_peers() {
       store_->add(beat_key(spec_.node_rank), 1);
       last_beat_sent_ = Clock::now();
     }
-    if (!exit_code_ && store_->check({kFailedKey})) {
-      const auto [code, report] = decode_failure(text(store_->get(kFailedKey)));
+    if (!exit_code_ && store_->check({key("failed")})) {
+      const auto [code, report] = decode_failure(text(store_->get(key("failed"))));
       exit_code_ = code;
       say(report);
       say("stopping the ranks of node " + std::to_string(spec_.node_rank) +
@@ -1054,7 +1164,7 @@ int Agent::supervise() {
             "); press Ctrl-C again to kill them at once");
         if (multi_node() && !store_lost_) {
           try {
-            store_->compareSet(kFailedKey, {}, bytes("130\nnode " + std::to_string(spec_.node_rank) +
+            store_->compareSet(key("failed"), {}, bytes("130\nnode " + std::to_string(spec_.node_rank) +
                                                          " was interrupted (" + name + ")"));
           } catch (const std::exception&) {
             store_lost_ = true;
@@ -1115,8 +1225,8 @@ int Agent::finish() {
       for (int n = 1; n < spec_.nnodes; ++n)
         if (!store_->check({ended_key(n)})) waiting.push_back(n);
       if (waiting.empty()) break;
-      if (!exit_code_ && store_->check({kFailedKey})) {
-        const auto [peer_code, report] = decode_failure(text(store_->get(kFailedKey)));
+      if (!exit_code_ && store_->check({key("failed")})) {
+        const auto [peer_code, report] = decode_failure(text(store_->get(key("failed"))));
         exit_code_ = code = peer_code;
         say(report);
         give_up = failure_deadline();
@@ -1124,6 +1234,12 @@ int Agent::finish() {
       if (give_up && Clock::now() >= *give_up) break;
       bool lost = false;
       for (int n : waiting) {
+        if (elastic() && store_->check({rejoined_key(n)})) {
+          say("node " + std::to_string(n) + "'s agent was replaced by a new one (" +
+              AgentRecord::decode(text(store_->get(rejoined_key(n)))).who(n) + ") before its ranks finished");
+          lost = true;
+          continue;
+        }
         const int64_t beats = store_->add(beat_key(n), 0);
         auto it = peer_beats_.find(n);
         if (it == peer_beats_.end() || it->second.first != beats) peer_beats_[n] = {beats, Clock::now()};
@@ -1136,7 +1252,7 @@ int Agent::finish() {
       if (lost) return code ? code : 1;
       if (g_stop_signals.load() && !interrupted_) {
         interrupted_ = true;
-        store_->compareSet(kFailedKey, {}, bytes("130\nnode 0 was interrupted"));
+        store_->compareSet(key("failed"), {}, bytes("130\nnode 0 was interrupted"));
         if (!exit_code_) exit_code_ = code = 130;
         give_up = failure_deadline();
       }
@@ -1164,19 +1280,30 @@ int launch(const LaunchSpec& spec) {
   std::unique_ptr<RunDirLock> run_dir_lock;
   if (spec.node_rank == 0 && spec.rotate_run_dir && !spec.run_dir.empty())
     run_dir_lock = RunDirLock::acquire(spec.run_dir);
+  // Several nodes: every agent takes part in numbered rounds through node 0's store, which
+  // node 0's Session keeps across rounds; round k is restart k, counted for the whole job, so
+  // a node that comes back mid-job (a new agent) continues the count (see Agent::join_round).
   LaunchSpec attempt_spec = spec;
+  Session session;
   for (int attempt = 0;; ++attempt) {
-    int code = 0;
+    int code = 0, round = 0;
+    bool store_lost = false;
     {
-      Agent agent(attempt_spec);
+      Agent agent(attempt_spec, session);
       code = agent.run();
+      round = agent.round();
+      store_lost = agent.store_lost();
     }
-    if (code == 0 || code == 130 || attempt >= spec.max_restarts) return code;
-    log_warn("restart " + std::to_string(attempt + 1) + " of " + std::to_string(spec.max_restarts) +
+    const int restarts = spec.nnodes > 1 ? round : attempt;
+    if (code == 0 || code == 130 || restarts >= spec.max_restarts || store_lost) return code;
+    log_warn("restart " + std::to_string(restarts + 1) + " of " + std::to_string(spec.max_restarts) +
              ": a worker failed (exit code " + std::to_string(code) + ", cause above); restarting all " +
-             std::to_string(spec.nproc_per_node) + " workers, resuming from the latest checkpoint");
+             std::to_string(spec.nproc_per_node * spec.nnodes) + " workers" +
+             (spec.nnodes > 1 ? " of " + std::to_string(spec.nnodes) + " nodes" : "") +
+             ", resuming from the latest checkpoint");
     attempt_spec.rotate_run_dir = false;
-    ::setenv("TRAINRUN_RESTART", std::to_string(attempt + 1).c_str(), 1);
+    session.round = restarts + 1;
+    if (spec.nnodes == 1) ::setenv("TRAINRUN_RESTART", std::to_string(attempt + 1).c_str(), 1);
   }
 }
 

@@ -33,8 +33,8 @@ std::optional<LaunchLayoutProblem> launch_layout_problem(const LaunchSpec& spec)
   if (!(spec.grace_s >= 0)) return LaunchLayoutProblem{"stop_grace_s", "[launch] stop_grace_s must be >= 0"};
   if (!(spec.save_timeout_s >= 0))
     return LaunchLayoutProblem{"stop_save_timeout_s", "[launch] stop_save_timeout_s must be >= 0"};
-  if (spec.max_restarts > 0 && (spec.nnodes > 1 || spec.mpiexec))
-    return LaunchLayoutProblem{"max_restarts", "[launch] max_restarts works with nnodes = 1 and trainrun's own agent"};
+  if (spec.max_restarts > 0 && spec.mpiexec)
+    return LaunchLayoutProblem{"max_restarts", "[launch] max_restarts works with trainrun's own agent, not mpiexec"};
   return std::nullopt;
 }
 

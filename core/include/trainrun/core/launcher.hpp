@@ -20,7 +20,10 @@
 //
 // Multi-node: every agent polls the store key job/failed; the first agent whose worker fails
 // writes the cause there, and the others stop their workers and print it. Node 0's agent serves
-// the store and stays until the other agents have ended (or their heartbeat stopped).
+// the store and stays until the other agents have ended (or their heartbeat stopped). With
+// max_restarts, node 0 then opens the next round (trainrun/round; the workers get a store of
+// their own per round) and every agent joins it; an agent started for a node_rank whose agent
+// is gone (its host restarted) ends the running round and joins the next one.
 #include <optional>
 #include <string>
 #include <utility>
@@ -93,8 +96,9 @@ struct LaunchSpec {
   bool rotate_run_dir = false;    ///< node 0 moves an earlier run in run_dir aside first
   bool mpiexec = false;           ///< spawn through MPICH's mpiexec -prepend-rank (nnodes == 1)
   std::vector<std::string> argv;  ///< worker command line; argv[0] = the trainrun executable
-  int max_restarts = 0;           ///< restarts of all workers after a failure (nnodes == 1); the
-                                  ///< workers see TRAINRUN_RESTART=k and resume from `latest`
+  int max_restarts = 0;           ///< restarts of all workers after a failure (every node's, in
+                                  ///< rounds through node 0's store); the workers see
+                                  ///< TRAINRUN_RESTART=k and resume from `latest`
 };
 
 /// A node layout that cannot work: the [launch] key at fault and what is wrong with it.
@@ -104,7 +108,7 @@ struct LaunchLayoutProblem {
 };
 
 /// The launch checks, in one place: node_rank in [0, nnodes), master_port a port and 0 only on
-/// one node, the mpiexec launcher and max_restarts on one node only, positive counts and
+/// one node, the mpiexec launcher on one node only and without max_restarts, positive counts and
 /// timeouts. Job validation (config.cpp, with the key's file:line) and launch() (for a spec
 /// made by other means) both ask it; argv is not looked at. Returns nullopt for a good layout.
 std::optional<LaunchLayoutProblem> launch_layout_problem(const LaunchSpec& spec);
