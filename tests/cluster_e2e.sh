@@ -320,7 +320,8 @@ slow_link)
   compare "$run_dir" "ddp over the slowed link"
   nothing_left
   ;;
-elastic_rejoin)
+elastic_rejoin|elastic_worker)
+  [ "$case" = elastic_worker ] && ELASTIC_CASE=worker
   # [launch] max_restarts = 1, checkpoints every 10 steps, a run_dir both hosts share. Host 2's
   # processes (its agent and both ranks) are SIGKILLed after the first checkpoint, and host 2
   # starts its node again at once, as Kubernetes restarts a pod. The new agent finds node_rank
@@ -344,6 +345,35 @@ elastic_rejoin)
         --master-port "$port" >"$work/$out" 2>&1 || rc=$?
       echo "$rc $(now)" >"$work/end-$out" ) &
   }
+  if [ "${ELASTIC_CASE:-rejoin}" = worker ]; then
+    # The other path of a restart: both agents stay; rank 2 (on host 2) SIGKILLs itself as
+    # step 15 starts (test hook, first round only), node 1's agent reports it, every agent
+    # stops its ranks and joins round 1.
+    elastic() {
+      local h=$1 out=$2
+      ( rc=0
+        on_host "$h" env TRAINRUN_TEST_SIGKILL_AT_STEP=15 TRAINRUN_TEST_SIGKILL_RANK=2 "$tr" "${job[@]}" \
+          --set launch.max_restarts=1 --set trainer.run_dir="$run_dir" --nnodes 2 --node-rank $((h - 1)) \
+          --master-addr "$master" --master-port "$port" >"$work/$out" 2>&1 || rc=$?
+        echo "$rc $(now)" >"$work/end-$out" ) &
+    }
+    t0=$(now)
+    elastic 2 node1; elastic 1 node0
+    for out in node0 node1; do
+      for _ in $(seq 1 1800); do [ -s "$work/end-$out" ] && break; sleep 0.1; done
+      read -r rc t <"$work/end-$out" || { show; fail "$out did not end"; }
+      [ "$rc" -eq 0 ] || { show; fail "$out exited with code $rc"; }
+    done
+    show
+    expect_in "$work/node1" "rank 2 SIGKILLs itself at step 15"
+    for out in node0 node1; do expect_in "$work/$out" "restart 1 of 1: a worker failed"; done
+    expect_in "$work/node0" "resumed from .*step-0000010 at step 10"
+    expect_in "$work/node1" "joined the rendezvous at .* \(round 1\)"
+    echo "measured: 60 steps with one restart of both nodes in $(elapsed "$t0") s"
+    py "$here/checkpoint_check.py" same-weights "$work/straight/model.safetensors" "$run_dir/model.safetensors"
+    nothing_left
+    exit 0
+  fi
   elastic 2 node1; elastic 1 node0
   wait_for "$run_dir/checkpoints/latest" "step-" 120
   kill_host 2 KILL
