@@ -89,7 +89,7 @@ if(_mpiexec)
     ENVIRONMENT "OMP_NUM_THREADS=1;OPENBLAS_NUM_THREADS=1")
 endif()
 
-foreach(case kill9 kill9_no_launcher mismatch stall timeout rendezvous sigint)
+foreach(case kill9 kill9_no_launcher mismatch mismatch_kind stall timeout rendezvous sigint)
   add_test(NAME collectives_faults.gloo-cpu.${case}
     COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/collectives_faults.sh ${_tr}
             ${_cw}/faults-gloo-${case} gloo-cpu ${case})

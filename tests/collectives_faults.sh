@@ -92,6 +92,21 @@ mismatch)
   expect_in "$work/out" "collective mismatch at #1 in group world: rank [01] issued all_reduce\(sum, float32 x 1[01], 4[04] B\) but rank [01] issued all_reduce\(sum, float32 x 1[01], 4[04] B\)"
   no_leftovers "$tag"
   ;;
+mismatch_kind)
+  # Rank 1 broadcasts where rank 0 all-reduces. On gloo-cpu within one machine the all-reduce
+  # goes over shared memory, whose messages carry the order check, and the broadcast over TCP
+  # with the store's check: they never meet, so rank 0 waits out its 5 s timeout, and the
+  # store's check run after the failure still names both collectives.
+  t0=$(now)
+  rc=0
+  "$tr" "${bench[@]}" --nproc 2 --inject mismatch_kind:1 --op allreduce --sizes 4K --iters 1 --warmup 0 --label "$tag" --set accelerator.timeout_s=5 >"$work/out" 2>&1 || rc=$?
+  t=$(elapsed "$t0")
+  cat "$work/out"
+  [ "$rc" -ne 0 ] || fail "exit code 0"
+  within 40 "$t" "mismatched collective kinds to the end of the job"
+  expect_in "$work/out" "collective mismatch at #1 in group world: rank [01] issued (all_reduce\\(sum|broadcast\\(root 0), float32 x 10, 40 B\\) but rank [01] issued (all_reduce\\(sum|broadcast\\(root 0), float32 x 10, 40 B\\)"
+  no_leftovers "$tag"
+  ;;
 stall)
   # Rank 1 arrives 4 s late with stall_warning_s = 1: the others are told who is missing, with
   # host, pid and progress; then the job completes normally.

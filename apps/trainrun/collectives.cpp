@@ -590,6 +590,8 @@ int fusion_bench(Ctx& c) {
 
 // Faults for the tests: make this rank misbehave at a given point.
 //   mismatch:R   rank R all-reduces 11 elements where the others all-reduce 10
+//   mismatch_kind:R  rank R broadcasts 10 elements where the others all-reduce them (on
+//                gloo-cpu within one machine: two transports, TCP and shared memory)
 //   stall:R:S    rank R sleeps S seconds before its first collective
 //   skip:R       rank R issues no collective at all and exits 0 (the others time out)
 void inject(Ctx& c) {
@@ -601,6 +603,15 @@ void inject(Ctx& c) {
   if (f[0] == "mismatch") {
     auto t = torch::ones({c.rank == who ? 11 : 10});
     c.comm->all_reduce(t)->wait();
+  } else if (f[0] == "mismatch_kind") {
+    auto t = torch::ones({10});
+    if (c.rank == who) {
+      v1::BroadcastOptions o;
+      o.root = 0;
+      c.comm->broadcast(t, o)->wait();
+    } else {
+      c.comm->all_reduce(t)->wait();
+    }
   } else if (f[0] == "stall") {
     if (c.rank == who)
       std::this_thread::sleep_for(std::chrono::duration<double>(f.size() > 2 ? std::atof(f[2].c_str()) : 5.0));
@@ -611,7 +622,7 @@ void inject(Ctx& c) {
     auto t = torch::ones({10});
     c.comm->all_reduce(t)->wait();
   } else {
-    throw v1::ConfigError("--inject " + c.args.inject + ": expected mismatch:R, stall:R:S or skip:R");
+    throw v1::ConfigError("--inject " + c.args.inject + ": expected mismatch:R, mismatch_kind:R, stall:R:S or skip:R");
   }
 }
 
@@ -632,7 +643,7 @@ int run_bench_command(int argc, char** argv) {
       "warmup", po::value(&a.warmup)->default_value(a.warmup), "untimed iterations per size")(
       "check", po::value(&a.check)->default_value(a.check), "check each row's result against a local reference")(
       "verify", po::bool_switch(&a.verify), "run the correctness matrix instead of timing (exit 1 on any failure)")(
-      "inject", po::value(&a.inject), "fault injection for tests: mismatch:R, stall:R:S, skip:R")(
+      "inject", po::value(&a.inject), "fault injection for tests: mismatch:R, mismatch_kind:R, stall:R:S, skip:R")(
       "label", po::value(&a.label), "free text printed in the table header (e.g. to tell runs apart)")(
       "algo", po::value(&a.algo)->default_value(a.algo), "all-reduce algorithm: native (the backend's own) or ring (the SDK's ring over send/recv, as the ring strategy)")(
       "chunk", po::value(&a.chunk)->default_value(a.chunk), "--algo ring: pipelining chunk size")(

@@ -665,6 +665,19 @@ JobConfig JobFile::validate(const Registry& registry) const {
       job.callbacks.push_back(component(*n.as_table(), ComponentKind::Callback,
                                         "[[callbacks]][" + std::to_string(i++) + "]", nullptr));
   }
+  // Every run leaves metrics.jsonl, TensorBoard event files and report.html behind, listed or
+  // not: the callbacks that write them join the job here, after the listed ones, so the run's
+  // job.toml and `trainrun check` show them. A listed one replaces its default (so
+  // `plugin = "tensorboard"` with `enabled = false` turns it off). One whose plugin is not
+  // installed is left out; the run warns about it (Run::add_default_callbacks).
+  for (const auto& d : kDefaultCallbacks) {
+    const std::string name = d.plugin;
+    const bool listed = std::any_of(job.callbacks.begin(), job.callbacks.end(),
+                                    [&](const ComponentConfig& c) { return c.plugin == name; });
+    if (!listed && registry.find(ComponentKind::Callback, name))
+      job.callbacks.push_back(component(toml::table{}, ComponentKind::Callback,
+                                        "[[callbacks]] " + name + " (default)", d.plugin));
+  }
 
   // The node layout, with the launcher's own checks (launch_layout_problem), so `trainrun check`
   // reports what a launch would refuse, at the key's place in the file. After the components:

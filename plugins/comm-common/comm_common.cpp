@@ -565,25 +565,30 @@ void Monitor::check_order(uint64_t seq, const OpDesc& op) {
             ": the collective-order check cannot reach the rendezvous store: ", what_of(e));
   }
   const auto f = split(got, kSep);
-  if (f.size() >= 3 && std::strtoull(f[0].c_str(), nullptr, 10) == seq && f[2] != text) {
-    const int other = std::atoi(f[1].c_str());
-    auto global = [&](int r) {
-      return r < static_cast<int>(config_.global_ranks.size()) ? config_.global_ranks[r] : r;
-    };
-    const std::string msg = detail::cat(
-        config_.backend, ": collective mismatch at #", seq, " in group ", config_.group,
-        ": rank ", global(config_.rank), " issued ", text, " but rank ", global(other),
-        " issued ", f[2], " (every rank must issue the same collectives in the same order)");
-    // The rank that wrote the slot first cannot see the mismatch; it learns it from here
-    // when its own operation fails (describe_failure), instead of a bare transport error.
-    try {
-      m.store->set(config_.prefix + "mismatch", bytes_of(msg));
-    } catch (const std::exception&) {
-    }
-    TR_FAIL(msg);
-  }
+  if (f.size() >= 3 && std::strtoull(f[0].c_str(), nullptr, 10) == seq && f[2] != text)
+    TR_FAIL(mismatch(seq, op, std::atoi(f[1].c_str()), f[2]));
   std::lock_guard<std::mutex> g(m.mu);
   m.slot_value[seq % kSlots] = got;
+}
+
+std::string Monitor::mismatch(uint64_t seq, const OpDesc& op, int other,
+                              const std::string& other_text) {
+  auto global = [&](int r) {
+    return r >= 0 && r < static_cast<int>(config_.global_ranks.size()) ? config_.global_ranks[r]
+                                                                        : r;
+  };
+  const std::string msg = detail::cat(
+      config_.backend, ": collective mismatch at #", seq, " in group ", config_.group, ": rank ",
+      global(config_.rank), " issued ", op.text(), " but rank ", global(other), " issued ",
+      other_text, " (every rank must issue the same collectives in the same order)");
+  // A rank that cannot see the mismatch itself (it wrote the store slot first, or its own
+  // messages matched) learns it from here when its operation fails (describe_failure),
+  // instead of a bare transport error.
+  try {
+    impl_->store->set(config_.prefix + "mismatch", bytes_of(msg));
+  } catch (const std::exception&) {
+  }
+  return msg;
 }
 
 void Monitor::finished(uint64_t seq) {

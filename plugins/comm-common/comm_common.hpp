@@ -151,6 +151,12 @@ class Monitor {
   /// autograd, launching a gradient bucket) never waits for the store.
   uint64_t begin(const OpDesc& op);
   void check_order(uint64_t seq, const OpDesc& op);
+  /// For a backend whose transport checks the order in band (its messages carry each
+  /// collective's description): words the mismatch it found at op `seq` between this rank's
+  /// `op` and group rank `other`'s `other_text` exactly as check_order() does, records it in
+  /// the store for the other ranks' failure reports, and returns the message. No-op wording
+  /// when the order check is off; never throws.
+  std::string mismatch(uint64_t seq, const OpDesc& op, int other, const std::string& other_text);
   /// Marks op `seq` finished (successfully or not); ops finish in issue order.
   void finished(uint64_t seq);
   /// Error text for op `seq`: "<backend>: <op text> #<seq> in group <g> <what>; still missing:

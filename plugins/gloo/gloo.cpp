@@ -302,7 +302,7 @@ struct GlooCommunicator::Impl {
 
   // The shared-memory collective's context: the same tag on every rank (from the sequence
   // number), negative so that it never equals a point-to-point tag of the strategies.
-  shm::CollectiveContext shm_context(uint32_t seq, Millis timeout, std::string text) {
+  shm::CollectiveContext shm_context(uint32_t seq, Millis timeout, const std::string& text) {
     shm::CollectiveContext c;
     c.transport = shm.get();
     c.rank = rank;
@@ -311,6 +311,7 @@ struct GlooCommunicator::Impl {
     c.timeout_s = std::chrono::duration<double>(timeout).count();
     c.deadline = std::chrono::steady_clock::now() + timeout;
     c.text = detail::cat(kBackend, ": ", text, " over shared memory in group ", name);
+    if (settings.check_collectives) c.order_text = text;
     return c;
   }
 
@@ -382,12 +383,26 @@ struct GlooCommunicator::Impl {
     return error;
   }
 
+  // After an in-band collective failed: the store's order check, which names a peer that
+  // issued a different collective over another transport (it then waits in that one, and the
+  // in-band check never sees its messages). A mismatch found is recorded in the store, where
+  // describe_failure() reads it; a store that cannot be reached changes nothing.
+  void check_order_after_failure(uint64_t seq, const comm::OpDesc& desc) {
+    try {
+      monitor->check_order(seq, desc);
+    } catch (const std::exception&) {
+    }
+  }
+
   // Issues a collective and queues `body`, which runs on the worker with the operation's Gloo
   // tag and timeout. `inline_if_idle`: run it on the calling thread instead when nothing is
   // queued or running (see kInlineBytes).
+  // `order_in_band`: the body runs over shared memory, whose messages carry the collective's
+  // description (shm_context), so the order check costs no store round trip; the store check
+  // then runs only after a failure, to name a collective that the peers issued over TCP.
   std::shared_ptr<Work> enqueue(const comm::OpDesc& desc, double timeout_s,
                                 std::function<void(uint32_t tag, Millis timeout)> body,
-                                bool inline_if_idle = false) {
+                                bool inline_if_idle = false, bool order_in_band = false) {
     throw_if_poisoned();
     std::lock_guard<std::mutex> g(issue_mu);
     // The order check runs on the worker, right before the operation, not here: a caller such
@@ -396,9 +411,9 @@ struct GlooCommunicator::Impl {
     const uint64_t seq = monitor->begin(desc);
     auto work = new_work(seq, desc.text(), timeout_s);
     const Millis timeout = to_millis(timeout_s);
-    auto task = [this, work, seq, desc, timeout, body = std::move(body)] {
+    auto task = [this, work, seq, desc, timeout, order_in_band, body = std::move(body)] {
       std::exception_ptr error = broken_error();
-      if (!error) {
+      if (!error && !order_in_band) {
         try {
           monitor->check_order(seq, desc);
         } catch (const std::exception&) {
@@ -412,11 +427,16 @@ struct GlooCommunicator::Impl {
           // Sequence numbers are equal on every rank, so consecutive collectives never share
           // Gloo slots, even when one rank is already in the next one.
           body(static_cast<uint32_t>(seq), timeout);
+        } catch (const shm::CollectiveMismatch& e) {
+          error = fail(std::make_exception_ptr(
+              Error(monitor->mismatch(seq, desc, e.peer, e.peer_text))));
         } catch (const shm::CollectiveTimeout&) {
+          if (order_in_band) check_order_after_failure(seq, desc);
           // Worded as a Work's own timeout, naming the ranks that have not arrived.
           error = fail(std::make_exception_ptr(Error(monitor->describe_failure(
               seq, "timed out after " + comm::seconds_text(timeout.count() / 1000.0)))));
         } catch (const std::exception& e) {
+          if (order_in_band) check_order_after_failure(seq, desc);
           error = fail(std::make_exception_ptr(
               Error(monitor->describe_failure(seq, "failed: " + what_of(e)))));
         }
@@ -681,7 +701,8 @@ std::shared_ptr<Work> GlooCommunicator::all_reduce(at::Tensor& tensor,
                      });
                      if (op == ReduceOp::Avg) divide_in_place(tensor, m.size);
                    },
-                   over_shm && static_cast<int64_t>(tensor.nbytes()) <= kInlineBytes);
+                   over_shm && static_cast<int64_t>(tensor.nbytes()) <= kInlineBytes,
+                   over_shm && tensor.numel() > 0);
 }
 
 std::shared_ptr<Work> GlooCommunicator::reduce_scatter(const at::Tensor& input,
@@ -719,7 +740,8 @@ std::shared_ptr<Work> GlooCommunicator::reduce_scatter(const at::Tensor& input,
                      });
                      if (op == ReduceOp::Avg) divide_in_place(output, m.size);
                    },
-                   m.shm_collectives && static_cast<int64_t>(input.nbytes()) <= kInlineBytes);
+                   m.shm_collectives && static_cast<int64_t>(input.nbytes()) <= kInlineBytes,
+                   m.shm_collectives && output.numel() > 0);
 }
 
 std::shared_ptr<Work> GlooCommunicator::all_gather(const at::Tensor& input, at::Tensor& output,
@@ -744,7 +766,8 @@ std::shared_ptr<Work> GlooCommunicator::all_gather(const at::Tensor& input, at::
                      o.setTimeout(timeout);
                      gloo::allgather(o);
                    },
-                   m.shm_collectives && static_cast<int64_t>(output.nbytes()) <= kInlineBytes);
+                   m.shm_collectives && static_cast<int64_t>(output.nbytes()) <= kInlineBytes,
+                   m.shm_collectives && input.numel() > 0);
 }
 
 std::shared_ptr<Work> GlooCommunicator::broadcast(at::Tensor& tensor,

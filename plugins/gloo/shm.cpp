@@ -117,7 +117,19 @@ struct alignas(64) SlotHeader {
   uint32_t index;       // of this chunk in the message
   uint32_t count;       // chunks of the message (>= 1)
   uint64_t remote;      // single copy: the message's address in the sender (0: data in the slot)
+  // Chunk 0 of a collective's message: a hash of the collective's description and its first
+  // 95 characters (Op::order_text); 0 and empty for point-to-point messages.
+  uint64_t order_hash;
+  char order_text[96];
 };
+
+// FNV-1a, 64 bit: cheap, and two different descriptions colliding needs ~2^32 collectives.
+uint64_t order_hash_of(const std::string& text) {
+  if (text.empty()) return 0;
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char ch : text) h = (h ^ ch) * 1099511628211ull;
+  return h ? h : 1;
+}
 
 struct SegmentHeader {
   std::atomic<uint64_t> magic{0};  // set last by the creator
@@ -199,6 +211,7 @@ int64_t now_ns() {
 
 struct Transport::Channel {
   bool is_send = false;
+  int peer = -1;          // group rank
   std::string peer_name;  // "rank 1"
   std::string self_name;  // "rank 0"
   int64_t peer_pid = 0;
@@ -305,6 +318,14 @@ struct Transport::Channel {
   int step(Op& op) { return is_send ? step_send(op) : step_recv(op); }
   void read_remote(const Op& op, char* dst, uint64_t src, int64_t len) const;
 
+  static void write_order(SlotHeader& h, const Op& op) {
+    if (op.order_text.empty()) return;
+    h.order_hash = order_hash_of(op.order_text);
+    const size_t n = std::min(op.order_text.size(), sizeof h.order_text - 1);
+    std::memcpy(h.order_text, op.order_text.data(), n);
+    h.order_text[n] = 0;
+  }
+
   int step_send(Op& op) {
     const int64_t bytes = static_cast<int64_t>(op.tensor.nbytes());
     if (op.count == 0)
@@ -316,7 +337,8 @@ struct Transport::Channel {
     if (cma && static_cast<uint64_t>(bytes) >= cma_min) {
       slot_headers[s] = SlotHeader{bytes, 0, bytes, op.tag,
                                    static_cast<int32_t>(op.tensor.scalar_type()), 0, 1,
-                                   reinterpret_cast<uint64_t>(op.tensor.data_ptr())};
+                                   reinterpret_cast<uint64_t>(op.tensor.data_ptr()), 0, {}};
+      write_order(slot_headers[s], op);
       position = h + 1;
       publish(header->head, position);
       op.count = 1;
@@ -327,7 +349,9 @@ struct Transport::Channel {
     const int64_t off = static_cast<int64_t>(i) * static_cast<int64_t>(slot_bytes);
     const int64_t len = std::min<int64_t>(static_cast<int64_t>(slot_bytes), bytes - off);
     slot_headers[s] = SlotHeader{bytes, off, len, op.tag,
-                                 static_cast<int32_t>(op.tensor.scalar_type()), i, op.count, 0};
+                                 static_cast<int32_t>(op.tensor.scalar_type()), i, op.count, 0, 0,
+                                 {}};
+    if (i == 0) write_order(slot_headers[s], op);
     if (len > 0)
       std::memcpy(data + static_cast<size_t>(s) * slot_bytes,
                   static_cast<const char*>(op.tensor.data_ptr()) + off, len);
@@ -346,6 +370,15 @@ struct Transport::Channel {
       const auto dtype = op.tensor.scalar_type();
       TR_CHECK(h.index == 0, op.text, " failed: the shared-memory channel from ", peer_name,
                " is out of step (chunk ", h.index, " of ", h.count, " where a message starts)");
+      // Before the tag and size: a collective issued out of order usually differs in those
+      // too, and its description says more. Messages of point-to-point ops carry none.
+      if (!op.order_text.empty() && h.order_hash != 0 &&
+          h.order_hash != order_hash_of(op.order_text)) {
+        std::string theirs(h.order_text, strnlen(h.order_text, sizeof h.order_text));
+        throw CollectiveMismatch(cat(op.text, " failed: ", peer_name, " sent a message of ",
+                                     theirs, " where this rank runs ", op.order_text),
+                                 peer, std::move(theirs));
+      }
       if (h.tag != op.tag || h.total_bytes != bytes || h.dtype != static_cast<int32_t>(dtype)) {
         const auto their = static_cast<c10::ScalarType>(h.dtype);
         const int64_t esize = static_cast<int64_t>(c10::elementSize(their));
@@ -440,6 +473,8 @@ bool Transport::pass(std::vector<Finished>& finished, bool check_liveness, int r
         throw Error(op->text + " failed: the communicator was aborted");
       r = c->step(*op);
       if (r < 0 && check_liveness) c->check(*op, round % 10 == 0);
+    } catch (const CollectiveMismatch&) {
+      error = std::current_exception();
     } catch (const std::exception& e) {
       error = std::make_exception_ptr(Error(what_of(e)));
     }
@@ -765,6 +800,7 @@ Transport::Transport(std::shared_ptr<c10d::Store> store, Config config)
   auto make_channel = [&](bool is_send, int peer) {
     auto c = std::make_unique<Channel>();
     c->is_send = is_send;
+    c->peer = peer;
     c->peer_name = config_.peer_name(peer);
     c->self_name = config_.peer_name(rank);
     c->peer_pid = pid[peer];

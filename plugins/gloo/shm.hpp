@@ -76,6 +76,12 @@ struct Op {
   std::chrono::steady_clock::time_point deadline;
   double timeout_s = 0;  ///< for messages
   std::string text;      ///< "gloo-cpu: recv(float32 x 7, 28 B) from rank 1, tag 7, in group world"
+  /// Collectives only: the collective's description ("all_reduce(sum, float32 x 10, 40 B)"),
+  /// the same on every rank that issues the same collective. A send writes it (and its hash)
+  /// into its message's first slot; a recv compares it with its own and throws
+  /// CollectiveMismatch when they differ. That is the collective-order check in band, with no
+  /// store round trip per collective. Empty for point-to-point messages (not checked).
+  std::string order_text;
   /// Called once, by the thread that finished the op: null on success, else the error. Not
   /// called with any lock of the transport held, so it may call Transport::abort().
   std::function<void(std::exception_ptr)> done;
@@ -85,6 +91,17 @@ struct Op {
   uint32_t count = 0;  ///< chunks of the message (0: not started)
   uint64_t seq = 0;    ///< posting order within the transport
   uint64_t piece = 0;  ///< single-copy recv: bytes read so far
+};
+
+/// A collective's message came from a different collective on the peer (Op::order_text): the
+/// ranks issued collectives in different orders. Reaches the op's done callback as itself (not
+/// rewrapped), so the caller can word it as the collective-order check does.
+class CollectiveMismatch : public v1::Error {
+ public:
+  CollectiveMismatch(const std::string& what, int peer, std::string peer_text)
+      : v1::Error(what), peer(peer), peer_text(std::move(peer_text)) {}
+  int peer;               ///< group rank of the sender
+  std::string peer_text;  ///< its collective's description (at most 95 characters of it)
 };
 
 class Transport {

@@ -41,6 +41,7 @@ void step(const CollectiveContext& c, const at::Tensor& send, const at::Tensor& 
     Op o;
     o.tensor = t;
     o.tag = c.tag;
+    o.order_text = c.order_text;
     if (!is_send) o.reduce = reduce;
     o.deadline = c.deadline + std::chrono::seconds(1);
     o.timeout_s = c.timeout_s;

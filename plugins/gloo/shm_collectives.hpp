@@ -19,6 +19,8 @@
 // same order on both (as NCCL requires); the worker runs them in issue order. Collective
 // messages carry negative tags, which point-to-point options never produce from the SDK's
 // strategies, so a crossed order fails at once naming both tags instead of mixing data.
+// They also carry their collective's description, so the collective-order check needs no
+// store round trip per collective (CollectiveContext::order_text).
 #include <ATen/core/Tensor.h>
 #include <trainrun/interfaces.hpp>
 
@@ -47,6 +49,11 @@ struct CollectiveContext {
   /// fails them with an error naming the channel, is a second later.
   std::chrono::steady_clock::time_point deadline;
   std::string text;   ///< "gloo-cpu: all_reduce(sum, float32 x 1024) in group world"
+  /// The collective's description, equal on every rank issuing the same collective
+  /// ("all_reduce(sum, float32 x 1024, 4096 B)"); every message carries it and every receive
+  /// checks it (Op::order_text), so ranks that issued different collectives fail at their first
+  /// message with CollectiveMismatch. Empty: no check.
+  std::string order_text;
 };
 
 /// In-place all-reduce of the contiguous CPU tensor `tensor` (every rank the same numel and

@@ -169,24 +169,14 @@ void Run::build_components() {
   comm_ = accelerator_.call("communicator", [](v1::Accelerator& a) { return &a.communicator(); });
 }
 
-// Every run leaves metrics.jsonl, TensorBoard event files and report.html behind, listed or not. A listed
-// one replaces its default (so `plugin = "tensorboard"` with `enabled = false` turns it off).
+// The default callbacks joined the job at validation (config.cpp, kDefaultCallbacks) when their
+// plugins are installed; one that is not is said here, once per run, with what it would write.
 void Run::add_default_callbacks() {
-  const std::pair<std::string, std::string> default_callbacks[] = {
-      {"metrics", "metrics.jsonl"}, {"tensorboard", "TensorBoard event files"}, {"report", "report.html"}};
-  for (const auto& [name, output] : default_callbacks) {
-    const bool listed = std::any_of(job_.callbacks.begin(), job_.callbacks.end(),
-                                    [&](const ComponentConfig& c) { return c.plugin == name; });
-    if (listed) continue;
-    if (const ComponentInfo* m = registry_.find(v1::ComponentKind::Callback, name)) {
-      std::map<std::string, v1::OptionValue> defaults;
-      for (const auto& s : m->schema.specs()) defaults[s.name] = s.default_value;
-      callbacks_.push_back(Slot<v1::Callback>{
-          registry_.create<v1::Callback>(*m, v1::Options(defaults, "[[callbacks]] " + name + " (default)"), ctx_),
-          describe_component(*m)});
-    } else {
-      log_warn("no '" + name + "' callback plugin found: " + output + " will not be written");
-    }
+  for (const auto& d : kDefaultCallbacks) {
+    const bool present = std::any_of(job_.callbacks.begin(), job_.callbacks.end(),
+                                     [&](const ComponentConfig& c) { return c.plugin == d.plugin; });
+    if (!present)
+      log_warn(std::string("no '") + d.plugin + "' callback plugin found: " + d.output + " will not be written");
   }
 }
 

@@ -37,6 +37,16 @@ struct ComponentConfig {
   v1::Options options;
 };
 
+/// The callbacks every run has unless the job lists its own of the same plugin (metrics.jsonl,
+/// TensorBoard event files, report.html). Validation appends them to JobConfig::callbacks with
+/// their defaults, when their plugins are installed.
+struct DefaultCallback {
+  const char* plugin;
+  const char* output;  ///< what it writes, for the warning when its plugin is missing
+};
+inline constexpr DefaultCallback kDefaultCallbacks[] = {
+    {"metrics", "metrics.jsonl"}, {"tensorboard", "TensorBoard event files"}, {"report", "report.html"}};
+
 /// A fully validated job.
 struct JobConfig {
   std::string file;
