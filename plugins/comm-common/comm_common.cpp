@@ -388,6 +388,9 @@ struct Monitor::Impl {
     if (cfg.world_size <= 1 || cfg.stall_warning_s <= 0) return;
     {
       std::lock_guard<std::mutex> g(stop_mu);
+      // One wake-up per publication at most: at thousands of collectives a second, a wake-up
+      // each (a futex call here, a context switch there) would cost more than the collectives.
+      if (changed) return;
       changed = true;
     }
     stop_cv.notify_one();
