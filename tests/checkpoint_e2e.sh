@@ -301,6 +301,16 @@ case $case in
     expect_in "$work/elastic.log" "restart 1 of 1: a worker failed"
     expect_in "$work/elastic.log" "resumed from .*step-0000010 at step 10"
     check same-weights "$work/straight/model.safetensors" "$work/elastic/model.safetensors"
+    # metrics.jsonl holds each step once, as the uninterrupted run's does; the failed attempt's
+    # rows after the checkpoint (steps 11..14) are kept aside in metrics.jsonl.superseded.
+    steps() { grep -o '"step":[0-9]*' "$1" | tr '\n' ' '; }
+    [ "$(steps "$work/elastic/metrics.jsonl")" = "$(steps "$work/straight/metrics.jsonl")" ] ||
+      fail "metrics.jsonl steps after the restart: $(steps "$work/elastic/metrics.jsonl")"
+    # (Step 14's row may or may not have been written when the restart stopped rank 0.)
+    case "$(steps "$work/elastic/metrics.jsonl.superseded")" in
+      '"step":11 "step":12 "step":13 ' | '"step":11 "step":12 "step":13 "step":14 ') ;;
+      *) fail "superseded rows: $(steps "$work/elastic/metrics.jsonl.superseded")" ;;
+    esac
     ;;
   minutes)
     # every_n_minutes = 1e-6 (60 us, less than any step takes): a checkpoint after every step.

@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 
 namespace trainrun::plugins {
 
@@ -60,6 +61,37 @@ void MetricsCallback::on_train_start(const TrainPlan&) {
            std::strerror(errno));
 }
 
+void MetricsCallback::move_superseded(int64_t step) {
+  first_line_ = false;
+  if (out_.is_open()) out_.close();
+  std::ifstream in(path_);
+  if (!in) return;
+  std::string kept, superseded;
+  for (std::string line; std::getline(in, line);) {
+    const Json j = Json::parse(line, nullptr, /*allow_exceptions=*/false);
+    const bool later = j.is_object() && j.contains("step") && j["step"].is_number_integer() &&
+                       j["step"].get<int64_t>() >= step;
+    (later ? superseded : kept) += line + '\n';
+  }
+  in.close();
+  if (superseded.empty()) return;
+  {
+    std::ofstream side(path_ + ".superseded", std::ios::out | std::ios::app);
+    side << superseded;
+    side.flush();
+    TR_CHECK(side.good(), "metrics: writing '", path_, ".superseded' failed: ", std::strerror(errno));
+  }
+  // The rewritten file replaces the old one only once complete (rename is atomic).
+  const std::string tmp = path_ + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::out | std::ios::trunc);
+    out << kept;
+    out.flush();
+    TR_CHECK(out.good(), "metrics: writing '", tmp, "' failed: ", std::strerror(errno));
+  }
+  fs::rename(tmp, path_);
+}
+
 void MetricsCallback::write_line(const std::string& line) {
   if (!out_.is_open()) on_train_start(TrainPlan{});
   out_ << line << '\n';
@@ -71,6 +103,7 @@ void MetricsCallback::on_step_end(const StepMetrics& m) {
   if (path_.empty()) return;
   const bool last = m.total_steps > 0 && m.step == m.total_steps;
   if (m.step % every_n_steps_ != 0 && !last) return;
+  if (first_line_) move_superseded(m.step);
   Json j;
   j["step"] = m.step;
   j["epoch"] = m.epoch;
@@ -91,6 +124,8 @@ void MetricsCallback::on_step_end(const StepMetrics& m) {
 
 void MetricsCallback::on_eval_end(const EvalMetrics& m) {
   if (path_.empty()) return;
+  // An evaluation before the first step (of a resumed run: at its checkpoint's step) is kept.
+  if (first_line_) move_superseded(m.step + 1);
   Json j;
   j["step"] = m.step;
   j["rank"] = m.rank;

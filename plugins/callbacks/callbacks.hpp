@@ -30,8 +30,13 @@ class MetricsCallback final : public v1::Callback {
 
  private:
   void write_line(const std::string& line);
+  // Before this process's first line: rows of `step` or later already in the file are those of
+  // an attempt that failed after the checkpoint this run resumed from; they move to
+  // <file>.superseded, so the file holds each step once (as TensorBoard's purge_step does).
+  void move_superseded(int64_t step);
 
   int64_t every_n_steps_;
+  bool first_line_ = true;
   std::string path_;
   std::ofstream out_;
 };
