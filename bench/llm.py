@@ -4,6 +4,7 @@ torch loop, and QLoRA (nf4) against LoRA, in one run on this machine (issue 21, 
 
     $TRAINRUN_VENV/bin/python bench/llm.py [--build build] [--steps 3] [--warmup 1]
                                            [--batch 1] [--seq 512] [--threads 1] [--only lora|qlora]
+                                           [--torch-attn sdpa|eager]
 
 Both sides: the HF directory scripts/gguf_to_hf.py makes (cached in BUILD/cache), float32
 weights, LoRA r 16, lora_alpha 32, dropout 0, target_modules all-linear (every projection of
@@ -11,16 +12,25 @@ every decoder layer, not lm_head), AdamW lr 1e-4 on the adapters only, sequences
 tokens, --batch sequences per rank per step, --threads intra-op threads per rank, at 1 rank and
 at 2 ranks (trainrun: strategy single / ddp over gloo-cpu; torch: the model as is / DDP over
 gloo). The tokens are the fortunes file (fortunes-min) tokenized by the model's tokenizer.
+The torch side uses transformers' default attention (--torch-attn sdpa: PyTorch's fused
+scaled_dot_product_attention); trainrun built against LibTorch < 2.1 (Debian's 1.13) computes
+attention as matmul + softmax, as transformers' "eager" path (--torch-attn eager) does.
 Figures:
   tokens/s   global tokens of a step / its wall time, median over the steps after --warmup
-             (trainrun: tokens_per_s of metrics.jsonl; torch: forward, loss, backward,
-             optimizer step, zero_grad, loss.item() timed per step on rank 0);
+             (trainrun: the difference of consecutive elapsed_s in metrics.jsonl, so
+             everything between two steps counts; torch: forward, loss, backward, optimizer
+             step, zero_grad, loss.item() timed per step on rank 0);
+  tok/CPU-s  tokens of one rank's step / the CPU seconds its process used in that step (all
+             threads; trainrun: step_cpu_s of metrics.jsonl; torch: time.process_time()),
+             median over the same steps: the work per token, which other processes on the
+             machine change far less than the wall time (they take cores away, not add work);
   peak RSS   the largest VmHWM of the run's processes (every rank, the launcher), polled
              from /proc every 0.2 s while it runs: one rank's peak resident memory;
   QLoRA      trainrun's median step time with precision quant-nf4 (blocksize 64, double
              quantization, all-linear) + the same LoRA, against LoRA on the float32 base.
 Goals (issue 21): trainrun/torch tokens/s >= 1.3x, peak RSS <= 0.8x; QLoRA/LoRA <= 1.5x.
-The machine's load average is printed before and after: other processes skew every figure.
+The machine's load average is printed before and after: other processes skew the wall-clock
+figures (on a loaded machine compare the tok/CPU-s ratios).
 """
 import argparse
 import json
@@ -51,7 +61,7 @@ def worker(a):
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.float32, attn_implementation=a.torch_attn)
     model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0,
                                              target_modules="all-linear", task_type="CAUSAL_LM"))
     model.train()
@@ -62,9 +72,9 @@ def worker(a):
     import numpy as np
     toks = torch.from_numpy(np.fromfile(a.tokens, dtype="<u4").astype(np.int64))
     T, B = a.seq, a.batch
-    times = []
+    times, cpu = [], []
     for step in range(a.warmup + a.steps):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         rows = [toks[((step * world + rank) * B + j) * T:((step * world + rank) * B + j) * T + T + 1]
                 for j in range(B)]
         w = torch.stack(rows)
@@ -78,8 +88,9 @@ def worker(a):
         opt.zero_grad(set_to_none=True)
         loss.item()
         times.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
     if rank == 0:
-        print(json.dumps({"step_times": times}), flush=True)
+        print(json.dumps({"step_times": times, "step_cpu": cpu}), flush=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -191,9 +202,14 @@ def run_trainrun(a, work, world, qlora=False):
     env = dict(os.environ, OMP_NUM_THREADS=str(a.threads), OPENBLAS_NUM_THREADS=str(a.threads))
     _, peak = run_polled([a.trainrun, "--config", job, "--set", f"launch.nproc_per_node={world}"], env)
     rows = [json.loads(l) for l in open(os.path.join(run_dir, "metrics.jsonl"))]
-    rows = [r for r in rows if "tokens_per_s" in r and "eval_loss" not in r][a.warmup:]
-    return {"tokens_per_s": statistics.median(r["tokens_per_s"] for r in rows),
-            "step_s": statistics.median(r["step_time_s"] for r in rows), "peak_rss": peak}
+    rows = [r for r in rows if "step_time_s" in r and "eval_loss" not in r]
+    # Wall time of step i: from the end of step i-1 to the end of step i (tokens_per_s in the
+    # file is a running mean since the first step, warm-up included).
+    wall = [b["elapsed_s"] - p["elapsed_s"] for p, b in zip(rows, rows[1:])][max(a.warmup, 1) - 1:]
+    cpu = [r["step_cpu_s"] for r in rows[a.warmup:]]
+    step = statistics.median(wall)
+    return {"tokens_per_s": a.seq * a.batch * world / step, "step_s": step,
+            "tokens_per_cpu_s": a.seq * a.batch / statistics.median(cpu), "peak_rss": peak}
 
 
 def run_torch(a, work, world):
@@ -201,7 +217,7 @@ def run_torch(a, work, world):
                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29500 + os.getpid() % 1000), WORLD_SIZE=str(world))
     args = [sys.executable, os.path.abspath(__file__), "--worker", "--model", a.model, "--tokens", a.tokens,
             "--steps", str(a.steps), "--warmup", str(a.warmup), "--batch", str(a.batch), "--seq", str(a.seq),
-            "--threads", str(a.threads)]
+            "--threads", str(a.threads), "--torch-attn", a.torch_attn]
     if world == 1:
         out, peak = run_polled(args, dict(env, RANK="0"))
     else:
@@ -210,10 +226,11 @@ def run_torch(a, work, world):
                     f"ps = [subprocess.Popen({args!r}, env=dict(os.environ, RANK=str(r))) for r in range({world})]\n"
                     "sys.exit(max(p.wait() for p in ps))\n")
         out, peak = run_polled([sys.executable, "-c", launcher], env)
-    line = [l for l in out.splitlines() if l.startswith('{"step_times"')][-1]
-    times = json.loads(line)["step_times"][a.warmup:]
-    step = statistics.median(times)
-    return {"tokens_per_s": a.seq * a.batch * world / step, "step_s": step, "peak_rss": peak}
+    line = json.loads([l for l in out.splitlines() if l.startswith('{"step_times"')][-1])
+    step = statistics.median(line["step_times"][a.warmup:])
+    return {"tokens_per_s": a.seq * a.batch * world / step, "step_s": step,
+            "tokens_per_cpu_s": a.seq * a.batch / statistics.median(line["step_cpu"][a.warmup:]),
+            "peak_rss": peak}
 
 
 def ensure_inputs(a):
@@ -247,6 +264,8 @@ def main():
     ap.add_argument("--seq", type=int, default=512)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--only", choices=["lora", "qlora"])
+    ap.add_argument("--torch-attn", default="sdpa", choices=["sdpa", "eager"],
+                    help="transformers' attn_implementation on the torch side (default sdpa, its own default)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--model", help=argparse.SUPPRESS)
     ap.add_argument("--tokens", help=argparse.SUPPRESS)
@@ -261,20 +280,29 @@ def main():
     print(f"load average before: {' '.join(load())}")
     print(f"SmolLM2-135M, LoRA r 16 all-linear, seq {a.seq}, {a.batch} sequence(s) per rank per step, "
           f"{a.threads} thread(s) per rank, {a.steps} steps after {a.warmup} warm-up")
+    lora1 = None
     if a.only != "qlora":
+        print(f"torch side: transformers + PEFT, attn_implementation {a.torch_attn}")
         print(f"{'ranks':>5} {'trainrun tok/s':>15} {'torch tok/s':>12} {'ratio':>6}   "
+              f"{'trainrun tok/CPU-s':>18} {'torch tok/CPU-s':>15} {'ratio':>6}   "
               f"{'trainrun RSS':>12} {'torch RSS':>10} {'ratio':>6}")
         for world in (1, 2):
             t = run_trainrun(a, work, world)
             p = run_torch(a, work, world)
+            if world == 1:
+                lora1 = t
             print(f"{world:>5} {t['tokens_per_s']:>15.1f} {p['tokens_per_s']:>12.1f} "
-                  f"{t['tokens_per_s'] / p['tokens_per_s']:>5.2f}x   {t['peak_rss'] / 2**20:>9.0f} MiB "
+                  f"{t['tokens_per_s'] / p['tokens_per_s']:>5.2f}x   "
+                  f"{t['tokens_per_cpu_s']:>18.1f} {p['tokens_per_cpu_s']:>15.1f} "
+                  f"{t['tokens_per_cpu_s'] / p['tokens_per_cpu_s']:>5.2f}x   {t['peak_rss'] / 2**20:>9.0f} MiB "
                   f"{p['peak_rss'] / 2**20:>6.0f} MiB {t['peak_rss'] / p['peak_rss']:>5.2f}x", flush=True)
     if a.only != "lora":
-        lo = run_trainrun(a, work, 1)
+        lo = lora1 or run_trainrun(a, work, 1)
         q = run_trainrun(a, work, 1, qlora=True)
         print(f"QLoRA (nf4) step {q['step_s']:.2f} s vs LoRA {lo['step_s']:.2f} s on 1 rank: "
-              f"{q['step_s'] / lo['step_s']:.2f}x (peak RSS {q['peak_rss'] / 2**20:.0f} MiB vs "
+              f"{q['step_s'] / lo['step_s']:.2f}x; CPU per step {a.seq * a.batch / q['tokens_per_cpu_s']:.2f} s "
+              f"vs {a.seq * a.batch / lo['tokens_per_cpu_s']:.2f} s: "
+              f"{lo['tokens_per_cpu_s'] / q['tokens_per_cpu_s']:.2f}x (peak RSS {q['peak_rss'] / 2**20:.0f} MiB vs "
               f"{lo['peak_rss'] / 2**20:.0f} MiB)", flush=True)
     print(f"load average after: {' '.join(load())}")
 

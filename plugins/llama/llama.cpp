@@ -5,6 +5,7 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #if defined(__GLIBC__)
@@ -16,6 +17,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <vector>
 
 #include "trainrun/attention.hpp"
 #include "trainrun/hf/model_dir.hpp"
@@ -319,11 +321,38 @@ class AttentionImpl : public torch::nn::Module {
   // matmul + softmax in float32 as transformers' eager path.
   static torch::Tensor attend(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                               const torch::Tensor& blocked) {
+#if !TRAINRUN_HAS_SDPA
+    // Without SDPA's causal kernels the math form computes every score and then masks the
+    // upper triangle away. `blocked` always hides the keys after a query (attention_blocked is
+    // causal, whatever else it adds), so queries in blocks of kQueryBlock need only the keys up
+    // to their block's last position: at T = 512 that is 62.5% of the score and value products
+    // (SmolLM2-135M, LoRA, seq 512, 1 thread, on a loaded machine: 5.4-5.8 CPU-s per step
+    // against 6.0-6.4 before, peak tracked memory 1.82 GB against 1.93 GB). The hidden
+    // keys weigh exactly 0 after the softmax either way, so only the summation order of the
+    // value product differs.
+    const int64_t T = q.size(2);
+    if (T > kQueryBlock && k.size(2) == T) {
+      const bool per_row = blocked.dim() == 4;  // [B, 1, T, T] (packed samples) or [T, T]
+      std::vector<torch::Tensor> out;
+      for (int64_t s = 0; s < T; s += kQueryBlock) {
+        const int64_t n = std::min(kQueryBlock, T - s), e = s + n;
+        const torch::Tensor m = per_row ? blocked.narrow(2, s, n).narrow(3, 0, e) : blocked.narrow(0, s, n).narrow(1, 0, e);
+        out.push_back(attend_all(q.narrow(2, s, n), k.narrow(2, 0, e), v.narrow(2, 0, e), m));
+      }
+      return torch::cat(out, 2);
+    }
+#endif
+    return attend_all(q, k, v, blocked);
+  }
+
+  static torch::Tensor attend_all(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                  const torch::Tensor& blocked) {
     v1::AttentionOptions o;
     o.causal = false;  // `blocked` holds the causal (and sliding-window) mask already
     o.mask = blocked.logical_not();
     return v1::attention(q, k, v, o);
   }
+  static constexpr int64_t kQueryBlock = 128;
 
   v1::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
   RMSNorm q_norm{nullptr}, k_norm{nullptr};

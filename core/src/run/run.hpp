@@ -66,6 +66,7 @@ struct StepBatches {
 // The figures of the step in progress, handed between the parts of Run::train_step.
 struct StepState {
   Clock::time_point t0;
+  double cpu0 = 0;  ///< process CPU seconds (every thread) when the step began
   int64_t epoch = 0;
   at::Tensor counts;  ///< the global [targets, tokens, samples] of this step
   std::shared_ptr<v1::Work> counts_work;

@@ -14,6 +14,7 @@
 #include <iostream>
 #include <limits>
 #include <sstream>
+#include <time.h>
 #include <unistd.h>
 
 #include "stop_signal.hpp"
@@ -34,6 +35,15 @@ std::string fmt_duration(double s) {
   else if (t >= 60) os << t / 60 << "m" << std::setw(2) << std::setfill('0') << t % 60 << "s";
   else os << t << "s";
   return os.str();
+}
+
+// CPU seconds this process has used so far, all its threads together. Beside the wall-clock
+// step_time_s it measures the step's work where other processes share the cores: a rank that
+// waits for a core loses wall time, not CPU time.
+double process_cpu_s() {
+  timespec ts{};
+  if (clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts) != 0) return 0;
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
 }
 
 std::string fmt_scale(double scale) {
@@ -183,6 +193,7 @@ bool Run::train_step() {
   }
   StepState st;
   st.t0 = Clock::now();
+  st.cpu0 = process_cpu_s();
   reset_tracked_peak();
   st.epoch = step_ / plan_.steps_per_epoch;
   // The loss is normalised by the targets of the whole global batch, which only the ranks
@@ -319,6 +330,7 @@ void Run::report_step(StepState& st) {
   m.lr = optimizer_.call("lr", [&](v1::Optimizer& o) { return o.lr(step_); });
   m.grad_norm = st.grad_norm;
   m.step_time_s = dt;
+  m.extra["step_cpu_s"] = process_cpu_s() - st.cpu0;
   m.elapsed_s = std::chrono::duration<double>(Clock::now() - t_start_).count();
   const double loop_s = std::chrono::duration<double>(Clock::now() - t_loop_).count();
   m.samples_per_s = samples_done_ / loop_s;
