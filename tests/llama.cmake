@@ -11,7 +11,7 @@ target_compile_definitions(llama_logits PRIVATE TRAINRUN_NO_PLUGIN_ENTRY
   TRAINRUN_BUILD_COMPILER_ID="${CMAKE_CXX_COMPILER_ID}-${CMAKE_CXX_COMPILER_VERSION}")
 trainrun_use_pch(llama_logits)
 
-set(_llama_cases logits:llama3 logits:qwen2 logits:qwen3 logits:mistral
+set(_llama_cases logits:llama3 logits:qwen2 logits:qwen3 logits:mistral long:llama3 long:mistral
                  train:llama3 train:qwen2 train:qwen3 train:mistral
                  lora:llama3 lora:qwen3 qlora:qwen3 shardload:llama3 export:qwen3 bad:llama3)
 foreach(c ${_llama_cases})

@@ -9,6 +9,9 @@ transformers builds and saves here (save_pretrained), one variant per run:
 Modes:
   logits   (a) trainrun's logits (tests/llama_logits.cpp) equal transformers' (eager attention)
            within 1e-5 relative, fp32.
+  long     the same on 300-token sequences: past the 128-query blocks in which the plugin
+           computes causal attention without SDPA (LibTorch < 2.1), so a block's keys, its
+           mask slice and the last, shorter block are all checked.
   train    (b) 10 AdamW steps through `trainrun` on a uint32 token file: per-step losses within
            1e-4 relative of a transformers + torch.optim.AdamW loop on the same batches;
            (c) <run_dir>/hf/ loads in AutoModelForCausalLM.from_pretrained with no missing or
@@ -106,11 +109,11 @@ def hf_model(path, adapter=None):
     return model.eval()
 
 
-def ids_file(path, seed=1):
+def ids_file(path, seed=1, length=T):
     from safetensors.torch import save_file
 
     g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, 96, (3, T), generator=g)
+    ids = torch.randint(0, 96, (3, length), generator=g)
     save_file({"input_ids": ids}, path)
     return ids
 
@@ -127,9 +130,9 @@ def trainrun_logits(model_dir, ids_path, adapter=None):
     return load_file(out)["logits"]
 
 
-def compare_logits(model_dir, what, adapter=None, ref_model=None, tol=1e-5):
+def compare_logits(model_dir, what, adapter=None, ref_model=None, tol=1e-5, length=T):
     ids_path = os.path.join(WORK, "ids.safetensors")
-    ids = ids_file(ids_path)
+    ids = ids_file(ids_path, length=length)
     ours = trainrun_logits(model_dir, ids_path, adapter)
     model = ref_model or hf_model(model_dir, adapter)
     with torch.no_grad():
@@ -220,9 +223,11 @@ def main():
     shutil.rmtree(WORK, ignore_errors=True)
     os.makedirs(WORK)
     base = os.path.join(WORK, "base")
-    make_model(VARIANT, base)
+    make_model(VARIANT, base, **({"max_position_embeddings": 512} if MODE == "long" else {}))
     if MODE == "logits":
         compare_logits(base, "transformers")
+    elif MODE == "long":
+        compare_logits(base, "transformers, 300 tokens", length=300)
     elif MODE == "train":
         tokens = os.path.join(WORK, "tokens.u32")
         train, frac = token_file(tokens)
