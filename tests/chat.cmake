@@ -8,9 +8,9 @@ find_package(doctest REQUIRED)
 find_package(nlohmann_json 3 REQUIRED)
 set(_chat_fixtures ${CMAKE_SOURCE_DIR}/../shared/fixtures/tokenizers)
 
-add_executable(chat_dump ${CMAKE_CURRENT_LIST_DIR}/chat_dump.cpp ${PROJECT_SOURCE_DIR}/plugins/chat/chat_samples.cpp)
+add_executable(chat_dump ${CMAKE_CURRENT_LIST_DIR}/chat_dump.cpp)
 target_include_directories(chat_dump PRIVATE ${PROJECT_SOURCE_DIR}/plugins)
-target_link_libraries(chat_dump PRIVATE trainrun_text nlohmann_json::nlohmann_json)
+target_link_libraries(chat_dump PRIVATE trainrun_chat_samples)
 
 # Done-when 2 (token ids) and 3b/3c: 13 template/train_on cases (the fixtures', SmolLM2's) x 40
 # conversations.
@@ -30,13 +30,9 @@ add_test(NAME chat.unit COMMAND unit_chat)
 set_tests_properties(chat.unit PROPERTIES TIMEOUT 60 LABELS chat)
 
 # Done-when 3a: packed vs unpacked per-sample losses.
-add_executable(packing_check ${CMAKE_CURRENT_LIST_DIR}/packing_check.cpp ${PROJECT_SOURCE_DIR}/plugins/llama/llama.cpp)
+add_executable(packing_check ${CMAKE_CURRENT_LIST_DIR}/packing_check.cpp)
 target_include_directories(packing_check PRIVATE ${PROJECT_SOURCE_DIR}/plugins ${CMAKE_CURRENT_LIST_DIR})
-target_link_libraries(packing_check PRIVATE models-objects TrainrunSDK::sdk trainrun_hf nlohmann_json::nlohmann_json
-  doctest::doctest)
-target_compile_definitions(packing_check PRIVATE TRAINRUN_NO_PLUGIN_ENTRY
-  TRAINRUN_BUILD_TORCH_VERSION="${Torch_VERSION}"
-  TRAINRUN_BUILD_COMPILER_ID="${CMAKE_CXX_COMPILER_ID}-${CMAKE_CXX_COMPILER_VERSION}")
+target_link_libraries(packing_check PRIVATE llama-objects models-objects doctest::doctest)
 trainrun_use_pch(packing_check)
 add_test(NAME chat.packing COMMAND packing_check)
 set_tests_properties(chat.packing PROPERTIES TIMEOUT 120 LABELS chat ENVIRONMENT "OMP_NUM_THREADS=1")

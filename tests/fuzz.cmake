@@ -26,19 +26,15 @@ function(_trainrun_fuzz_target exe target)
   if(target STREQUAL "tokenizer" OR target STREQUAL "chat_data")
     target_link_libraries(${exe} PRIVATE trainrun_text)
     if(target STREQUAL "chat_data")
-      target_sources(${exe} PRIVATE ${CMAKE_SOURCE_DIR}/plugins/chat/chat_samples.cpp)
+      target_link_libraries(${exe} PRIVATE trainrun_chat_samples)
     endif()
     return()
   endif()
   if(target STREQUAL "safetensors")
     target_link_libraries(${exe} PRIVATE trainrun_hf)
   elseif(target STREQUAL "llama_config")
-    # The plugin's source without its entry symbol (as tests/llama.cmake's llama_logits).
-    target_sources(${exe} PRIVATE ${CMAKE_SOURCE_DIR}/plugins/llama/llama.cpp)
-    target_link_libraries(${exe} PRIVATE TrainrunSDK::sdk trainrun_hf nlohmann_json::nlohmann_json)
-    target_compile_definitions(${exe} PRIVATE TRAINRUN_NO_PLUGIN_ENTRY
-      TRAINRUN_BUILD_TORCH_VERSION="${Torch_VERSION}"
-      TRAINRUN_BUILD_COMPILER_ID="${CMAKE_CXX_COMPILER_ID}-${CMAKE_CXX_COMPILER_VERSION}")
+    # The plugin's objects without its entry symbol (as tests/llama.cmake's llama_logits).
+    target_link_libraries(${exe} PRIVATE llama-objects)
   elseif(TRAINRUN_FUZZ AND NOT exe MATCHES "^fuzz_regress_")
     # The libFuzzer binaries compile just the core sources the reader needs (under clang with
     # sanitizers the whole core is half an hour of compiling on a small machine); the regression
@@ -60,8 +56,11 @@ function(_trainrun_fuzz_target exe target)
   trainrun_use_pch(${exe})
 endfunction()
 
+# The replay main() compiled once for every runner (no LibTorch, no PCH).
+add_library(fuzz_regress_main OBJECT ${_fuzz_src}/regress_main.cpp)
 foreach(t ${TRAINRUN_FUZZ_TARGETS})
-  _trainrun_fuzz_target(fuzz_regress_${t} ${t} ${_fuzz_src}/regress_main.cpp)
+  _trainrun_fuzz_target(fuzz_regress_${t} ${t})
+  target_link_libraries(fuzz_regress_${t} PRIVATE fuzz_regress_main)
   add_test(NAME fuzz_regress.${t} COMMAND fuzz_regress_${t} ${_fuzz_src}/corpus/${t})
   set_tests_properties(fuzz_regress.${t} PROPERTIES TIMEOUT 120)
   if(TRAINRUN_FUZZ)

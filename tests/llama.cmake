@@ -1,14 +1,10 @@
 # The llama model plugin and the hf library (issue 21) against transformers and PEFT from the
 # reference venv: tiny random models of each variant built by transformers inside the test
-# (tests/llama_e2e.py). llama_logits prints trainrun's logits for given ids (the plugin's sources).
-find_package(nlohmann_json 3 REQUIRED)
-add_executable(llama_logits ${CMAKE_CURRENT_LIST_DIR}/llama_logits.cpp
-  ${PROJECT_SOURCE_DIR}/plugins/llama/llama.cpp ${PROJECT_SOURCE_DIR}/plugins/lora/lora.cpp)
+# (tests/llama_e2e.py). llama_logits prints trainrun's logits for given ids (the plugins' objects,
+# compiled once for plugin and tests).
+add_executable(llama_logits ${CMAKE_CURRENT_LIST_DIR}/llama_logits.cpp)
 target_include_directories(llama_logits PRIVATE ${PROJECT_SOURCE_DIR}/plugins)
-target_link_libraries(llama_logits PRIVATE TrainrunSDK::sdk trainrun_hf nlohmann_json::nlohmann_json)
-target_compile_definitions(llama_logits PRIVATE TRAINRUN_NO_PLUGIN_ENTRY
-  TRAINRUN_BUILD_TORCH_VERSION="${Torch_VERSION}"
-  TRAINRUN_BUILD_COMPILER_ID="${CMAKE_CXX_COMPILER_ID}-${CMAKE_CXX_COMPILER_VERSION}")
+target_link_libraries(llama_logits PRIVATE llama-objects lora-objects)
 trainrun_use_pch(llama_logits)
 
 set(_llama_cases logits:llama3 logits:qwen2 logits:qwen3 logits:mistral long:llama3 long:mistral

@@ -1,13 +1,12 @@
-# gloo-cpu's shared-memory send/recv (plugins/gloo/shm.cpp): shm_p2p forks its own ranks on
+# gloo-cpu's shared-memory send/recv (plugins/comm-gloo/shm.cpp): shm_p2p forks its own ranks on
 # loopback and drives GlooCommunicator directly (correctness at 2 and 3 ranks, with and without
 # single copy, recv_reduce, a tag/size mismatch, a dead peer, a timeout; `shm_p2p bench` prints shm vs TCP GB/s and is not a test);
 # shm_e2e.sh checks through the real trainrun binary that the path is in use ("+ shm" and
 # "collectives over shm" in the banner) and that --verify passes with it on and off, with Gloo's
 # all-reduce chosen explicitly, and with two copies only.
-find_package(Gloo CONFIG REQUIRED)
 add_executable(shm_p2p ${CMAKE_CURRENT_SOURCE_DIR}/shm_p2p.cpp)
-target_include_directories(shm_p2p PRIVATE ${PROJECT_SOURCE_DIR}/plugins)
-target_link_libraries(shm_p2p PRIVATE gloo-cpu-objects)
+target_link_libraries(shm_p2p PRIVATE trainrun_comm_gloo)
+trainrun_use_pch(shm_p2p)  # it includes <torch/torch.h>: without the PCH that alone is ~1 min
 
 foreach(case check mismatch dead timeout)
   add_test(NAME shm.p2p.${case} COMMAND shm_p2p ${case})

@@ -1,4 +1,4 @@
-// gloo-cpu's shared-memory send/recv (plugins/gloo/shm.cpp), driven directly: this program
+// gloo-cpu's shared-memory send/recv (plugins/comm-gloo/shm.cpp), driven directly: this program
 // forks its ranks, each builds a GlooCommunicator over a loopback store and TCP device (as the
 // accelerator does), and runs one mode:
 //   shm_p2p check [N]   correctness at N ranks (default 2): the shm path is in use; exchanges
@@ -34,7 +34,7 @@
 #include <vector>
 
 #include "comm_common.hpp"
-#include "gloo/gloo.hpp"
+#include "gloo_communicator.hpp"
 
 using namespace trainrun;
 using trainrun::plugins::GlooCommunicator;

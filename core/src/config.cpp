@@ -5,6 +5,7 @@
 #include "trainrun/core/config.hpp"
 #include "trainrun/core/launcher.hpp"
 #include "trainrun/core/runtime.hpp"
+#include "trainrun/core/spelling.hpp"
 
 #include <toml++/toml.h>
 
@@ -27,10 +28,6 @@ using v1::OptionValue;
 // Units
 
 namespace {
-std::string lower(std::string s) {
-  for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return s;
-}
 std::string trim(const std::string& s) {
   size_t b = s.find_first_not_of(" \t"), e = s.find_last_not_of(" \t");
   return b == std::string::npos ? "" : s.substr(b, e - b + 1);
@@ -46,7 +43,7 @@ int64_t parse_size(const std::string& text_in) {
   } catch (...) {
     throw std::invalid_argument("'" + text_in + "' is not a size (e.g. \"25MiB\", \"2GB\", 4096)");
   }
-  const std::string unit = lower(trim(text.substr(pos)));
+  const std::string unit = to_lower(trim(text.substr(pos)));
   static const std::map<std::string, double> units = {
       {"", 1},         {"b", 1},
       {"k", 1024.0},   {"kib", 1024.0},   {"kb", 1e3},
@@ -64,7 +61,7 @@ int64_t parse_size(const std::string& text_in) {
 }
 
 double parse_duration(const std::string& text_in) {
-  std::string text = lower(trim(text_in));
+  std::string text = to_lower(trim(text_in));
   if (text.empty()) throw std::invalid_argument("empty duration");
   static const std::map<std::string, double> units = {
       {"ms", 1e-3}, {"s", 1}, {"sec", 1}, {"m", 60}, {"min", 60}, {"h", 3600}, {"d", 86400}};

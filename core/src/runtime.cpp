@@ -22,6 +22,7 @@
 
 #include "trainrun/core/launcher.hpp"
 #include "trainrun/core/log.hpp"
+#include "trainrun/core/spelling.hpp"
 
 extern char** environ;
 
@@ -29,12 +30,7 @@ namespace trainrun::core {
 
 namespace {
 
-std::string lower(std::string s) {
-  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
-  return s;
-}
-
-bool same_kernel(const std::string& a, const std::string& b) { return lower(a) == lower(b); }
+bool same_kernel(const std::string& a, const std::string& b) { return to_lower(a) == to_lower(b); }
 
 // Sets or replaces NAME=value in an environment block for posix_spawn.
 std::vector<std::string> env_with(const std::vector<std::pair<std::string, std::string>>& set) {
@@ -87,7 +83,7 @@ constexpr KernelName kKernels[] = {
 
 std::string canonical_kernel(const std::string& name) {
   for (const auto& k : kKernels)
-    if (lower(name) == lower(k.name)) return k.name;
+    if (to_lower(name) == to_lower(k.name)) return k.name;
   return "";
 }
 
@@ -99,7 +95,7 @@ std::string known_kernels() {
 
 int blas_kernel_tier(const std::string& corename) {
   for (const auto& k : kKernels)
-    if (lower(corename) == lower(k.name)) return k.tier;
+    if (to_lower(corename) == to_lower(k.name)) return k.tier;
   return 0;
 }
 

@@ -6,12 +6,10 @@
 
 namespace trainrun::core {
 
-namespace {
-std::string lower(std::string s) {
+std::string to_lower(std::string s) {
   for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   return s;
 }
-}  // namespace
 
 size_t edit_distance(const std::string& a, const std::string& b) {
   std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
@@ -29,7 +27,7 @@ std::string closest(const std::string& word, const std::vector<std::string>& can
   std::string best;
   size_t best_d = std::numeric_limits<size_t>::max();
   for (const auto& c : candidates) {
-    size_t d = edit_distance(lower(word), lower(c));
+    size_t d = edit_distance(to_lower(word), to_lower(c));
     if (d < best_d) best_d = d, best = c;
   }
   size_t limit = std::max<size_t>(2, word.size() / 3);

@@ -16,6 +16,8 @@
 
 namespace trainrun::comm {
 
+using namespace trainrun::v1;
+
 namespace {
 
 using Clock = std::chrono::steady_clock;

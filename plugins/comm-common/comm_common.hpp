@@ -28,8 +28,6 @@
 
 namespace trainrun::comm {
 
-using namespace trainrun::v1;
-
 // ---------------------------------------------------------------------------------------------
 // Rendezvous
 
@@ -101,7 +99,7 @@ using v1::dtype_name;
 /// float32, float64, bfloat16, float16, int32, int64, uint8 (the SDK's communicator_dtype).
 inline bool supported_dtype(c10::ScalarType t) { return v1::communicator_dtype(t); }
 /// "sum", "avg", "min", "max".
-std::string reduce_op_name(ReduceOp op);
+std::string reduce_op_name(v1::ReduceOp op);
 
 /// Throws Error "<backend>: <op>: <role> tensor ..." unless `t` is defined, on the CPU, dense,
 /// contiguous and of a supported dtype.
@@ -183,7 +181,7 @@ class Monitor {
 
 /// A Work completed by another thread (gloo-cpu runs each group's ops on one worker thread).
 /// wait() rethrows the operation's error, or on timeout throws Error built by the monitor.
-class FutureWork final : public Work {
+class FutureWork final : public v1::Work {
  public:
   FutureWork(std::shared_ptr<Monitor> monitor, uint64_t seq, std::string op_text,
              double timeout_s);

@@ -2,7 +2,7 @@
 
 #include "comm_common.hpp"
 #include "cpu_threads.hpp"
-#include "gloo.hpp"
+#include "gloo_communicator.hpp"
 #include "nccl.hpp"
 #include "pending.hpp"
 
@@ -179,19 +179,15 @@ CudaAccelerator::CudaAccelerator(const Options& options, const RunContext& ctx) 
 
   const double rendezvous_timeout_s = comm::rendezvous_timeout_from_environment();
   if (collectives_ == "gloo") {
-    // The CPU Gloo accelerator with this one's collective settings; its threads are ours.
-    OptionSchema gs;
-    GlooAccelerator::declare_options(gs);
-    std::map<std::string, OptionValue> v;
-    for (const auto& s : gs.specs()) v[s.name] = s.default_value;
-    v["timeout_s"] = timeout_s;
-    v["stall_warning_s"] = options.get_seconds("stall_warning_s");
-    v["check_collectives"] = options.get_bool("check_collectives");
-    v["threads"] = int64_t{0};
-    v["blas_threads"] = int64_t{0};
-    v["pin"] = false;
-    auto gloo = std::make_shared<GlooAccelerator>(Options(v, where + " (collectives = gloo)"), ctx);
-    Communicator& inner = gloo->communicator();
+    // comm-gloo's communicator with this accelerator's collective settings (shared memory and
+    // the all-reduce algorithm as gloo-cpu's defaults); the threads were set above.
+    GlooSettings gs;
+    gs.timeout_s = timeout_s;
+    gs.stall_warning_s = options.get_seconds("stall_warning_s");
+    gs.check_collectives = options.get_bool("check_collectives");
+    gs.rendezvous_timeout_s = rendezvous_timeout_s;
+    std::shared_ptr<GlooCommunicator> gloo = open_gloo_world(gs, ctx).communicator;
+    Communicator& inner = *gloo;
     gloo_ = gloo;
     comm_ = std::make_shared<HostStagingCommunicator>(gloo_, inner);
     return;
@@ -219,7 +215,7 @@ CudaAccelerator::CudaAccelerator(const Options& options, const RunContext& ctx) 
 }
 
 CudaAccelerator::~CudaAccelerator() {
-  // The communicator (its watchdog, its NCCL communicator) goes before the Gloo accelerator.
+  // The communicator (its watchdog, its NCCL communicator) goes before the Gloo communicator.
   comm_.reset();
   gloo_.reset();
 }

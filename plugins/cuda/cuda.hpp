@@ -19,7 +19,7 @@ using namespace trainrun::v1;
 /// to the inner communicator as they are.
 class HostStagingCommunicator final : public Communicator {
  public:
-  /// `owner` keeps whatever owns `inner` alive (the Gloo accelerator).
+  /// `owner` keeps whatever owns `inner` alive (the Gloo communicator).
   HostStagingCommunicator(std::shared_ptr<void> owner, Communicator& inner);
   int rank() const override { return inner_.rank(); }
   int world_size() const override { return inner_.world_size(); }
@@ -64,7 +64,7 @@ class CudaAccelerator final : public Accelerator {
   int device_ = 0;
   std::string collectives_;
   std::string device_text_;
-  std::shared_ptr<void> gloo_;  // the Gloo accelerator behind collectives = "gloo"
+  std::shared_ptr<void> gloo_;  // the Gloo communicator behind collectives = "gloo"
   std::shared_ptr<Communicator> comm_;
   v1::cpu::ThreadPlan threads_;
 };

@@ -28,22 +28,20 @@
 
 namespace trainrun::plugins {
 
-using namespace trainrun::v1;
-
 /// The `fsdp` strategy. Options: sharding_strategy, min_num_params, backward_prefetch,
 /// forward_prefetch, limit_all_gathers, shard_group_size, memory_budget_gb, and mixed precision
 /// as FSDP's MixedPrecision: param_dtype, reduce_dtype, buffer_dtype.
-class FsdpStrategy final : public sharding::ShardedStrategy {
+class FsdpStrategy final : public v1::sharding::ShardedStrategy {
  public:
-  static void declare_options(OptionSchema& schema);
-  FsdpStrategy(const Options& options, const RunContext& ctx);
+  static void declare_options(v1::OptionSchema& schema);
+  FsdpStrategy(const v1::Options& options, const v1::RunContext& ctx);
 
   /// ShardedStrategy::setup's policy step: the strategy chosen ("auto"), buffers cast, shard
   /// and replicate groups created (HYBRID_SHARD, NO_SHARD), the runtime options. Throws
   /// ConfigError for a shard_group_size that does not divide the world size, when "auto" finds
   /// nothing that fits (naming the smallest world size that would), or for
   /// param_dtype/buffer_dtype fp16 on CPU.
-  Plan plan(Model& model, Communicator& world, const TrainPlan& train) override;
+  Plan plan(v1::Model& model, v1::Communicator& world, const v1::TrainPlan& train) override;
   /// ShardedStrategy's (fsdp_gathers, fsdp_flat_bytes, fsdp_max_unit_full_bytes: peak bytes of
   /// gathered unit parameters this step) plus fsdp_unit_bytes (the largest unit).
   void add_step_metrics(std::map<std::string, double>& extra) override;
@@ -52,7 +50,7 @@ class FsdpStrategy final : public sharding::ShardedStrategy {
 
  private:
   /// The shard and replicate groups of strategy_ with shard groups of `group` ranks, into `p`.
-  void create_groups(Communicator& world, int group, Plan& p);
+  void create_groups(v1::Communicator& world, int group, Plan& p);
 
   std::string requested_;
   int64_t min_num_params_;
@@ -66,7 +64,7 @@ class FsdpStrategy final : public sharding::ShardedStrategy {
 
   std::string strategy_;
   double largest_unit_bytes_ = 0;
-  std::shared_ptr<Communicator> shard_group_, replicate_group_;
+  std::shared_ptr<v1::Communicator> shard_group_, replicate_group_;
 };
 
 }  // namespace trainrun::plugins

@@ -769,10 +769,3 @@ void LlamaModel::on_final_state_dict(const std::vector<v1::NamedTensor>& state) 
 
 // Incremental decoding with a KV cache, kept apart from the training forward.
 #include "llama_decode.inc"
-
-#ifndef TRAINRUN_NO_PLUGIN_ENTRY
-TRAINRUN_PLUGIN("llama", "0.1.0",
-                trainrun::v1::component<trainrun::v1::Model, trainrun::llama::LlamaModel>(
-                    "llama", "Llama-family causal LM (Llama 2/3, Mistral, Qwen2, Qwen3, SmolLM) with HF names; "
-                    "loads and saves HF model directories"))
-#endif

@@ -19,6 +19,8 @@
 
 namespace trainrun::lora {
 
+using namespace trainrun::v1;
+
 namespace fs = std::filesystem;
 
 double lora_scaling(int64_t r, double alpha, bool use_rslora) {

@@ -25,13 +25,11 @@
 
 namespace trainrun::lora {
 
-using namespace trainrun::v1;
-
 /// LoRA's scaling factor: alpha / r, or alpha / sqrt(r) with rsLoRA.
 double lora_scaling(int64_t r, double alpha, bool use_rslora);
 
 /// One adapter: lora_A (torch::nn::Linear in -> r, no bias), lora_B (r -> out, no bias).
-class LoraAdapter final : public LinearAdapter {
+class LoraAdapter final : public v1::LinearAdapter {
  public:
   LoraAdapter(int64_t in_features, int64_t out_features, int64_t r, double alpha, double dropout,
               bool use_rslora);
@@ -51,18 +49,18 @@ class LoraAdapter final : public LinearAdapter {
 
 /// Writes float32 tensors (any device; CPU copies) to a safetensors file atomically (temporary
 /// file + rename), with metadata {"format": "pt"}. Throws Error naming the file.
-void write_safetensors_f32(const std::string& path, const std::vector<NamedTensor>& tensors);
+void write_safetensors_f32(const std::string& path, const std::vector<v1::NamedTensor>& tensors);
 
-class LoraCallback final : public Callback, public FinalStateDictConsumer {
+class LoraCallback final : public v1::Callback, public v1::FinalStateDictConsumer {
  public:
-  static void declare_options(OptionSchema& s);
-  LoraCallback(const Options& o, const RunContext& ctx);
-  void on_setup(Model& model, const RunContext& ctx) override;
+  static void declare_options(v1::OptionSchema& s);
+  LoraCallback(const v1::Options& o, const v1::RunContext& ctx);
+  void on_setup(v1::Model& model, const v1::RunContext& ctx) override;
   /// Saves the adapters from the gathered state (works under every strategy).
-  void on_final_state_dict(const std::vector<NamedTensor>& state) override;
+  void on_final_state_dict(const std::vector<v1::NamedTensor>& state) override;
   /// Saves from the live layers when on_final_state_dict was not called (a strategy without a
   /// full state dict) and they are whole on this rank.
-  void on_train_end(const TrainSummary& summary) override;
+  void on_train_end(const v1::TrainSummary& summary) override;
 
   /// Writes adapter_config.json + adapter_model.safetensors into `dir` (created).
   /// `state`: name -> whole tensor (the final state dict); empty = read the live layers.
@@ -83,7 +81,7 @@ class LoraCallback final : public Callback, public FinalStateDictConsumer {
   std::vector<std::string> targets_;
   int rank_;
   std::vector<std::pair<std::string, std::shared_ptr<LoraAdapter>>> adapters_;
-  std::vector<NamedTensor> biases_;  ///< trainable biases saved with the adapters
+  std::vector<v1::NamedTensor> biases_;  ///< trainable biases saved with the adapters
   /// What each adapted layer's frozen base was during training when a Precision quantized it
   /// (layer -> {"format", "blocksize", "dq_blocksize"}), recorded in the adapter's metadata so
   /// that merge-lora rebuilds the base the adapter was trained against.

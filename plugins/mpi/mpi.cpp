@@ -29,6 +29,8 @@
 
 namespace trainrun::plugins {
 
+using namespace trainrun::v1;
+
 namespace mpi_detail {
 
 using Clock = std::chrono::steady_clock;

@@ -12,8 +12,6 @@
 
 namespace trainrun::plugins {
 
-using namespace trainrun::v1;
-
 namespace mpi_detail {
 struct Runtime;  // the process's MPI library state: init/finalize, reduction ops, failure flag
 struct Group;    // one MPI communicator with its Monitor and the operations in flight on it
@@ -27,7 +25,7 @@ struct Op;       // one nonblocking MPI operation
 /// finished to the Monitor) happens once, whichever call first sees the operation complete.
 /// Dropping a Work before it completes is allowed: the communicator keeps the operation (and
 /// its tensors) alive and completes it later.
-class MpiWork final : public Work {
+class MpiWork final : public v1::Work {
  public:
   MpiWork(std::shared_ptr<mpi_detail::Group> group, std::shared_ptr<mpi_detail::Op> op);
   /// timeout_s <= 0: the operation's own (its options' timeout_s, else [accelerator] timeout_s).
@@ -47,7 +45,7 @@ class MpiWork final : public Work {
 /// the other ranks issued at the same number, before any data moves. Supported dtypes: float32,
 /// float64, int32, int64, uint8, and float16/bfloat16 (reduced in float by user-defined MPI ops).
 /// Use from one thread at a time (MPI is initialised with MPI_THREAD_SERIALIZED).
-class MpiCommunicator final : public Communicator {
+class MpiCommunicator final : public v1::Communicator {
  public:
   explicit MpiCommunicator(std::shared_ptr<mpi_detail::Group> group);
   ~MpiCommunicator() override;
@@ -55,18 +53,21 @@ class MpiCommunicator final : public Communicator {
   int world_size() const override;
   std::string backend() const override { return "mpi"; }
 
-  std::shared_ptr<Work> all_reduce(at::Tensor& tensor, const AllReduceOptions& opts = {}) override;
-  std::shared_ptr<Work> reduce_scatter(const at::Tensor& input, at::Tensor& output,
-                                       const ReduceScatterOptions& opts = {}) override;
-  std::shared_ptr<Work> all_gather(const at::Tensor& input, at::Tensor& output,
-                                   const AllGatherOptions& opts = {}) override;
-  std::shared_ptr<Work> broadcast(at::Tensor& tensor, const BroadcastOptions& opts = {}) override;
-  std::shared_ptr<Work> send(const at::Tensor& tensor, const PointToPointOptions& opts) override;
-  std::shared_ptr<Work> recv(at::Tensor& tensor, const PointToPointOptions& opts) override;
-  std::shared_ptr<Work> barrier(const BarrierOptions& opts = {}) override;
+  std::shared_ptr<v1::Work> all_reduce(at::Tensor& tensor,
+                                       const v1::AllReduceOptions& opts = {}) override;
+  std::shared_ptr<v1::Work> reduce_scatter(const at::Tensor& input, at::Tensor& output,
+                                           const v1::ReduceScatterOptions& opts = {}) override;
+  std::shared_ptr<v1::Work> all_gather(const at::Tensor& input, at::Tensor& output,
+                                       const v1::AllGatherOptions& opts = {}) override;
+  std::shared_ptr<v1::Work> broadcast(at::Tensor& tensor,
+                                      const v1::BroadcastOptions& opts = {}) override;
+  std::shared_ptr<v1::Work> send(const at::Tensor& tensor,
+                                 const v1::PointToPointOptions& opts) override;
+  std::shared_ptr<v1::Work> recv(at::Tensor& tensor, const v1::PointToPointOptions& opts) override;
+  std::shared_ptr<v1::Work> barrier(const v1::BarrierOptions& opts = {}) override;
   /// c10d semantics: every rank of this group calls it with the same list (ranks of this
   /// group); ranks not in the list get nullptr. In the new group, rank i is ranks[i].
-  std::shared_ptr<Communicator> new_group(const std::vector<int>& ranks) override;
+  std::shared_ptr<v1::Communicator> new_group(const std::vector<int>& ranks) override;
 
  private:
   std::shared_ptr<mpi_detail::Group> group_;
@@ -79,15 +80,15 @@ class MpiCommunicator final : public Communicator {
 /// alive until its peers time out, while one that does not makes mpiexec end every rank at once.
 /// Options: threads, blas_threads, pin (as cpu's), timeout_s (default collective timeout), stall_warning_s (the
 /// Monitor's stall report; 0 = off), check_collectives (the cross-rank order check).
-class MpiAccelerator final : public Accelerator {
+class MpiAccelerator final : public v1::Accelerator {
  public:
-  static void declare_options(OptionSchema& schema);
-  MpiAccelerator(const Options& options, const RunContext& ctx);
+  static void declare_options(v1::OptionSchema& schema);
+  MpiAccelerator(const v1::Options& options, const v1::RunContext& ctx);
   ~MpiAccelerator() override;
   c10::Device device() const override { return c10::Device(c10::kCPU); }
-  Communicator& communicator() override { return *world_; }
+  v1::Communicator& communicator() override { return *world_; }
   /// This process's LibTorch CPU bytes (the tracker of trainrun/memory.hpp) and physical RAM.
-  MemoryStats memory_stats() const override { return v1::memory::cpu_stats(); }
+  v1::MemoryStats memory_stats() const override { return v1::memory::cpu_stats(); }
   /// "mpi (MPICH 4.0.2), rank 0 of 4, 1 thread (auto: ...), BLAS 1 thread, pinned to CPU 0"
   std::string describe() const override;
 

@@ -14,6 +14,8 @@
 
 namespace trainrun::quant {
 
+using namespace trainrun::v1;
+
 const float kNf4Code[16] = {-1.0f,
                             -0.6961928009986877f,
                             -0.5250730514526367f,

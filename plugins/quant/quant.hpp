@@ -31,8 +31,6 @@
 
 namespace trainrun::quant {
 
-using namespace trainrun::v1;
-
 /// The 16 NF4 code values (QLoRA appendix E, bitsandbytes' NF4 table), ascending; the index is
 /// the 4-bit code. kNf4Code[7] == 0.0f.
 extern const float kNf4Code[16];
@@ -106,7 +104,7 @@ at::Tensor int8_linear(const at::Tensor& x, const Int8Tensor& w, const at::Tenso
 
 /// Frozen NF4 base of a trainrun Linear: dequantize to compute_dtype, then matmul; the
 /// backward dequantizes again rather than keeping the dense weight (bitsandbytes' MatMul4Bit).
-class Nf4Base final : public LinearBase {
+class Nf4Base final : public v1::LinearBase {
  public:
   Nf4Base(Nf4Tensor q, at::ScalarType compute_dtype) : q_(std::move(q)), dtype_(compute_dtype) {}
   at::Tensor forward(const at::Tensor& x, const at::Tensor& bias) override;
@@ -124,7 +122,7 @@ class Nf4Base final : public LinearBase {
 };
 
 /// Frozen int8 base of a trainrun Linear (frozen tensors "weight_int8", "weight_scale").
-class Int8Base final : public LinearBase {
+class Int8Base final : public v1::LinearBase {
  public:
   Int8Base(Int8Tensor q, double threshold, at::ScalarType compute_dtype)
       : q_(std::move(q)), threshold_(threshold), dtype_(compute_dtype) {}
@@ -157,13 +155,13 @@ struct QuantReport {
 /// Precision `quant-nf4` / `quant-int8`: converts the selected trainrun Linear layers' weights
 /// to a frozen quantized base (Precision::convert); otherwise as fp32 (no autocast, no loss
 /// scaling, the finite-gradient check agreed by all ranks).
-class QuantPrecision : public Precision {
+class QuantPrecision : public v1::Precision {
  public:
   enum class Format { Nf4, Int8 };
-  static void declare_common(OptionSchema& s);
-  QuantPrecision(Format format, const Options& o, const RunContext& ctx);
-  void convert(Model& model) override;
-  bool unscale_and_check(const std::vector<at::Tensor>& grads, Communicator& comm) override;
+  static void declare_common(v1::OptionSchema& s);
+  QuantPrecision(Format format, const v1::Options& o, const v1::RunContext& ctx);
+  void convert(v1::Model& model) override;
+  bool unscale_and_check(const std::vector<at::Tensor>& grads, v1::Communicator& comm) override;
   const QuantReport& report() const { return report_; }
 
  private:
@@ -179,14 +177,16 @@ class QuantPrecision : public Precision {
 
 class Nf4Precision final : public QuantPrecision {
  public:
-  static void declare_options(OptionSchema& s);
-  Nf4Precision(const Options& o, const RunContext& ctx) : QuantPrecision(Format::Nf4, o, ctx) {}
+  static void declare_options(v1::OptionSchema& s);
+  Nf4Precision(const v1::Options& o, const v1::RunContext& ctx)
+      : QuantPrecision(Format::Nf4, o, ctx) {}
 };
 
 class Int8Precision final : public QuantPrecision {
  public:
-  static void declare_options(OptionSchema& s);
-  Int8Precision(const Options& o, const RunContext& ctx) : QuantPrecision(Format::Int8, o, ctx) {}
+  static void declare_options(v1::OptionSchema& s);
+  Int8Precision(const v1::Options& o, const v1::RunContext& ctx)
+      : QuantPrecision(Format::Int8, o, ctx) {}
 };
 
 }  // namespace trainrun::quant

@@ -17,6 +17,8 @@
 
 namespace trainrun::plugins {
 
+using namespace trainrun::v1;
+
 namespace fs = std::filesystem;
 
 // ---------------------------------------------------------------------------------------------

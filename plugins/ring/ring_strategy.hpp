@@ -46,8 +46,6 @@
 
 namespace trainrun::plugins {
 
-using namespace trainrun::v1;
-
 namespace ring_strategy {
 
 /// One agreed gradient to be placed in a fusion buffer.
@@ -75,10 +73,10 @@ std::string timeline_path_for_rank(const std::string& path, const std::string& r
 /// ("average" | "sum"), gradient_compression ("none" | "fp16" | "bf16"; `compression` is its
 /// deprecated name), hierarchical (false), find_unused_parameters (false), chunk_kb (4096),
 /// timeline (""), timeline_max_steps (100).
-class RingStrategy final : public ReplicatedStrategy {
+class RingStrategy final : public v1::ReplicatedStrategy {
  public:
-  static void declare_options(OptionSchema& schema);
-  RingStrategy(const Options& options, const RunContext& ctx);
+  static void declare_options(v1::OptionSchema& schema);
+  RingStrategy(const v1::Options& options, const v1::RunContext& ctx);
   /// Stops the background thread (an active reduction is aborted for every rank), removes the
   /// hooks and writes the timeline.
   ~RingStrategy() override;
@@ -87,8 +85,8 @@ class RingStrategy final : public ReplicatedStrategy {
   /// broadcast), then the fusion buffers, the hierarchy's groups, the hooks and the thread.
   /// The reduced gradients are identical on every rank (the ring's result is computed once per
   /// segment and copied), so the base's local grad_norm is the global one.
-  void setup(Model& model, Accelerator& accelerator, const TrainPlan& plan) override;
-  ModelOutput forward(const Batch& batch) override;
+  void setup(v1::Model& model, v1::Accelerator& accelerator, const v1::TrainPlan& plan) override;
+  v1::ModelOutput forward(const v1::Batch& batch) override;
   void before_backward(bool sync) override;
   void finish_gradient_sync() override;
   /// comm_bytes, fused_buffers, fused_buffers_in_backward, negotiation_rounds,
@@ -126,7 +124,7 @@ class RingStrategy final : public ReplicatedStrategy {
   };
 
   void check_device(c10::Device device) const override;
-  void check_parameter(const NamedTensor& p) const override;
+  void check_parameter(const v1::NamedTensor& p) const override;
   void setup_hierarchy();
   void on_grad_ready(size_t i);
   void mark_ready_locked(size_t i, bool used, double t);
@@ -138,7 +136,7 @@ class RingStrategy final : public ReplicatedStrategy {
   /// Fuses and reduces the agreed tensors (reduction order) of one round.
   void reduce_agreed(const std::vector<size_t>& agreed, int64_t round);
   /// All-reduces `wire` (flat, contiguous) over the world: flat ring, or hierarchical.
-  void all_reduce(at::Tensor& wire, ReduceOp op);
+  void all_reduce(at::Tensor& wire, v1::ReduceOp op);
   /// "name, name, ... and N more" of the tensors not yet reduced in this pass.
   std::string pending_names() const;
   void record_pass_events();
@@ -149,7 +147,7 @@ class RingStrategy final : public ReplicatedStrategy {
   int64_t threshold_bytes_;
   std::chrono::duration<double, std::milli> cycle_;
   bool average_;
-  GradientCompression compression_;
+  v1::GradientCompression compression_;
   bool hierarchical_;
   bool find_unused_;
   int64_t chunk_bytes_;
@@ -164,8 +162,8 @@ class RingStrategy final : public ReplicatedStrategy {
   std::map<c10::ScalarType, at::Tensor> wire_;    ///< its compressed twin (compression only)
 
   // Hierarchical all-reduce: this node's ranks, and the ranks with this local rank elsewhere.
-  std::shared_ptr<Communicator> local_comm_;
-  std::shared_ptr<Communicator> cross_comm_;
+  std::shared_ptr<v1::Communicator> local_comm_;
+  std::shared_ptr<v1::Communicator> cross_comm_;
 
   // Hand-over between the main thread (hooks, finish) and the background thread.
   std::mutex mu_;

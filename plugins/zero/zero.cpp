@@ -15,6 +15,8 @@
 
 namespace trainrun::plugins {
 
+using namespace trainrun::v1;
+
 namespace {
 constexpr const char* kName = "strategy 'zero'";
 }

@@ -35,21 +35,19 @@
 
 namespace trainrun::plugins {
 
-using namespace trainrun::v1;
-
 /// The `zero` strategy. Options: stage (1 | 2 | 3 | "auto"), reduce_bucket_size,
 /// prefetch_bucket_size, param_persistence_threshold (elements), overlap_comm, memory_budget_gb.
-class ZeroStrategy final : public sharding::ShardedStrategy {
+class ZeroStrategy final : public v1::sharding::ShardedStrategy {
  public:
-  static void declare_options(OptionSchema& schema);
-  ZeroStrategy(const Options& options, const RunContext& ctx);
+  static void declare_options(v1::OptionSchema& schema);
+  ZeroStrategy(const v1::Options& options, const v1::RunContext& ctx);
 
   /// ShardedStrategy::setup's policy step: chooses the stage ("auto": ConfigError naming the
   /// smallest world size that fits when none does) and the runtime options, over the world.
-  Plan plan(Model& model, Communicator& world, const TrainPlan& train) override;
+  Plan plan(v1::Model& model, v1::Communicator& world, const v1::TrainPlan& train) override;
   /// As ShardedStrategy's, measuring the first training forward's live bytes (the one-step
   /// activation probe) when the tracking allocator is there.
-  ModelOutput forward(const Batch& batch) override;
+  v1::ModelOutput forward(const v1::Batch& batch) override;
   /// ShardedStrategy's (zero_gathers, ...), plus zero_stage, zero_estimate_state_bytes (the
   /// estimator's model state per rank, to set beside mem_model_state_bytes), and with the
   /// tracking allocator zero_activation_bytes (the probe) and zero_estimate_peak_bytes
@@ -61,8 +59,8 @@ class ZeroStrategy final : public sharding::ShardedStrategy {
  private:
   /// Sets stage_ (the configured one, or for "auto" the lowest whose estimate `est` fits the
   /// budget) and returns the banner's reason.
-  std::string choose_stage(const memory::ZeroEstimateInputs& in,
-                           const std::array<memory::ZeroStageEstimate, 4>& est);
+  std::string choose_stage(const v1::memory::ZeroEstimateInputs& in,
+                           const std::array<v1::memory::ZeroStageEstimate, 4>& est);
 
   int64_t requested_stage_;
   int64_t reduce_bucket_elements_;

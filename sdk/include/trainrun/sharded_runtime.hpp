@@ -203,8 +203,8 @@ class ShardedRuntime : public UnitHooks, public UnitOutputHooks {
     if (uses_unit_hooks())
       for (Unit* u : units_) u->set_hooks(this);
     std::lock_guard<std::mutex> g(mu_);
-    start_pass_locked();
-    pass_open_ = false;
+    start_pass_locked(/*sync=*/true);
+    pass_ = Pass::Closed;
   }
 
   ~ShardedRuntime() override {
@@ -250,19 +250,18 @@ class ShardedRuntime : public UnitHooks, public UnitOutputHooks {
     std::lock_guard<std::mutex> g(mu_);
     // The previous micro-batch's backward is over: send what it left and fold the results into
     // the gradient shards before new gradients arrive.
-    if (pass_open_ && pass_reduces()) launch_ready_locked(/*flush=*/true);
+    if (pass_ == Pass::Reducing) launch_ready_locked(/*flush=*/true);
     drain_locked();
-    sync_ = sync;
-    start_pass_locked();
+    start_pass_locked(sync);
   }
 
   /// After the last micro-batch's backward: gradient shards complete and averaged.
   void finish_gradient_sync() {
     const auto t0 = Clock::now();
     std::lock_guard<std::mutex> g(mu_);
-    if (pass_open_ && pass_reduces()) launch_ready_locked(/*flush=*/true);
+    if (pass_ == Pass::Reducing) launch_ready_locked(/*flush=*/true);
     drain_locked();
-    pass_open_ = false;
+    pass_ = Pass::Closed;
     for (size_t gi = 0; gi < groups_.size(); ++gi) release_group(static_cast<int>(gi));
     release_frozen_only();
     metrics_.exposed_s += seconds_since(t0);
@@ -491,7 +490,6 @@ class ShardedRuntime : public UnitHooks, public UnitOutputHooks {
   bool uses_unit_hooks() const {
     return opts_.grouping == RuntimeOptions::Grouping::Units && !opts_.keep_full;
   }
-  bool pass_reduces() const { return !opts_.full_grads || sync_; }
 
   void build_groups() {
     const size_t n = grads_.size();
@@ -741,15 +739,15 @@ class ShardedRuntime : public UnitHooks, public UnitOutputHooks {
 
   // -- gradients -----------------------------------------------------------------------------
 
-  void start_pass_locked() {
+  void start_pass_locked(bool sync) {
     for (auto& g : groups_) g.pending = g.params.size();
     next_launch_ = 0;
-    pass_open_ = true;
+    pass_ = opts_.full_grads && !sync ? Pass::Accumulating : Pass::Reducing;
   }
 
   void on_grad_ready(size_t i) {
     std::lock_guard<std::mutex> g(mu_);
-    if (!pass_reduces()) return;  // ZeRO-1 accumulation: autograd sums into the full buffer
+    if (pass_ == Pass::Accumulating) return;  // autograd sums into the full gradients
     Group& grp = groups_[group_of_[i]];
     if (grp.pending > 0) --grp.pending;
     if (opts_.overlap) launch_ready_locked(/*flush=*/false);
@@ -816,9 +814,15 @@ class ShardedRuntime : public UnitHooks, public UnitOutputHooks {
   int root_group_ = -1;
   GradientHooks hooks_;
 
+  // Where the micro-batches' backward passes are (guarded by mu_). A gradient that arrives
+  // while Closed (a backward without before_backward) is reduced, as in a synchronising pass.
+  enum class Pass {
+    Closed,        ///< no backward open: constructed, or the step's gradients are complete
+    Reducing,      ///< gradients are reduced into the shards as they arrive
+    Accumulating,  ///< full_grads (ZeRO-1) without sync: autograd sums into the full gradients
+  };
   std::mutex mu_;
-  bool sync_ = true;
-  bool pass_open_ = false;
+  Pass pass_ = Pass::Closed;
   size_t next_launch_ = 0;
   std::vector<size_t> in_flight_;  // groups with a reduce started, in launch order
   RuntimeMetrics metrics_;

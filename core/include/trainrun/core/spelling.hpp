@@ -7,6 +7,8 @@
 
 namespace trainrun::core {
 
+/// `s` with ASCII letters in lower case (case-insensitive comparisons of names and units).
+std::string to_lower(std::string s);
 /// Levenshtein distance (insertions, deletions and substitutions, each 1).
 size_t edit_distance(const std::string& a, const std::string& b);
 /// The candidate closest to `word` (case-insensitive) within a distance of max(2, length / 3),
