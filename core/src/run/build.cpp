@@ -93,7 +93,17 @@ Run::Run(const JobConfig& job, const Registry& registry)
 
 void Run::write_job() const {
   std::ofstream f(fs::path(ctx_.run_dir) / "job.toml");
-  f << "# resolved from " << job_.file << " (every default filled in)\n" << job_.resolved_toml;
+  f << "# resolved from " << job_.file << " (every default filled in)\n";
+  // Under mpiexec, srun or a cluster's operator the launcher's layout is what ran, whatever
+  // [launch] says (context_from_environment says so at start-up too).
+  const int64_t asked = job_.launch.get_int("nproc_per_node") * job_.launch.get_int("nnodes");
+  if (ctx_.world_size != asked) {
+    const WorkerEnvironment env = detect_worker_environment();
+    f << "# started by " << (env.source.empty() ? std::string("a launcher") : env.source)
+      << " as world_size " << ctx_.world_size << " (" << ctx_.local_world_size
+      << " on this node): that layout ran, not [launch] below\n";
+  }
+  f << job_.resolved_toml;
   if (!f) throw v1::Error("cannot write " + (fs::path(ctx_.run_dir) / "job.toml").string());
 }
 
