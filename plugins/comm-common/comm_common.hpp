@@ -152,8 +152,8 @@ class Monitor {
   /// For a backend whose transport checks the order in band (its messages carry each
   /// collective's description): words the mismatch it found at op `seq` between this rank's
   /// `op` and group rank `other`'s `other_text` exactly as check_order() does, records it in
-  /// the store for the other ranks' failure reports, and returns the message. No-op wording
-  /// when the order check is off; never throws.
+  /// the store for the other ranks' failure reports (a store that cannot be reached is
+  /// ignored), and returns the message. Never throws.
   std::string mismatch(uint64_t seq, const OpDesc& op, int other, const std::string& other_text);
   /// Marks op `seq` finished (successfully or not); ops finish in issue order.
   void finished(uint64_t seq);
