@@ -21,9 +21,16 @@ now() { date +%s.%N; }
 # elapsed <start>: seconds since <start> (from now), two decimals.
 elapsed() { py -c "import sys; print(round(float(sys.argv[2]) - float(sys.argv[1]), 2))" "$1" "$(now)"; }
 # within <limit s> <measured s> <what>: fails when measured > limit; prints the measurement.
+# TRAINRUN_TEST_TIME_SCALE (tests/CMakeLists.txt sets it in sanitizer builds): instrumented builds start and run several
+# times slower (a trainrun process under TSan takes ~40 s to reach its strategy on a loaded
+# 2-core machine), so limits and waits are multiplied by it. The limits are there to catch a
+# process that never ends; that still fails at any scale.
+time_scale=${TRAINRUN_TEST_TIME_SCALE:-1}
+[[ $time_scale =~ ^[1-9][0-9]*$ ]] || fail "TRAINRUN_TEST_TIME_SCALE=$time_scale: expected a whole number >= 1"
 within() {
-  py -c "import sys; sys.exit(0 if float(sys.argv[2]) <= float(sys.argv[1]) else 1)" "$1" "$2" ||
-    fail "$3 took $2 s (limit $1 s)"
+  local limit=$(( $1 * time_scale ))
+  py -c "import sys; sys.exit(0 if float(sys.argv[2]) <= float(sys.argv[1]) else 1)" "$limit" "$2" ||
+    fail "$3 took $2 s (limit $limit s)"
   echo "measured: $3 in $2 s"
 }
 free_port() { py -c "import socket; s=socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])"; }
@@ -31,8 +38,9 @@ expect_rc() { [ "$2" -eq "$1" ] || fail "exit code $2, expected $1"; }
 expect_in() { grep -qE -- "$2" "$1" || fail "$1 does not match /$2/"; }
 # wait_for <file> <regex> [seconds, default 20]: until a line matches.
 wait_for() {
-  for _ in $(seq 1 $(( ${3:-20} * 10 ))); do grep -qE -- "$2" "$1" 2>/dev/null && return 0; sleep 0.1; done
-  cat "$1"; fail "no /$2/ in $1 after ${3:-20} s"
+  local limit=$(( ${3:-20} * time_scale ))
+  for _ in $(seq 1 $(( limit * 10 ))); do grep -qE -- "$2" "$1" 2>/dev/null && return 0; sleep 0.1; done
+  cat "$1"; fail "no /$2/ in $1 after $limit s"
 }
 # no_leftovers <pattern>: no process whose command line contains <pattern> is still running.
 # Also no shared-memory segment of the gloo-cpu transport (/dev/shm/trainrun-*) that was not
