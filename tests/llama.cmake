@@ -8,7 +8,7 @@ target_link_libraries(llama_logits PRIVATE llama-objects lora-objects)
 trainrun_use_pch(llama_logits)
 
 set(_llama_cases logits:llama3 logits:qwen2 logits:qwen3 logits:mistral long:llama3 long:mistral
-                 train:llama3 train:qwen2 train:qwen3 train:mistral
+                 train:llama3 longtrain:llama3 longtrain:mistral train:qwen2 train:qwen3 train:mistral
                  lora:llama3 lora:qwen3 qlora:qwen3 shardload:llama3 export:qwen3 bad:llama3)
 foreach(c ${_llama_cases})
   string(REPLACE ":" ";" _p ${c})

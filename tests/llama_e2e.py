@@ -12,6 +12,9 @@ Modes:
   long     the same on 300-token sequences: past the 128-query blocks in which the plugin
            computes causal attention without SDPA (LibTorch < 2.1), so a block's keys, its
            mask slice and the last, shorter block are all checked.
+  longtrain  (b) on 2 sequences of 300 tokens: past the 128-query blocks, whose attention has a
+           backward of its own without SDPA (LibTorch < 2.1), and the loss's own backward; the
+           trained weights give the reference's logits (1e-4).
   train    (b) 10 AdamW steps through `trainrun` on a uint32 token file: per-step losses within
            1e-4 relative of a transformers + torch.optim.AdamW loop on the same batches;
            (c) <run_dir>/hf/ loads in AutoModelForCausalLM.from_pretrained with no missing or
@@ -51,7 +54,7 @@ import sys
 import torch
 
 TRAINRUN, LOGITS_EXE, WORK, MODE, VARIANT = sys.argv[1:6]
-T, B = 16, 4  # sequence length, sequences per batch
+T, B = (300, 2) if MODE == "longtrain" else (16, 4)  # sequence length, sequences per batch
 torch.set_num_threads(1)
 
 
@@ -223,12 +226,12 @@ def main():
     shutil.rmtree(WORK, ignore_errors=True)
     os.makedirs(WORK)
     base = os.path.join(WORK, "base")
-    make_model(VARIANT, base, **({"max_position_embeddings": 512} if MODE == "long" else {}))
+    make_model(VARIANT, base, **({"max_position_embeddings": 512} if MODE in ("long", "longtrain") else {}))
     if MODE == "logits":
         compare_logits(base, "transformers")
     elif MODE == "long":
         compare_logits(base, "transformers, 300 tokens", length=300)
-    elif MODE == "train":
+    elif MODE in ("train", "longtrain"):
         tokens = os.path.join(WORK, "tokens.u32")
         train, frac = token_file(tokens)
         run_dir = os.path.join(WORK, "run")
@@ -254,6 +257,8 @@ def main():
         compare_logits(hf_dir, "<run_dir>/hf/ in from_pretrained")
         # The trained weights, not only a loadable file: the reference after the same 10 steps.
         compare_logits(hf_dir, "<run_dir>/hf/ vs the reference's trained model", ref_model=trained, tol=1e-4)
+        if MODE == "longtrain":
+            return
         # bf16 shards with an index.
         run2 = os.path.join(WORK, "run-bf16")
         job(os.path.join(WORK, "job2.toml"), base, tokens, frac, run2, 1, 1e-2)

@@ -277,6 +277,94 @@ torch::Tensor rotate_half(const torch::Tensor& x) {
   return torch::cat({-x.narrow(-1, h, h), x.narrow(-1, 0, h)}, -1);
 }
 
+// RoPE x * cos + rotate_half(x) * sin, as transformers' apply_rotary_pos_emb, with a backward
+// of its own: through autograd, rotate_half's two narrow()s each cost a full-size zero tensor and
+// a copy, and cat and neg a pass more. rotate_half's adjoint maps [g1, g2] to [g2, -g1], so
+// dx = g * cos + adjoint(g * sin).
+struct Rope : public torch::autograd::Function<Rope> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& cos,
+                               const torch::Tensor& sin) {
+    ctx->save_for_backward({cos, sin});
+    return x * cos + rotate_half(x) * sin;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const torch::Tensor& g = grads[0];
+    const torch::Tensor gs = g * saved[1];
+    const int64_t h = gs.size(-1) / 2;
+    return {g * saved[0] + torch::cat({gs.narrow(-1, h, h), -gs.narrow(-1, 0, h)}, -1), torch::Tensor(),
+            torch::Tensor()};
+  }
+};
+
+#if !TRAINRUN_HAS_SDPA
+// The blocked causal attention of AttentionImpl::attend (float32) with its own backward. Through
+// autograd, each block's narrow() of the keys and values is a full-size zero tensor plus a copy
+// in the backward, summed over the blocks, and the mask and scale each add a pass; here the
+// gradients of all blocks go straight into one dq, dk and dv (per layer of SmolLM2-135M at
+// seq 512 that drops some 40 passes over [heads, T, head_dim] tensors). Forward as
+// attention_math: scores = q k^T * scale, hidden keys -inf, softmax, times v; the softmax
+// outputs are kept for the backward, as autograd keeps them.
+// q, k, v [B, H, T, D] float32 (k, v with the query heads' count), blocked bool [T, T] or
+// [B, 1, T, T] (true = hidden; every query sees at least itself, as attention_blocked makes it).
+struct BlockedCausalAttention : public torch::autograd::Function<BlockedCausalAttention> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& q, const torch::Tensor& k,
+                               const torch::Tensor& v, const torch::Tensor& blocked, double scale, int64_t block) {
+    const int64_t T = q.size(2);
+    const bool per_row = blocked.dim() == 4;
+    std::vector<torch::Tensor> out, probs;
+    for (int64_t s = 0; s < T; s += block) {
+      const int64_t n = std::min(block, T - s), e = s + n;
+      const torch::Tensor m = per_row ? blocked.narrow(2, s, n).narrow(3, 0, e) : blocked.narrow(0, s, n).narrow(1, 0, e);
+      torch::Tensor p = torch::matmul(q.narrow(2, s, n), k.narrow(2, 0, e).transpose(-2, -1)).mul_(scale);
+      p.masked_fill_(m, -std::numeric_limits<float>::infinity());
+      p = torch::softmax(p, -1);
+      out.push_back(torch::matmul(p, v.narrow(2, 0, e)));
+      probs.push_back(p);
+    }
+    ctx->save_for_backward({q, k, v});
+    ctx->saved_data["probs"] = probs;
+    ctx->saved_data["scale"] = scale;
+    ctx->saved_data["block"] = block;
+    return torch::cat(out, 2);
+  }
+
+  // With P = softmax(S) of a block: dV[:e] += P^T dO, dP = dO V[:e]^T,
+  // dS = P * (dP - rowsum(dP * P)) * scale (zero where a key is hidden, as P is), dQ = dS K[:e],
+  // dK[:e] += dS^T Q. The last block covers every key, so it is done first and starts dk and dv.
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const torch::Tensor &q = saved[0], &k = saved[1], &v = saved[2];
+    const std::vector<torch::Tensor> probs = ctx->saved_data["probs"].toTensorVector();
+    const double scale = ctx->saved_data["scale"].toDouble();
+    const int64_t block = ctx->saved_data["block"].toInt();
+    const torch::Tensor& dout = grads[0];
+    const int64_t T = q.size(2);
+    std::vector<torch::Tensor> dq(probs.size());
+    torch::Tensor dk, dv;
+    for (int64_t i = static_cast<int64_t>(probs.size()) - 1; i >= 0; --i) {
+      const int64_t s = i * block, n = std::min(block, T - s), e = s + n;
+      const torch::Tensor& p = probs[static_cast<size_t>(i)];
+      const torch::Tensor d_o = dout.narrow(2, s, n), ke = k.narrow(2, 0, e), ve = v.narrow(2, 0, e);
+      torch::Tensor dpv = torch::matmul(p.transpose(-2, -1), d_o);
+      torch::Tensor ds = torch::_softmax_backward_data(torch::matmul(d_o, ve.transpose(-2, -1)), p, -1, p.scalar_type())
+                             .mul_(scale);
+      dq[static_cast<size_t>(i)] = torch::matmul(ds, ke);
+      torch::Tensor dkb = torch::matmul(ds.transpose(-2, -1), q.narrow(2, s, n));
+      if (e == T) {
+        dk = std::move(dkb), dv = std::move(dpv);
+      } else {
+        dk.narrow(2, 0, e).add_(dkb);
+        dv.narrow(2, 0, e).add_(dpv);
+      }
+    }
+    return {torch::cat(dq, 2), dk, dv, torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
+#endif
+
 class AttentionImpl : public torch::nn::Module {
  public:
   explicit AttentionImpl(const LlamaConfig& c)
@@ -297,15 +385,18 @@ class AttentionImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
                         const torch::Tensor& blocked) {
     const int64_t B = x.size(0), T = x.size(1);
-    torch::Tensor q = q_proj->forward(x).view({B, T, nh_, hd_});
-    torch::Tensor k = k_proj->forward(x).view({B, T, nkv_, hd_});
-    torch::Tensor v = v_proj->forward(x).view({B, T, nkv_, hd_}).transpose(1, 2);
+    // One call for the three projections of x: their LoRA adapters' x A^T run as one product.
+    const std::vector<torch::Tensor> qkv =
+        v1::LinearImpl::forward_shared(x, {q_proj.get(), k_proj.get(), v_proj.get()});
+    torch::Tensor q = qkv[0].view({B, T, nh_, hd_});
+    torch::Tensor k = qkv[1].view({B, T, nkv_, hd_});
+    torch::Tensor v = qkv[2].view({B, T, nkv_, hd_}).transpose(1, 2);
     if (q_norm) q = q_norm->forward(q), k = k_norm->forward(k);
     q = q.transpose(1, 2);
     k = k.transpose(1, 2);
     const torch::Tensor c = cos.to(q.scalar_type()), s = sin.to(q.scalar_type());
-    q = q * c + rotate_half(q) * s;
-    k = k * c + rotate_half(k) * s;
+    q = Rope::apply(q, c, s);
+    k = Rope::apply(k, c, s);
     // Grouped-query attention: each key/value head serves nh/nkv consecutive query heads.
     if (nkv_ != nh_) {
       const int64_t rep = nh_ / nkv_;
@@ -331,6 +422,10 @@ class AttentionImpl : public torch::nn::Module {
     // keys weigh exactly 0 after the softmax either way, so only the summation order of the
     // value product differs.
     const int64_t T = q.size(2);
+    if (T > kQueryBlock && k.size(2) == T && torch::GradMode::is_enabled() && q.scalar_type() == torch::kFloat &&
+        (q.requires_grad() || k.requires_grad() || v.requires_grad()))
+      return BlockedCausalAttention::apply(q, k, v, blocked, 1.0 / std::sqrt(static_cast<double>(q.size(3))),
+                                           kQueryBlock);
     if (T > kQueryBlock && k.size(2) == T) {
       const bool per_row = blocked.dim() == 4;  // [B, 1, T, T] (packed samples) or [T, T]
       std::vector<torch::Tensor> out;
@@ -371,7 +466,8 @@ class MlpImpl : public torch::nn::Module {
   }
   // SwiGLU (Shazeer 2020): down(silu(gate(x)) * up(x)).
   torch::Tensor forward(const torch::Tensor& x) {
-    return down_proj->forward(torch::silu(gate_proj->forward(x)) * up_proj->forward(x));
+    const std::vector<torch::Tensor> gu = v1::LinearImpl::forward_shared(x, {gate_proj.get(), up_proj.get()});
+    return down_proj->forward(torch::silu(gu[0]) * gu[1]);
   }
   v1::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
 };
@@ -675,7 +771,14 @@ at::Tensor LlamaModel::logits(const at::Tensor& ids) {
 
 // The training forward: positions from batch.position_ids (restarting per packed sample) and a
 // block-diagonal causal mask from batch.segment_ids, both as transformers computes them.
-at::Tensor LlamaModel::logits(const v1::Batch& batch) {
+at::Tensor LlamaModel::logits(const v1::Batch& batch) { return head(hidden_states(batch)); }
+
+at::Tensor LlamaModel::head(const at::Tensor& x) {
+  auto& net = net_of(net_);
+  return cfg_.tie_word_embeddings ? torch::linear(x, net.model->embed_tokens->weight) : net.lm_head->forward(x);
+}
+
+at::Tensor LlamaModel::hidden_states(const v1::Batch& batch) {
   const v1::Batch f = fields_of(batch);
   const at::Tensor& ids = f.input;
   TR_CHECK(ids.dim() == 2, "llama: input must be token ids [B, T], got shape ", ids.sizes());
@@ -694,11 +797,80 @@ at::Tensor LlamaModel::logits(const v1::Batch& batch) {
     x = units_[i]->run(x, [layer = net.model->layer_ptrs[i], cos, sin, blocked](const torch::Tensor& in) {
       return layer->forward(in, cos, sin, blocked);
     });
-  x = net.model->norm->forward(x);
-  return cfg_.tie_word_embeddings ? torch::linear(x, net.model->embed_tokens->weight) : net.lm_head->forward(x);
+  return net.model->norm->forward(x);
 }
 
-v1::ModelOutput LlamaModel::forward(const v1::Batch& b) { return v1::cross_entropy_sum(logits(b), b.target); }
+namespace {
+
+// sum over targets != kIgnoreIndex of logsumexp(logits) - logits[target], logits float32
+// [N, C], target int64 [N]: cross_entropy_sum's loss with a backward of its own. Through
+// autograd, log_softmax writes an [N, C] result, the loss's backward fills an [N, C] zero
+// gradient and log_softmax's backward reads both; here the forward keeps one logsumexp per
+// row and the backward writes the gradient (softmax - one-hot) once, both a few rows at a time
+// so the temporaries stay in cache (SmolLM2: C = 49,152, N = 512 per sequence, 100 MB logits).
+struct CrossEntropySum : public torch::autograd::Function<CrossEntropySum> {
+  static constexpr int64_t kRows = 8;
+
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& logits,
+                               const torch::Tensor& target) {
+    const int64_t N = logits.size(0);
+    const torch::Tensor valid = target.ne(v1::kIgnoreIndex);
+    const torch::Tensor t = target.masked_fill(valid.logical_not(), 0);
+    torch::Tensor lse = torch::empty({N}, logits.options());
+    for (int64_t s = 0; s < N; s += kRows) {
+      const int64_t n = std::min(kRows, N - s);
+      torch::Tensor out = lse.narrow(0, s, n);
+      at::logsumexp_out(out, logits.narrow(0, s, n), {1}, false);
+    }
+    // gather throws on a target outside [0, C), as cross_entropy does.
+    const torch::Tensor picked = logits.gather(1, t.unsqueeze(1)).squeeze(1);
+    ctx->save_for_backward({logits, lse, t, valid});
+    return torch::where(valid, lse - picked, torch::zeros({}, lse.options())).sum();
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const torch::Tensor &logits = saved[0], &lse = saved[1], &t = saved[2], &valid = saved[3];
+    const torch::Tensor w = valid.to(logits.scalar_type()).mul(grads[0]);  // d loss / d row
+    torch::Tensor d = torch::empty_like(logits, at::MemoryFormat::Contiguous);
+    const int64_t N = logits.size(0);
+    for (int64_t s = 0; s < N; s += kRows) {
+      const int64_t n = std::min(kRows, N - s);
+      torch::Tensor out = d.narrow(0, s, n);
+      at::sub_out(out, logits.narrow(0, s, n), lse.narrow(0, s, n).unsqueeze(1));
+      out.exp_().mul_(w.narrow(0, s, n).unsqueeze(1));
+    }
+    d.scatter_add_(1, t.unsqueeze(1), w.neg().unsqueeze(1));
+    return {d, torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+// The loss only needs the logits of the positions that count: those whose target is
+// kIgnoreIndex (prompt tokens of chat data, padding) skip the vocabulary projection altogether,
+// which changes no figure (their loss is 0 and their arg-max never equals the target).
+v1::ModelOutput LlamaModel::forward(const v1::Batch& b) {
+  torch::Tensor h = hidden_states(b);
+  TR_CHECK(b.target.sizes() == h.sizes().slice(0, 2), "llama: target must be [B, T] as the input, got ",
+           b.target.sizes(), " for input ", h.sizes().slice(0, 2));
+  h = h.reshape({-1, h.size(-1)});
+  torch::Tensor target = b.target.reshape({-1});
+  const torch::Tensor valid = target.ne(v1::kIgnoreIndex);
+  if (!valid.all().item<bool>()) {
+    const torch::Tensor idx = valid.nonzero().squeeze(1);
+    h = h.index_select(0, idx);
+    target = target.index_select(0, idx);
+  }
+  const torch::Tensor logits = head(h);
+  if (torch::GradMode::is_enabled() && logits.requires_grad() && logits.scalar_type() == torch::kFloat) {
+    v1::ModelOutput out;
+    out.loss_sum = CrossEntropySum::apply(logits, target);
+    return out;
+  }
+  return v1::cross_entropy_sum(logits, target);
+}
 
 std::vector<v1::Unit*> LlamaModel::units() {
   std::vector<v1::Unit*> out;

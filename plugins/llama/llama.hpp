@@ -102,6 +102,10 @@ class LlamaModel final : public v1::ModuleModel,
  private:
   void build(bool release);
   void load(const std::string& dir, bool defer);
+  /// The final norm's output [B, T, hidden] for the batch (logits() without the head).
+  at::Tensor hidden_states(const v1::Batch& batch);
+  /// hidden [..., hidden_size] -> logits [..., vocab_size] (lm_head, or the tied embedding).
+  at::Tensor head(const at::Tensor& hidden);
 
   LlamaConfig cfg_;
   std::string dir_, config_text_, run_dir_, save_dtype_ = "auto";

@@ -29,7 +29,7 @@ namespace trainrun::lora {
 double lora_scaling(int64_t r, double alpha, bool use_rslora);
 
 /// One adapter: lora_A (torch::nn::Linear in -> r, no bias), lora_B (r -> out, no bias).
-class LoraAdapter final : public v1::LinearAdapter {
+class LoraAdapter final : public v1::LinearAdapter, public v1::LowRankAdapter {
  public:
   LoraAdapter(int64_t in_features, int64_t out_features, int64_t r, double alpha, double dropout,
               bool use_rslora);
@@ -38,9 +38,11 @@ class LoraAdapter final : public v1::LinearAdapter {
   at::Tensor delta_weight() override;
   std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> modules() override;
   /// [r, in] and [out, r], the live parameters.
-  const at::Tensor& A() const { return a_->weight; }
-  const at::Tensor& B() const { return b_->weight; }
-  double scaling() const { return scaling_; }
+  const at::Tensor& A() const override { return a_->weight; }
+  const at::Tensor& B() const override { return b_->weight; }
+  double scaling() const override { return scaling_; }
+  /// Without dropout (or outside training) forward() is the plain product.
+  bool plain(bool training) const override { return !(dropout_ > 0 && training); }
 
  private:
   torch::nn::Linear a_{nullptr}, b_{nullptr};
