@@ -15,7 +15,6 @@
 // (the shipped mlp, cnn and gpt do); find_linear_layers() gives a plugin the layers a job's
 // target_modules / skip_modules select, with an error naming the model when there are none.
 #include <ATen/ATen.h>
-#include <ATen/autocast_mode.h>
 #include <c10/core/GradMode.h>
 #include <torch/nn/init.h>
 #include <torch/nn/module.h>
@@ -33,6 +32,7 @@
 
 #include "trainrun/error.hpp"
 #include "trainrun/interfaces.hpp"
+#include "trainrun/torch_compat.hpp"
 
 namespace trainrun::v1 {
 
@@ -99,7 +99,8 @@ class LinearImpl : public torch::nn::Module {
     std::vector<at::Tensor> as;
     // Under autocast an adapter's own forward casts its output back to x's dtype before the
     // sum (float32 + bf16 = float32): keep that arithmetic there.
-    const bool autocast = at::autocast::is_enabled() || at::autocast::is_cpu_enabled();
+    const bool autocast =
+        compat::autocast_enabled(c10::kCUDA) || compat::autocast_enabled(c10::kCPU);
     for (size_t i = 0; i < layers.size() && !autocast; ++i)
       for (const auto& a : layers[i]->adapters_)
         if (auto* lr = dynamic_cast<LowRankAdapter*>(a.get());
