@@ -20,6 +20,9 @@ foreach(case srun sbatch scancel requeue killed_task)
   # One at a time: each test's throwaway SLURM numbers its jobs from 1, and under plain srun
   # rank 0 serves the store on a port derived from the job and step ids (as on a real cluster,
   # where job ids are unique), so two of these at once would pick the same port.
+  # RUN_SERIAL: the throwaway slurmctld/slurmd are slow to act under a loaded machine (scancel
+  # to the ranks' end took 46 s beside two busy processes, 0.8 s alone), which measures SLURM's
+  # daemons, not trainrun.
   set_tests_properties(slurm_e2e.${case} PROPERTIES TIMEOUT 240 SKIP_RETURN_CODE 77 LABELS cluster
-    RESOURCE_LOCK slurm_job_ids)
+    RESOURCE_LOCK slurm_job_ids RUN_SERIAL TRUE)
 endforeach()
