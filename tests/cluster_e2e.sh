@@ -274,7 +274,7 @@ host_missing)
   # Timed from node 1's first connection attempt (its SYN, which vanishes), not from its
   # start-up, which takes from 2 to 25 s on this loaded machine.
   for _ in $(seq 1 900); do
-    ip netns exec "$(host_ns 2)" ss -Htn state syn-sent "dst $master" 2>/dev/null | grep -q . && break
+    grep -q . <<<"$(ip netns exec "$(host_ns 2)" ss -Htn state syn-sent "dst $master" 2>/dev/null)" && break
     sleep 0.1
   done
   t0=$(now)

@@ -80,7 +80,7 @@ netns_up() {
   # The bridge forwards only once its ports leave the listening state.
   for i in $(seq 1 "$n"); do
     for _ in $(seq 1 50); do
-      ip -n "$(host_ns "$i")" link show eth0 | grep -q "LOWER_UP" && break
+      grep -q "LOWER_UP" <<<"$(ip -n "$(host_ns "$i")" link show eth0)" && break
       sleep 0.1
     done
   done

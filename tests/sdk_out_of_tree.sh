@@ -64,7 +64,7 @@ export TRAINRUN_PLUGIN_PATH=$work/example
 step "the installed trainrun lists the example"
 out=$("$trainrun" plugins loss-threshold 2>&1) || { echo "$out"; fail "trainrun plugins loss-threshold"; }
 echo "$out"
-echo "$out" | grep -q "plugin loss-threshold 1.0.0, $plugin" || fail "not listed from $plugin"
+grep -q "plugin loss-threshold 1.0.0, $plugin" <<<"$out" || fail "not listed from $plugin"
 
 step "train with the example callback"
 cat >"$work/job.toml" <<JOB
@@ -106,9 +106,9 @@ rc=$?
 set -e
 echo "$out"
 [ "$rc" -eq 0 ] || fail "training exited with $rc"
-echo "$out" | grep -Eq '^\[loss-threshold: eval_loss [0-9.]+ < 2\.1 at step (10|20)\]$' ||
+grep -Eq '^\[loss-threshold: eval_loss [0-9.]+ < 2\.1 at step (10|20)\]$' <<<"$out" ||
   fail "the callback did not report reaching eval_loss < 2.1"
-echo "$out" | grep -Eq '^\[loss-threshold: train_loss never went below 0 \(best [0-9.]+ at step [0-9]+\) in 20 steps\]$' ||
+grep -Eq '^\[loss-threshold: train_loss never went below 0 \(best [0-9.]+ at step [0-9]+\) in 20 steps\]$' <<<"$out" ||
   fail "the callback did not report that train_loss never went below 0"
 json=$work/run/loss-threshold.json
 [ -f "$json" ] || fail "$json was not written"
@@ -125,7 +125,7 @@ rc=$?
 set -e
 echo "$out"
 [ "$rc" -ne 0 ] && [ "$rc" -lt 128 ] || fail "expected a clean failure, got exit code $rc"
-echo "$out" | grep -Eq "error: .*loss-threshold.*train_loss never went below 0" ||
+grep -Eq "error: .*loss-threshold.*train_loss never went below 0" <<<"$out" ||
   fail "the failure does not name the plugin and the reason"
 
 echo

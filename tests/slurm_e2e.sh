@@ -68,9 +68,9 @@ scancel)
   # up to 16 s under ctest -j2 while the ranks had long exited.
   for _ in $(seq 1 300); do pgrep -f -- "$run_dir" >/dev/null || break; sleep 0.1; done
   t=$(elapsed "$t0")
-  for _ in $(seq 1 600); do squeue -h -j "$job" 2>/dev/null | grep -q . || break; sleep 0.1; done
+  for _ in $(seq 1 600); do grep -q . <<<"$(squeue -h -j "$job" 2>/dev/null)" || break; sleep 0.1; done
   cat "$work/job.out"
-  squeue -h -j "$job" 2>/dev/null | grep -q . && fail "job $job still queued or running 60 s after scancel"
+  grep -q . <<<"$(squeue -h -j "$job" 2>/dev/null)" && fail "job $job still queued or running 60 s after scancel"
   within 10 "$t" "scancel to the end of the job's last rank"
   expect_in "$work/job.out" "CANCELLED"
   no_leftovers "$run_dir"
@@ -98,14 +98,14 @@ requeue)
   # SLURM holds a requeued batch job back for a while (its BeginTime moves about two minutes
   # on); once it is pending again, let it start at once.
   for _ in $(seq 1 300); do
-    squeue -h -j "$job" -o %T 2>/dev/null | grep -q PENDING && break
+    grep -q PENDING <<<"$(squeue -h -j "$job" -o %T 2>/dev/null)" && break
     sleep 0.1
   done
   scontrol update JobId="$job" StartTime=now || fail "could not let the requeued job $job start now"
   # The job leaves the queue only once its second run has ended.
-  for _ in $(seq 1 1200); do squeue -h -j "$job" 2>/dev/null | grep -q . || break; sleep 0.1; done
+  for _ in $(seq 1 1200); do grep -q . <<<"$(squeue -h -j "$job" 2>/dev/null)" || break; sleep 0.1; done
   cat "$work/job.out"
-  squeue -h -j "$job" 2>/dev/null | grep -q . && fail "job $job still queued or running 120 s after the requeue"
+  grep -q . <<<"$(squeue -h -j "$job" 2>/dev/null)" && fail "job $job still queued or running 120 s after the requeue"
   echo "measured: requeue to the end of the second run in $(elapsed "$t0") s"
   state=$(scontrol show job "$job" 2>/dev/null | grep -oE "JobState=[A-Z]+" || true)
   restarts=$(scontrol show job "$job" 2>/dev/null | grep -oE "Restarts=[0-9]+" || true)

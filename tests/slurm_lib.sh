@@ -72,7 +72,7 @@ CONF
   slurmd -D -f "$d/slurm.conf" -N "$host" >"$d/slurmd.out" 2>&1 &
   SLURM_PIDS+=($!)
   for _ in $(seq 1 100); do
-    sinfo -h -o %T 2>/dev/null | grep -qE "^idle" && return 0
+    grep -qE "^idle" <<<"$(sinfo -h -o %T 2>/dev/null)" && return 0
     sleep 0.2
   done
   tail -20 "$d"/slurmctld.log "$d"/slurmd.log "$d"/*.out 2>/dev/null
