@@ -5,8 +5,26 @@
 #                        Debian's slurm-wlm / munge are not installed or cannot run here
 #   slurm_down           stops the daemons (the EXIT trap does it too)
 SLURM_PIDS=()
+# Every process of this throwaway cluster's jobs (srun, slurmstepd, the tasks): they inherit
+# SLURM_CONF from this shell or from slurmd. Not this shell, its subshells or the daemons.
+slurm_job_pids() {
+  local p self=" $$ $BASHPID ${SLURM_PIDS[*]} "
+  for p in /proc/[0-9]*; do
+    p=${p#/proc/}
+    [[ $self == *" $p "* ]] && continue
+    grep -qx "SLURM_CONF=$SLURM_CONF" <<<"$(tr '\0' '\n' 2>/dev/null <"/proc/$p/environ")" &&
+      echo "$p"
+  done
+  return 0
+}
 slurm_down() {
   local p
+  # A failed test must not leave ranks running into the next test: the jobs go first, while the
+  # controller can still cancel them, then whatever is left of them is killed outright.
+  if [ -n "${SLURM_CONF:-}" ] && ((${#SLURM_PIDS[@]})); then
+    timeout 10 scancel --user="$(id -un)" --signal=KILL --full >/dev/null 2>&1 || true
+    for p in $(slurm_job_pids); do kill -KILL "$p" 2>/dev/null || true; done
+  fi
   for p in "${SLURM_PIDS[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
   for p in "${SLURM_PIDS[@]}"; do
     for _ in $(seq 1 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
