@@ -308,21 +308,28 @@ struct Rope : public torch::autograd::Function<Rope> {
 // outputs are kept for the backward, as autograd keeps them.
 // q, k, v [B, H, T, D] float32 (k, v with the query heads' count), blocked bool [T, T] or
 // [B, 1, T, T] (true = hidden; every query sees at least itself, as attention_blocked makes it).
+// Calls fn(s, n, e, m) for each block of up to `block` queries: queries [s, s + n) see keys
+// [0, e), e = s + n, and m is that block's part of `blocked` ([T, T] or [B, 1, T, T]).
+template <class Fn>
+void for_each_query_block(int64_t T, int64_t block, const torch::Tensor& blocked, Fn&& fn) {
+  const bool per_row = blocked.dim() == 4;  // [B, 1, T, T] (packed samples) or [T, T]
+  for (int64_t s = 0; s < T; s += block) {
+    const int64_t n = std::min(block, T - s), e = s + n;
+    fn(s, n, e, per_row ? blocked.narrow(2, s, n).narrow(3, 0, e) : blocked.narrow(0, s, n).narrow(1, 0, e));
+  }
+}
+
 struct BlockedCausalAttention : public torch::autograd::Function<BlockedCausalAttention> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& q, const torch::Tensor& k,
                                const torch::Tensor& v, const torch::Tensor& blocked, double scale, int64_t block) {
-    const int64_t T = q.size(2);
-    const bool per_row = blocked.dim() == 4;
     std::vector<torch::Tensor> out, probs;
-    for (int64_t s = 0; s < T; s += block) {
-      const int64_t n = std::min(block, T - s), e = s + n;
-      const torch::Tensor m = per_row ? blocked.narrow(2, s, n).narrow(3, 0, e) : blocked.narrow(0, s, n).narrow(1, 0, e);
+    for_each_query_block(q.size(2), block, blocked, [&](int64_t s, int64_t n, int64_t e, const torch::Tensor& m) {
       torch::Tensor p = torch::matmul(q.narrow(2, s, n), k.narrow(2, 0, e).transpose(-2, -1)).mul_(scale);
       p.masked_fill_(m, -std::numeric_limits<float>::infinity());
       p = torch::softmax(p, -1);
       out.push_back(torch::matmul(p, v.narrow(2, 0, e)));
       probs.push_back(p);
-    }
+    });
     ctx->save_for_backward({q, k, v});
     ctx->saved_data["probs"] = probs;
     ctx->saved_data["scale"] = scale;
@@ -427,13 +434,12 @@ class AttentionImpl : public torch::nn::Module {
       return BlockedCausalAttention::apply(q, k, v, blocked, 1.0 / std::sqrt(static_cast<double>(q.size(3))),
                                            kQueryBlock);
     if (T > kQueryBlock && k.size(2) == T) {
-      const bool per_row = blocked.dim() == 4;  // [B, 1, T, T] (packed samples) or [T, T]
+      // No gradient (evaluation, generation) or not float32: the same blocks through the SDK's
+      // attention, which handles every dtype.
       std::vector<torch::Tensor> out;
-      for (int64_t s = 0; s < T; s += kQueryBlock) {
-        const int64_t n = std::min(kQueryBlock, T - s), e = s + n;
-        const torch::Tensor m = per_row ? blocked.narrow(2, s, n).narrow(3, 0, e) : blocked.narrow(0, s, n).narrow(1, 0, e);
+      for_each_query_block(T, kQueryBlock, blocked, [&](int64_t s, int64_t n, int64_t e, const torch::Tensor& m) {
         out.push_back(attend_all(q.narrow(2, s, n), k.narrow(2, 0, e), v.narrow(2, 0, e), m));
-      }
+      });
       return torch::cat(out, 2);
     }
 #endif

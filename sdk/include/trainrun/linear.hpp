@@ -80,7 +80,12 @@ class LinearImpl : public torch::nn::Module {
   }
 
   /// x: floating [..., in_features] -> [..., out_features], in x's dtype.
-  at::Tensor forward(const at::Tensor& x) { return forward_shared(x, {this}).front(); }
+  at::Tensor forward(const at::Tensor& x) {
+    // Without adapters (every layer of a model not under LoRA) this is the whole of
+    // forward_shared's result, without its vectors, casts and autocast queries per call.
+    if (adapters_.empty()) return base_ ? base_->forward(x, bias) : at::linear(x, weight, bias);
+    return forward_shared(x, {this}).front();
+  }
 
   /// The outputs of `layers` (each with in_features = x.size(-1)) for the one input x: what
   /// each layer's forward(x) computes, with the x A^T of the plain low-rank adapters
