@@ -112,6 +112,19 @@ TEST_CASE("a valid job validates and resolves every default") {
   CHECK(job.resolved_toml.find("weight_decay") != std::string::npos);
 }
 
+TEST_CASE("the resolved job prints each float as the shortest text that reads back to it") {
+  auto job = core::JobFile::load(write_job(std::string(kGood) + "\n[optimizer]\nplugin = \"adamw\"\n"
+                                           "lr = 0.05\n"), {})
+                 .validate(registry());
+  CHECK(job.resolved_toml.find("lr = 0.05\n") != std::string::npos);
+  // max_digits10 printing gave 0.050000000000000003 and the defaults' 0.90000000000000002.
+  CHECK(job.resolved_toml.find("0000000") == std::string::npos);
+  CHECK(job.resolved_toml.find("9999999") == std::string::npos);
+  // And the text is the same job: it resolves to itself.
+  auto again = core::JobFile::load(write_job(job.resolved_toml), {}).validate(registry());
+  CHECK(again.resolved_toml == job.resolved_toml);
+}
+
 TEST_CASE("unknown key: file:line:column, key and did-you-mean") {
   std::string e = error_of(std::string(kGood) + "\n[optimizer]\nplugin = \"adamw\"\nweight_decy = 0.1\n");
   CHECK(e.find("job") != std::string::npos);

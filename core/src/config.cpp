@@ -7,6 +7,16 @@
 #include "trainrun/core/runtime.hpp"
 #include "trainrun/core/spelling.hpp"
 
+// The resolved job prints floats as the shortest text that reads back to the same double
+// (lr = 0.05), not max_digits10 (lr = 0.050000000000000003): toml++ 3.3 does that only with
+// TOML_FLOAT_CHARCONV, which it turns off on every GCC (written before GCC 11 had it), and
+// Debian's toml++ is a shared library built that way. So this file, the only one that includes
+// toml++, compiles it header-only with the flag on (the package's own headers, same version).
+#undef TOML_HEADER_ONLY
+#define TOML_HEADER_ONLY 1
+#undef TOML_SHARED_LIB
+#undef TOML_FLOAT_CHARCONV
+#define TOML_FLOAT_CHARCONV 1
 #include <toml++/toml.h>
 
 #include <algorithm>
