@@ -24,7 +24,7 @@ function(equivalence_suite strategy)
       add_test(NAME ${_name}
         COMMAND bash ${_eq_script} $<TARGET_FILE:trainrun> ${_eq_jobs}/${model}.toml
                 ${_eq_work}/${_label}-${model}-${optimizer} ${strategy} ${optimizer} ${_args})
-      # Seven runs, the largest with four ranks on two cores.
+      # Five runs (equivalence.sh), the largest with four ranks on two cores.
       set_tests_properties(${_name} PROPERTIES TIMEOUT 300 LABELS equivalence)
     endforeach()
   endforeach()
