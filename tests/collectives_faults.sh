@@ -24,8 +24,8 @@ kill9)
   if [ "$backend" = mpi ]; then
     wait_for "$work/out" "allreduce on" 60
     sleep 1
-    victim=$(pgrep -f -- "$tag" | while read -r p; do
-      if tr '\0' '\n' </proc/$p/environ 2>/dev/null | grep -qx PMI_RANK=1; then echo "$p"; fi; done | head -1)
+    victim=$(for p in $(pgrep -f -- "$tag"); do
+      if has_env "$p" PMI_RANK=1; then echo "$p"; break; fi; done)
   else
     wait_for "$work/err" "started rank 1 \(pid [0-9]+\)" 60
     wait_for "$work/out" "allreduce on" 60

@@ -46,6 +46,8 @@ wait_for() {
 # Also no shared-memory segment of the gloo-cpu transport (/dev/shm/trainrun-*) that was not
 # there when the test started: segments are unlinked as soon as both ends map them, so one of a
 # concurrent test may exist for a moment, and a leftover is one still there 3 s later.
+# Whether process $1 has NAME=VALUE ($2) in its environment (false once it is gone).
+has_env() { grep -qxF -- "$2" <<<"$(tr '\0' '\n' 2>/dev/null <"/proc/$1/environ")"; }
 shm_segments() { ls /dev/shm 2>/dev/null | grep '^trainrun-' | sort || true; }
 shm_at_start=$(shm_segments)
 no_leftovers() {

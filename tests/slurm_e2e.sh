@@ -27,6 +27,8 @@ reference() {
 }
 compare() { py "$here/compare_runs.py" "$work/ref" "$run_dir" --rtol 1e-5 --label "$1"; }
 affinity() { py -c "import json,sys; print(json.load(open(sys.argv[1]))['affinity'])" "$run_dir/runtime/rank-$1.json"; }
+# Whether SLURM still lists job $1 (pending, running or completing).
+in_queue() { grep -q . <<<"$(squeue -h -j "$1" 2>/dev/null)"; }
 
 case $case in
 srun)
@@ -68,9 +70,9 @@ scancel)
   # up to 16 s under ctest -j2 while the ranks had long exited.
   for _ in $(seq 1 300); do pgrep -f -- "$run_dir" >/dev/null || break; sleep 0.1; done
   t=$(elapsed "$t0")
-  for _ in $(seq 1 600); do grep -q . <<<"$(squeue -h -j "$job" 2>/dev/null)" || break; sleep 0.1; done
+  for _ in $(seq 1 600); do in_queue "$job" || break; sleep 0.1; done
   cat "$work/job.out"
-  grep -q . <<<"$(squeue -h -j "$job" 2>/dev/null)" && fail "job $job still queued or running 60 s after scancel"
+  in_queue "$job" && fail "job $job still queued or running 60 s after scancel"
   within 10 "$t" "scancel to the end of the job's last rank"
   expect_in "$work/job.out" "CANCELLED"
   no_leftovers "$run_dir"
@@ -103,9 +105,9 @@ requeue)
   done
   scontrol update JobId="$job" StartTime=now || fail "could not let the requeued job $job start now"
   # The job leaves the queue only once its second run has ended.
-  for _ in $(seq 1 1200); do grep -q . <<<"$(squeue -h -j "$job" 2>/dev/null)" || break; sleep 0.1; done
+  for _ in $(seq 1 1200); do in_queue "$job" || break; sleep 0.1; done
   cat "$work/job.out"
-  grep -q . <<<"$(squeue -h -j "$job" 2>/dev/null)" && fail "job $job still queued or running 120 s after the requeue"
+  in_queue "$job" && fail "job $job still queued or running 120 s after the requeue"
   echo "measured: requeue to the end of the second run in $(elapsed "$t0") s"
   state=$(scontrol show job "$job" 2>/dev/null | grep -oE "JobState=[A-Z]+" || true)
   restarts=$(scontrol show job "$job" 2>/dev/null | grep -oE "Restarts=[0-9]+" || true)

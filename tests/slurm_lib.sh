@@ -12,8 +12,7 @@ slurm_job_pids() {
   for p in /proc/[0-9]*; do
     p=${p#/proc/}
     [[ $self == *" $p "* ]] && continue
-    grep -qx "SLURM_CONF=$SLURM_CONF" <<<"$(tr '\0' '\n' 2>/dev/null <"/proc/$p/environ")" &&
-      echo "$p"
+    has_env "$p" "SLURM_CONF=$SLURM_CONF" && echo "$p"
   done
   return 0
 }
