@@ -299,15 +299,6 @@ struct Rope : public torch::autograd::Function<Rope> {
 };
 
 #if !TRAINRUN_HAS_SDPA
-// The blocked causal attention of AttentionImpl::attend (float32) with its own backward. Through
-// autograd, each block's narrow() of the keys and values is a full-size zero tensor plus a copy
-// in the backward, summed over the blocks, and the mask and scale each add a pass; here the
-// gradients of all blocks go straight into one dq, dk and dv (per layer of SmolLM2-135M at
-// seq 512 that drops some 40 passes over [heads, T, head_dim] tensors). Forward as
-// attention_math: scores = q k^T * scale, hidden keys -inf, softmax, times v; the softmax
-// outputs are kept for the backward, as autograd keeps them.
-// q, k, v [B, H, T, D] float32 (k, v with the query heads' count), blocked bool [T, T] or
-// [B, 1, T, T] (true = hidden; every query sees at least itself, as attention_blocked makes it).
 // Calls fn(s, n, e, m) for each block of up to `block` queries: queries [s, s + n) see keys
 // [0, e), e = s + n, and m is that block's part of `blocked` ([T, T] or [B, 1, T, T]).
 template <class Fn>
@@ -319,6 +310,15 @@ void for_each_query_block(int64_t T, int64_t block, const torch::Tensor& blocked
   }
 }
 
+// The blocked causal attention of AttentionImpl::attend (float32) with its own backward. Through
+// autograd, each block's narrow() of the keys and values is a full-size zero tensor plus a copy
+// in the backward, summed over the blocks, and the mask and scale each add a pass; here the
+// gradients of all blocks go straight into one dq, dk and dv (per layer of SmolLM2-135M at
+// seq 512 that drops some 40 passes over [heads, T, head_dim] tensors). Forward as
+// attention_math: scores = q k^T * scale, hidden keys -inf, softmax, times v; the softmax
+// outputs are kept for the backward, as autograd keeps them.
+// q, k, v [B, H, T, D] float32 (k, v with the query heads' count), blocked bool [T, T] or
+// [B, 1, T, T] (true = hidden; every query sees at least itself, as attention_blocked makes it).
 struct BlockedCausalAttention : public torch::autograd::Function<BlockedCausalAttention> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& q, const torch::Tensor& k,
                                const torch::Tensor& v, const torch::Tensor& blocked, double scale, int64_t block) {
