@@ -165,11 +165,17 @@ class SerialQueue {
       running_ = true;
     }
     task();  // tasks catch their own errors
+    bool wake;
     {
       std::lock_guard<std::mutex> g(mu_);
       running_ = false;
+      wake = !tasks_.empty() || stopping_;
     }
-    cv_.notify_all();
+    // Only when the worker has something to do now: waking it after every inline task made
+    // each small collective cost two context switches per rank (worker up, finds nothing,
+    // sleeps), which on two cores preempted the ranks' own polling: a 4 KiB all-reduce at 2
+    // ranks took 45-58 us, 3.8 switches per operation.
+    if (wake) cv_.notify_all();
   }
   /// Runs what is queued, then joins.
   void stop() {
