@@ -1,7 +1,7 @@
 # Several hosts on one machine (network namespaces with their own addresses, joined by a bridge;
 # tests/netns_lib.sh): trainrun's multi-node launch across them, equivalence with one process,
 # and faults of a host or its link. Needs root; skipped (77) with the reason printed otherwise.
-set(_cluster_cases ddp ddp3 fsdp_hybrid mpi mpijob pytorchjob link_cut host_killed host_missing master_dies slow_link elastic_rejoin elastic_worker)
+set(_cluster_cases ddp collectives ddp3 fsdp_hybrid mpi mpijob pytorchjob link_cut host_killed host_missing master_dies slow_link elastic_rejoin elastic_worker)
 foreach(case ${_cluster_cases})
   add_test(NAME cluster_e2e.${case}
     COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cluster_e2e.sh $<TARGET_FILE:trainrun>

@@ -3,12 +3,14 @@
 # each running trainrun's own node agent, as on a cluster. One case per CTest entry:
 #   cluster_e2e.sh <trainrun> <equivalence jobs dir> <work dir> <case>
 # Equivalence (the job of tests/equivalence, compared with tests/compare_runs.py at 1e-5 with
-# the single-process run): ddp (2 hosts x 2 ranks, mlp, SGD), ddp3 (3 hosts x 2 ranks),
+# the single-process run): ddp (2 hosts x 2 ranks, mlp, SGD; all_reduce in two levels), ddp3 (3 hosts x 2 ranks),
 # fsdp_hybrid (gpt, AdamW, HYBRID_SHARD with the node as the shard group), mpi (MPICH's hydra
 # started on host 1, its proxies on every host through `ip netns exec`), pytorchjob (each host
 # gets exactly the environment of a Kubeflow PyTorchJob pod, examples/kubernetes/pytorchjob.yaml),
 # mpijob (a launcher host runs the mpiexec of examples/kubernetes/mpijob.yaml against two worker
 # hosts, with the MPI operator's environment).
+# collectives: gloo-cpu's --verify matrix at 2 hosts x 2 ranks (two-level all_reduce, sub-groups
+# within and across hosts).
 # Faults (a long run, then): link_cut, host_killed, host_missing, master_dies, slow_link;
 # each asserts the time to a clean end, the host/rank named, and nothing left behind.
 # elastic_rejoin: max_restarts = 1, a host killed and started again, the job resumes on both
@@ -125,8 +127,35 @@ ddp)
   nodes 2 --config "$jobs/mlp.toml" "${sgd[@]}" --set strategy.plugin=ddp --nproc-per-node 2 \
     --set trainer.micro_batch_size=8 --set trainer.run_dir="$run_dir"
   expect_in "$work/node0" "tcp host1 \+ shm \(1 of 3 peers\)"
+  expect_in "$work/node0" "all_reduce in two levels: shm within a machine, TCP between 2 machines"
   for r in 2 3; do expect_in "$work/node1" "^trainrun: started rank $r \(pid [0-9]+, node 1\)"; done
   compare "$run_dir" "ddp, 2 hosts x 2 ranks ($(elapsed "$t0") s)"
+  nothing_left
+  ;;
+collectives)
+  # gloo-cpu's correctness matrix across 2 hosts x 2 ranks: the world's all_reduce in two levels
+  # (shared memory within a host, TCP between hosts), its sub-groups within one host (shared
+  # memory) and across hosts (TCP). Ranks get a torchrun-style environment directly.
+  netns_up 2
+  t0=$(now)
+  pids=()
+  for r in 3 2 1 0; do
+    on_host $(( r / 2 + 1 )) env RANK=$r WORLD_SIZE=4 LOCAL_RANK=$(( r % 2 )) LOCAL_WORLD_SIZE=2 \
+      GROUP_RANK=$(( r / 2 )) MASTER_ADDR="$master" MASTER_PORT=$port "$tr" bench collectives \
+      --backend gloo-cpu --verify --label "$run_dir" --set accelerator.threads=1 \
+      --set accelerator.timeout_s=60 >"$work/rank$r" 2>&1 &
+    pids[$r]=$!
+  done
+  rc=0
+  for r in 0 1 2 3; do wait "${pids[$r]}" || { rc=$?; echo "rank $r exited with code $rc"; }; done
+  if [ "$rc" -ne 0 ]; then
+    for r in 0 1 2 3; do echo "--- rank $r"; cat "$work/rank$r"; done
+    fail "a rank failed"
+  fi
+  expect_in "$work/rank0" "all_reduce in two levels: shm within a machine, TCP between 2 machines"
+  # The count tests/collectives.cmake's _verify_checks gives for world 4 and every operation.
+  expect_in "$work/rank0" "world_size 4, 410 checks per rank, 0 failure"
+  echo "verify matrix, 2 hosts x 2 ranks: $(grep -o 'world_size 4, [0-9]* checks per rank, 0 failure' "$work/rank0") ($(elapsed "$t0") s)"
   nothing_left
   ;;
 ddp3)

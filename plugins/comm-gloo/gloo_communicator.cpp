@@ -307,6 +307,14 @@ struct GlooCommunicator::Impl {
   // Every rank of the group reaches every other over shm, agreed by all at set-up: the
   // collectives then run over shared memory (shm_collectives.hpp).
   bool shm_collectives = false;
+  // The group spans machines, each holding the same number (>= 2) of its ranks, all reaching
+  // each other over shm (agreed by all at set-up, plan_hierarchy): all_reduce runs in two
+  // levels. node_ring: the group ranks on this machine, ascending; node_position: this rank's
+  // index in it; column: Gloo's TCP mesh of the ranks at node_position on every machine
+  // (machines ordered by their lowest group rank). Null column: one level.
+  std::vector<int> node_ring;
+  int node_position = 0;
+  std::shared_ptr<gloo::rendezvous::Context> column;
 
   // The shared-memory collective's context: the same tag on every rank (from the sequence
   // number), negative so that it never equals a point-to-point tag of the strategies.
@@ -321,6 +329,73 @@ struct GlooCommunicator::Impl {
     c.text = detail::cat(kBackend, ": ", text, " over shared memory in group ", name);
     if (settings.check_collectives) c.order_text = text;
     return c;
+  }
+
+  // The shared-memory level of a hierarchical all-reduce: the ring of this machine's ranks.
+  shm::CollectiveContext node_context(uint32_t seq, Millis timeout, const std::string& text) {
+    shm::CollectiveContext c = shm_context(seq, timeout, text);
+    c.ring = node_ring;
+    c.rank = node_position;
+    c.size = static_cast<int>(node_ring.size());
+    c.text = detail::cat(kBackend, ": ", text, " within this machine (shared memory) in group ",
+                         name);
+    return c;
+  }
+
+  // Decides, identically on every rank, whether all_reduce runs in two levels, and connects the
+  // column mesh if so. Each rank publishes the group ranks it reaches over shm in both
+  // directions; the levels apply only when those sets partition the group into >= 2 machines of
+  // equal size >= 2 (the segment a rank reduces on its machine must match the segments its
+  // column peers reduce on theirs). Otherwise all_reduce stays on Gloo's TCP ring.
+  void plan_hierarchy(const std::string& where) {
+    const std::string key = prefix + "shm_machine/";
+    std::vector<int> local{rank};
+    for (int r = 0; r < size; ++r)
+      if (r != rank && shm->can_send(r) && shm->can_recv(r)) local.push_back(r);
+    std::sort(local.begin(), local.end());
+    const std::string mine = join(local);
+    store->set(key + std::to_string(rank), std::vector<uint8_t>(mine.begin(), mine.end()));
+    std::vector<std::string> of(size);
+    for (int r = 0; r < size; ++r) {
+      const auto v = store->get(key + std::to_string(r));
+      of[r].assign(v.begin(), v.end());
+    }
+    // Machines by their lowest rank: a set is a machine where its lowest member is the rank
+    // that published it; every member must have published the same set.
+    std::vector<std::vector<int>> machines;
+    std::vector<int> machine_of(size, -1);
+    for (int r = 0; r < size; ++r) {
+      if (machine_of[r] >= 0) continue;
+      std::vector<int> members;
+      std::istringstream in(of[r]);
+      for (std::string t; std::getline(in, t, ',');) members.push_back(std::stoi(t));
+      if (members.empty() || members.front() != r) return;  // asymmetric: one level
+      for (int q : members) {
+        if (q < 0 || q >= size || machine_of[q] >= 0 || of[q] != of[r]) return;
+        machine_of[q] = static_cast<int>(machines.size());
+      }
+      machines.push_back(std::move(members));
+    }
+    const size_t per = machines.front().size();
+    if (machines.size() < 2 || per < 2) return;
+    for (const auto& m : machines)
+      if (m.size() != per) return;
+    const auto& here = machines[machine_of[rank]];
+    node_ring = here;
+    node_position = static_cast<int>(std::find(here.begin(), here.end(), rank) - here.begin());
+    try {
+      auto mesh = std::make_shared<gloo::rendezvous::Context>(machine_of[rank],
+                                                               static_cast<int>(machines.size()));
+      mesh->setTimeout(to_millis(settings.timeout_s));
+      GlooStore column_store(store, prefix + "column" + std::to_string(node_position) + "/",
+                             to_millis(settings.rendezvous_timeout_s));
+      mesh->connectFullMesh(column_store, device);
+      column = std::move(mesh);
+    } catch (const std::exception& e) {
+      TR_FAIL(where, ": rank ", global_ranks[rank], " could not connect Gloo's TCP mesh of the ",
+              machines.size(), " ranks at position ", node_position,
+              " of their machines (hierarchical all_reduce): ", what_of(e));
+    }
   }
 
   // Declared last: destroyed (drained and joined) first, while everything above still exists.
@@ -366,12 +441,17 @@ struct GlooCommunicator::Impl {
   void abort_transport() {
     // Shared-memory channels first: it wakes this rank's channel threads and tells the peers'.
     if (shm) shm->abort();
-    char byte = 0;
-    try {
-      auto buf = context->createUnboundBuffer(&byte, 1);
-      buf->waitRecv(Millis(1));
-    } catch (const std::exception&) {
-      // the expected timeout
+    // A Gloo wait that times out closes that context's connections (its peers' waits fail at
+    // once); the machines' column mesh too, where a hierarchical all-reduce may wait.
+    for (gloo::rendezvous::Context* mesh : {context.get(), column.get()}) {
+      if (!mesh) continue;
+      char byte = 0;
+      try {
+        auto buf = mesh->createUnboundBuffer(&byte, 1);
+        buf->waitRecv(Millis(1));
+      } catch (const std::exception&) {
+        // the expected timeout
+      }
     }
     std::lock_guard<std::mutex> g(state_mu);
     if (reaping) reaping_send ? reaping->abortWaitSend() : reaping->abortWaitRecv();
@@ -632,6 +712,8 @@ GlooCommunicator::GlooCommunicator(std::shared_ptr<c10d::Store> store,
     bool all = true;
     for (int r = 0; r < m.size; ++r) all = all && m.store->get(key + std::to_string(r)) == std::vector<uint8_t>{1};
     m.shm_collectives = all;
+    if (!all && m.settings.allreduce_algorithm == GlooSettings::Algorithm::Auto)
+      m.plan_hierarchy(where);
   }
 
   comm::Monitor::Config mc;
@@ -673,6 +755,10 @@ int GlooCommunicator::world_size() const { return impl_->size; }
 const std::string& GlooCommunicator::group_name() const { return impl_->name; }
 int GlooCommunicator::shm_peers() const { return impl_->shm ? impl_->shm->peers() : 0; }
 bool GlooCommunicator::shm_collectives() const { return impl_->shm_collectives; }
+int GlooCommunicator::hierarchy_machines() const {
+  auto& m = *impl_;
+  return m.column ? m.size / static_cast<int>(m.node_ring.size()) : 0;
+}
 int GlooCommunicator::shm_single_copy_peers() const {
   return impl_->shm ? impl_->shm->single_copy_peers() : 0;
 }
@@ -688,12 +774,33 @@ std::shared_ptr<Work> GlooCommunicator::all_reduce(at::Tensor& tensor,
                              ? gloo::AllreduceOptions::Algorithm::BCUBE
                              : gloo::AllreduceOptions::Algorithm::RING;
   const bool over_shm = m.shm_collectives && m.settings.allreduce_algorithm == Algorithm::Auto;
+  const bool two_levels = m.column && m.settings.allreduce_algorithm == Algorithm::Auto;
   return m.enqueue(desc, m.resolve_timeout(opts.timeout_s),
-                   [&m, tensor, op = opts.op, algorithm, over_shm,
+                   [&m, tensor, op = opts.op, algorithm, over_shm, two_levels,
                     text = desc.text()](uint32_t tag, Millis timeout) mutable {
                      if (tensor.numel() == 0) return;
                      if (over_shm) {
                        shm::all_reduce(m.shm_context(tag, timeout, text), tensor, op);
+                       if (op == ReduceOp::Avg) divide_in_place(tensor, m.size);
+                       return;
+                     }
+                     if (two_levels) {
+                       // Reduce-scatter within the machine over shared memory, all-reduce of
+                       // this rank's segment with its column over TCP, all-gather within the
+                       // machine: each byte crosses TCP once per machine, not once per rank.
+                       shm::all_reduce(m.node_context(tag, timeout, text), tensor, op,
+                                       [&](at::Tensor& segment) {
+                                         dispatch(segment.scalar_type(), [&](auto t) {
+                                           using T = typename decltype(t)::type;
+                                           gloo::AllreduceOptions o(m.column);
+                                           o.setOutput<T>(segment.data_ptr<T>(), segment.numel());
+                                           o.setReduceFunction(comm::reduce_function<T>(op));
+                                           o.setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
+                                           o.setTag(tag);
+                                           o.setTimeout(timeout);
+                                           gloo::allreduce(o);
+                                         });
+                                       });
                        if (op == ReduceOp::Avg) divide_in_place(tensor, m.size);
                        return;
                      }

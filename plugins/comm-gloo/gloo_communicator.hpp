@@ -62,8 +62,11 @@ struct GlooSettings {
 ///
 /// Algorithms: when every rank of the group shares this machine and shm is on, all_reduce
 /// (unless allreduce_algorithm names a Gloo algorithm), reduce_scatter and all_gather are rings
-/// over the shared-memory transport (shm_collectives.hpp). Otherwise all_reduce is Gloo's ring
-/// or bcube, all_gather Gloo's, reduce_scatter a ring on Gloo's unbound buffers (Gloo's
+/// over the shared-memory transport (shm_collectives.hpp). A group that spans machines with the
+/// same number (>= 2) of its ranks on each runs all_reduce in two levels (hierarchy_machines()):
+/// a shared-memory reduce-scatter within each machine, Gloo's TCP ring all-reduce of each
+/// segment among the ranks at the same position on every machine, a shared-memory all-gather.
+/// Otherwise all_reduce is Gloo's ring or bcube, all_gather Gloo's, reduce_scatter a ring on Gloo's unbound buffers (Gloo's
 /// ReduceScatterHalvingDoubling returns wrong results when a send is still queued; see
 /// gloo.cpp). broadcast and barrier are always Gloo's.
 ///
@@ -94,6 +97,10 @@ class GlooCommunicator final : public v1::Communicator, public v1::RecvReduceCom
   /// Whether all_reduce, reduce_scatter and all_gather run over shared memory (every rank of
   /// the group on this machine, agreed by all of them at set-up).
   bool shm_collectives() const;
+  /// Machines of a two-level (hierarchical) all_reduce: shared memory within each machine, Gloo's
+  /// TCP ring between them (the group spans >= 2 machines with the same number >= 2 of its ranks
+  /// each, shm on, allreduce_algorithm "auto"); 0 when all_reduce has one level.
+  int hierarchy_machines() const;
   /// Of those, the peers to which messages of 2 MiB and more go by single copy (the peer reads
   /// them from this process's memory with process_vm_readv).
   int shm_single_copy_peers() const;

@@ -35,7 +35,9 @@ struct StepState {
 // same segment bounds, so they skip the same messages.
 void step(const CollectiveContext& c, const at::Tensor& send, const at::Tensor& recv,
           std::optional<ReduceOp> reduce, const char* phase, int s) {
-  const int right = (c.rank + 1) % c.size, left = (c.rank + c.size - 1) % c.size;
+  const int right_pos = (c.rank + 1) % c.size, left_pos = (c.rank + c.size - 1) % c.size;
+  const int right = c.ring.empty() ? right_pos : c.ring[right_pos];
+  const int left = c.ring.empty() ? left_pos : c.ring[left_pos];
   auto state = std::make_shared<StepState>();
   auto make = [&](const at::Tensor& t, bool is_send) {
     Op o;
@@ -75,10 +77,15 @@ void step(const CollectiveContext& c, const at::Tensor& send, const at::Tensor& 
 
 }  // namespace
 
-void all_reduce(const CollectiveContext& c, at::Tensor& tensor, ReduceOp op) {
+void all_reduce(const CollectiveContext& c, at::Tensor& tensor, ReduceOp op,
+                const std::function<void(at::Tensor&)>& between) {
   const int N = c.size, r = c.rank;
-  if (N == 1 || tensor.numel() == 0) return;
+  if (tensor.numel() == 0) return;
   at::Tensor flat = tensor.view(-1);
+  if (N == 1) {
+    if (between) between(flat);
+    return;
+  }
   const int64_t n = flat.numel();
   auto seg = [&](int j) {
     auto [b, e] = v1::ring::segment(n, N, mod(j, N));
@@ -86,6 +93,10 @@ void all_reduce(const CollectiveContext& c, at::Tensor& tensor, ReduceOp op) {
   };
   // Reduce-scatter: after N - 1 steps rank r holds the reduced segment r + 1.
   for (int s = 0; s < N - 1; ++s) step(c, seg(r - s), seg(r - s - 1), op, "reduce-scatter", s);
+  if (between) {
+    at::Tensor mine = seg(r + 1);
+    if (mine.numel() > 0) between(mine);
+  }
   // All-gather of the reduced segments.
   for (int s = 0; s < N - 1; ++s) step(c, seg(r + 1 - s), seg(r - s), std::nullopt, "all-gather", s);
 }

@@ -25,7 +25,9 @@
 #include <trainrun/interfaces.hpp>
 
 #include <chrono>
+#include <functional>
 #include <string>
+#include <vector>
 
 namespace trainrun::plugins::shm {
 
@@ -41,8 +43,12 @@ class CollectiveTimeout : public v1::Error {
 /// Where a collective runs and how it names itself in errors.
 struct CollectiveContext {
   Transport* transport = nullptr;
-  int rank = 0;       ///< group rank
-  int size = 1;       ///< group size; every rank reaches every other over `transport`
+  int rank = 0;       ///< position in the ring: the group rank, or an index into `ring`
+  int size = 1;       ///< ranks in the ring; every one reaches every other over `transport`
+  /// Empty: the ring is the whole group (position = group rank). Else the group ranks of the
+  /// ring in order (those on this machine, for the hierarchical all-reduce); `size` equals its
+  /// length and `rank` is this rank's index in it.
+  std::vector<int> ring;
   int tag = -1;       ///< negative, the same on every rank for this collective
   double timeout_s = 0;
   /// When the collective times out (CollectiveTimeout); its messages' own deadline, which
@@ -60,7 +66,15 @@ struct CollectiveContext {
 /// dtype) with `op` (Avg reduces as Sum; the caller divides). Ring reduce-scatter with reducing
 /// receives, then ring all-gather. Throws CollectiveTimeout when `deadline` passes, Error naming
 /// the step and peer for a dead or aborted peer or a mismatched message.
-void all_reduce(const CollectiveContext& c, at::Tensor& tensor, v1::ReduceOp op);
+///
+/// `between` (hierarchical, two-level all-reduce as NCCL's tree/ring split and Horovod's
+/// hierarchical allreduce): called between the two phases with the segment this rank has
+/// reduced over the ring (1/size of the tensor, the same segment index at the same ring
+/// position on every machine), to all-reduce it in place with the ranks at this position on the
+/// other machines; the all-gather then spreads the result. Not called for an empty segment
+/// (equal on every machine, since sizes are). Its exceptions propagate.
+void all_reduce(const CollectiveContext& c, at::Tensor& tensor, v1::ReduceOp op,
+                const std::function<void(at::Tensor&)>& between = {});
 
 /// output (numel k) = op over ranks of chunk `rank` of input (numel k * size), as c10d's
 /// reduce_scatter_tensor. input and output may overlap only when output is this rank's chunk

@@ -30,8 +30,10 @@ void GlooAccelerator::declare_options(OptionSchema& schema) {
                  "of the group is on this machine");
   schema.choice("allreduce_algorithm", "auto", {"auto", "ring", "bcube"},
                 "all-reduce algorithm: auto (a ring over shared memory when every rank of the "
-                "group is on this machine, else Gloo's ring), or Gloo's ring (bandwidth-optimal) "
-                "or bcube (fewer steps, better for small tensors) over TCP always");
+                "group is on this machine; two levels when it spans machines with the same "
+                "number of its ranks on each: shared memory within a machine, Gloo's ring "
+                "between machines; else Gloo's ring), or Gloo's ring (bandwidth-optimal) or "
+                "bcube (fewer steps, better for small tensors) over TCP always");
 }
 
 GlooAccelerator::GlooAccelerator(const Options& options, const RunContext& ctx) {
@@ -69,10 +71,13 @@ std::string GlooAccelerator::describe() const {
                            : single == shm ? " + single copy"
                                            : detail::cat(" + single copy (", single, " of ", shm, ")");
   // Which collectives run over shared memory (every rank of the world on this machine).
+  const int machines = comm_->hierarchy_machines();
   const std::string collectives =
-      !comm_->shm_collectives() ? ""
-      : all_reduce_over_shm_  ? "; collectives over shm"
-                              : "; all_reduce by Gloo's TCP algorithm, other collectives over shm";
+      machines > 0 ? detail::cat("; all_reduce in two levels: shm within a machine, TCP between ",
+                                 machines, " machines")
+      : !comm_->shm_collectives() ? ""
+      : all_reduce_over_shm_      ? "; collectives over shm"
+                                  : "; all_reduce by Gloo's TCP algorithm, other collectives over shm";
   return detail::cat(kBackend, " (", transport_, via, copy, collectives, "), rank ",
                      comm_->rank(), " of ", comm_->world_size(), ", ",
                      v1::cpu::describe(threads_));
