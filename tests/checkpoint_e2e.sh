@@ -16,7 +16,8 @@
 #               run's full state dict (model.safetensors) bitwise equal to the writer's.
 #   reshard_train  optimizer state reshards: ddp@2's step-10 checkpoint resumed by fsdp@4 and by
 #               single@1 for steps 11-20 matches the uninterrupted ddp@2 run within 1e-5.
-#   corrupt     keep_last prunes; a flipped byte, a truncated file and a meta.json cut short are
+#   corrupt     keep_last prunes; a flipped byte, a truncated file, a meta.json cut short and one
+#               naming a file outside the checkpoint ("../") are
 #               reported with the file named, in one short line with the latest-valid hint (exit
 #               2, bad input, no training); resume = "latest-valid" falls back to the previous
 #               checkpoint, says so, and finishes.
@@ -170,6 +171,22 @@ case $case in
     err=$(grep "error:" "$work/meta.log")
     [ "${#err}" -lt 600 ] || fail "the error line is ${#err} characters long"
     echo "measured: the damaged-meta.json error is ${#err} characters"
+    # meta.json naming a file outside the checkpoint's directory, where an intact copy lies (so
+    # sizes and sums agree and only the name is wrong): refused before anything is read.
+    cp "$f" "$work/a/checkpoints/model-00000-of-00001.safetensors"
+    py - "$work/good-meta.json" "$m" <<'PY'
+import json, sys
+meta = json.load(open(sys.argv[1]))
+meta["files"] = {("../" + k if k.startswith("model-") else k): v for k, v in meta["files"].items()}
+json.dump(meta, open(sys.argv[2], "w"))
+PY
+    rc=0; "$tr" "${s[@]}" --set trainer.max_steps=25 --set trainer.resume=latest \
+      --set trainer.run_dir="$work/a" >"$work/path.log" 2>&1 || rc=$?
+    cat "$work/path.log"
+    expect_rc 2 "$rc"
+    expect_in "$work/path.log" "step-0000020/meta.json: damaged: names the file '../model-00000-of-00001.safetensors', which is not a plain file name"
+    expect_in "$work/path.log" "resume = \"latest-valid\" falls back"
+    rm "$work/a/checkpoints/model-00000-of-00001.safetensors"
     run "$work/valid.log" "$tr" "${s[@]}" --set trainer.max_steps=25 --set trainer.resume=latest-valid \
       --set trainer.run_dir="$work/a"
     expect_in "$work/valid.log" "skipping .*step-0000020"

@@ -179,6 +179,21 @@ class TensorFile {
   }
 }
 
+// A file meta.json names lives in the checkpoint's own directory: a path ("../x", "/etc/x",
+// "a/b") would make a damaged or hostile meta.json read outside it. The name is quoted only as
+// far as 40 printable characters (it is untrusted text).
+void require_plain_name(const fs::path& meta, const std::string& name) {
+  if (!name.empty() && name != "." && name != ".." && name.find('/') == std::string::npos &&
+      name.find('\0') == std::string::npos)
+    return;
+  std::string shown = name.substr(0, 40);
+  for (char& c : shown)
+    if (c < 0x20 || c > 0x7e) c = '?';
+  throw CheckpointError("checkpoint " + meta.string() + ": damaged: names the file '" + shown +
+                        (name.size() > 40 ? "...'" : "'") +
+                        ", which is not a plain file name in the checkpoint's directory");
+}
+
 // Elements of a shape from meta.json; a negative dimension or a product past int64 is damage.
 int64_t numel_of(const std::vector<int64_t>& shape, const std::string& dir, const std::string& name) {
   int64_t n = 1;
@@ -367,6 +382,7 @@ nlohmann::json verify_checkpoint(const std::string& dir) try {
                           std::to_string(meta.value("format_version", 0)) +
                           " is newer than this trainrun's " + std::to_string(kCheckpointFormatVersion));
   for (const auto& [fname, info] : meta["files"].items()) {
+    require_plain_name(mp, fname);
     const fs::path p = d / fname;
     if (!fs::is_regular_file(p)) throw CheckpointError("checkpoint file " + p.string() + " is missing");
     const auto bytes = fs::file_size(p);
@@ -435,7 +451,10 @@ void load_checkpoint_pieces(const std::string& dir, const nlohmann::json& meta,
   std::map<std::string, std::unique_ptr<TensorFile>> files;
   auto file = [&](const std::string& name) -> TensorFile& {
     auto& f = files[name];
-    if (!f) f = std::make_unique<TensorFile>(fs::path(dir) / name);
+    if (!f) {
+      require_plain_name(fs::path(dir) / "meta.json", name);
+      f = std::make_unique<TensorFile>(fs::path(dir) / name);
+    }
     return *f;
   };
   at::NoGradGuard no_grad;
@@ -520,7 +539,10 @@ int64_t consolidate_checkpoint(const std::string& dir, const std::string& out, i
   std::map<std::string, std::unique_ptr<TensorFile>> files;
   auto file = [&](const std::string& name) -> TensorFile& {
     auto& f = files[name];
-    if (!f) f = std::make_unique<TensorFile>(fs::path(dir) / name);
+    if (!f) {
+      require_plain_name(fs::path(dir) / "meta.json", name);
+      f = std::make_unique<TensorFile>(fs::path(dir) / name);
+    }
     return *f;
   };
   // Tensors in index order, split into output shards by size; one shard's tensors are
