@@ -136,7 +136,7 @@ std::vector<Conversation> read_conversations(const std::vector<std::string>& fil
       try {
         doc = json::parse(text);
       } catch (const json::exception& e) {
-        throw ConfigError(file + ": malformed JSON: " + e.what());
+        throw ConfigError(file + ": malformed JSON: " + v1::parse_error_text(e.what()));
       }
       for (size_t i = 0; i < doc.size(); ++i) {
         Conversation c;
@@ -161,7 +161,7 @@ std::vector<Conversation> read_conversations(const std::vector<std::string>& fil
       try {
         rec = json::parse(line);
       } catch (const json::exception& e) {
-        bad(c.where(), std::string("malformed JSON line: ") + e.what());
+        bad(c.where(), "malformed JSON line: " + v1::parse_error_text(e.what()));
       }
       c.messages = to_messages(rec, c.where());
       out.push_back(std::move(c));
