@@ -20,12 +20,14 @@ n_embd 128, ~0.8 M parameters, AdamW, fp32, gloo-cpu, 1 intra-op thread per rank
 
 Other processes skew the timings (2 ranks x 1 thread fill a 2-core machine): the load average is
 printed before and after. usage: bench/sharded.py <trainrun binary> [--only a|b] [--steps N]
-[--rounds R] [--warmup N]
+[--rounds R] [--warmup N] [--set KEY=VALUE]... (--set is added to every run, e.g.
+--set accelerator.shm=false for gloo-cpu's TCP algorithms, as before its shared-memory collectives)
 """
 import argparse, json, os, statistics, subprocess, sys, tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 JOB = os.path.join(ROOT, "bench", "jobs", "sharded-gpt.toml")
+EXTRA_SETS = []  # --set of the command line: added to every run
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 STRATEGIES = {
@@ -46,7 +48,7 @@ def run(binary, sets, steps, world, work):
     run_dir = tempfile.mkdtemp(prefix="sharded-", dir=work)
     cmd = [binary, "--config", JOB, "--set", f"trainer.max_steps={steps}",
            "--set", f"trainer.run_dir={run_dir}", "--set", f"launch.nproc_per_node={world}"]
-    for s in sets:
+    for s in sets + EXTRA_SETS:
         cmd += ["--set", s]
     p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                        env=dict(os.environ, **ONE_THREAD))
@@ -73,7 +75,11 @@ def main():
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE")
     a = ap.parse_args()
+    EXTRA_SETS.extend(a.sets)
+    if a.sets:
+        print("every run also: " + " ".join("--set " + s for s in a.sets))
     print("load average before:", " ".join(open("/proc/loadavg").read().split()[:3]))
     work = tempfile.mkdtemp(prefix="bench-sharded-")
     if a.only in (None, "a"):
