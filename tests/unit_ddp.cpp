@@ -1,6 +1,7 @@
 // Unit tests of the ddp strategy: the bucket assignment (a pure function), and the reducer
-// driven in one process through a fake communicator that plays a world of two identical
-// replicas (Avg of equal tensors is the tensor itself), recording every collective it is given.
+// driven in one process through the fake communicator (fake_communicator.hpp) playing a world
+// of two identical replicas (Avg of equal tensors is the tensor itself), whose log records every
+// collective it is given.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 #include <torch/torch.h>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "ddp/ddp.hpp"
+#include "fake_communicator.hpp"
 
 namespace tr = trainrun::v1;
 using trainrun::plugins::DdpStrategy;
@@ -64,53 +66,7 @@ TEST_SUITE("ddp_buckets") {
 
 namespace {
 
-// A world of `size` identical replicas seen from rank 0: every rank contributes what this one
-// does, so Avg/Min/Max leave a tensor unchanged, Sum multiplies it by the size, all_gather
-// repeats it and broadcast keeps it.
-class FakeComm final : public tr::Communicator {
- public:
-  explicit FakeComm(int size) : size_(size) {}
-  int rank() const override { return 0; }
-  int world_size() const override { return size_; }
-  std::string backend() const override { return "fake"; }
-  std::shared_ptr<tr::Work> all_reduce(at::Tensor& t, const tr::AllReduceOptions& o) override {
-    log.push_back(tr::detail::cat("all_reduce ", o.op == tr::ReduceOp::Avg   ? "avg"
-                                               : o.op == tr::ReduceOp::Sum ? "sum"
-                                               : o.op == tr::ReduceOp::Max ? "max"
-                                                                           : "min",
-                                  " ", c10::toString(t.scalar_type()), " ", t.numel()));
-    if (o.op == tr::ReduceOp::Sum) t.mul_(size_);
-    return std::make_shared<tr::CompletedWork>();
-  }
-  std::shared_ptr<tr::Work> all_gather(const at::Tensor& in, at::Tensor& out,
-                                       const tr::AllGatherOptions&) override {
-    log.push_back("all_gather");
-    out.copy_(in.repeat({size_}));
-    return std::make_shared<tr::CompletedWork>();
-  }
-  std::shared_ptr<tr::Work> broadcast(at::Tensor&, const tr::BroadcastOptions&) override {
-    log.push_back("broadcast");
-    return std::make_shared<tr::CompletedWork>();
-  }
-  std::vector<std::string> log;
-  size_t all_reduces() const {
-    size_t n = 0;
-    for (const auto& l : log) n += l.rfind("all_reduce", 0) == 0;
-    return n;
-  }
-
- private:
-  int size_;
-};
-
-class FakeAccelerator final : public tr::Accelerator {
- public:
-  explicit FakeAccelerator(int size) : comm(size) {}
-  c10::Device device() const override { return c10::kCPU; }
-  tr::Communicator& communicator() override { return comm; }
-  std::string describe() const override { return "fake"; }
-  FakeComm comm;
-};
+using trainrun::test::FakeAccelerator;
 
 // Registered in an order that differs from the order of use (`second` before `first`), so the
 // gradients arrive in an order the initial guess (reverse registration) gets wrong.
@@ -199,7 +155,7 @@ TEST_SUITE("ddp_reducer") {
     ddp.forward(b).loss_sum.backward();
     // second.* become ready first, but their bucket waits behind first.*'s (strict order);
     // first.* come last in backward and release all three, still inside backward.
-    CHECK(acc.comm.all_reduces() == 3);
+    CHECK(acc.comm.count("all_reduce") == 3);
     ddp.finish_gradient_sync();
     CHECK(ddp.buckets_launched_in_backward() == 3);
     for (auto& p : model.named_parameters()) {
@@ -230,7 +186,7 @@ TEST_SUITE("ddp_reducer") {
     ddp.before_backward(true);
     ddp.forward(b2).loss_sum.backward();
     ddp.finish_gradient_sync();
-    CHECK(acc.comm.all_reduces() == rebuilt.size());
+    CHECK(acc.comm.count("all_reduce") == rebuilt.size());
     CHECK(acc.comm.log.back().rfind("all_reduce", 0) == 0);  // no second rebuild
     for (auto& p : model.named_parameters())
       CHECK(torch::allclose(p.tensor.grad(), expected2.at(p.name)));
@@ -245,9 +201,9 @@ TEST_SUITE("ddp_reducer") {
     acc.comm.log.clear();
     ddp.before_backward(true);
     ddp.forward(batch(1)).loss_sum.backward();
-    CHECK(acc.comm.all_reduces() == 0);
+    CHECK(acc.comm.count("all_reduce") == 0);
     ddp.finish_gradient_sync();
-    CHECK(acc.comm.all_reduces() == 3);
+    CHECK(acc.comm.count("all_reduce") == 3);
     CHECK(ddp.buckets_launched_in_backward() == 0);
   }
 
@@ -262,11 +218,11 @@ TEST_SUITE("ddp_reducer") {
     const auto expected = reference_grads(model, {b1, b2});
     ddp.before_backward(false);
     ddp.forward(b1).loss_sum.backward();
-    CHECK(acc.comm.all_reduces() == 0);
+    CHECK(acc.comm.count("all_reduce") == 0);
     ddp.before_backward(true);
     ddp.forward(b2).loss_sum.backward();
     ddp.finish_gradient_sync();
-    CHECK(acc.comm.all_reduces() == 1);  // everything fits one bucket
+    CHECK(acc.comm.count("all_reduce") == 1);  // everything fits one bucket
     for (auto& p : model.named_parameters())
       CHECK(torch::allclose(p.tensor.grad(), expected.at(p.name)));
   }

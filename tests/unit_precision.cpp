@@ -24,6 +24,7 @@
 #include <trainrun/memory.hpp>
 #include <trainrun/trainrun.hpp>
 
+#include "fake_communicator.hpp"
 #include "optim/optim.hpp"
 #include "precision/loss_scaler.hpp"
 #include "precision/mixed.hpp"
@@ -66,37 +67,16 @@ bool contains(const std::string& hay, const std::string& needle) {
   return hay.find(needle) != std::string::npos;
 }
 
-// A two-rank world seen from rank 0: all_reduce combines this rank's tensor with a fixed value
-// the "other rank" contributes (Min/Max/Sum/Avg), so agreement can be tested in one process.
-class PeerCommunicator final : public Communicator {
- public:
-  explicit PeerCommunicator(float peer) : peer_(peer) {}
-  int rank() const override { return 0; }
-  int world_size() const override { return 2; }
-  std::string backend() const override { return "peer-test"; }
-  std::shared_ptr<Work> all_reduce(at::Tensor& t, const AllReduceOptions& o) override {
-    ++calls;
-    at::Tensor other = at::full_like(t, peer_);
-    switch (o.op) {
-      case ReduceOp::Min: t.copy_(at::minimum(t, other)); break;
-      case ReduceOp::Max: t.copy_(at::maximum(t, other)); break;
-      case ReduceOp::Sum: t.add_(other); break;
-      case ReduceOp::Avg: t.add_(other).div_(2); break;
-    }
-    return std::make_shared<CompletedWork>();
-  }
-  int calls = 0;
+using trainrun::test::FakeCommunicator;
 
- private:
-  float peer_;
-};
-
-class OneRank final : public Communicator {
- public:
-  int rank() const override { return 0; }
-  int world_size() const override { return 1; }
-  std::string backend() const override { return "one"; }
-};
+// A two-rank world seen from rank 0 whose other rank holds `value` in every element: all_reduce
+// combines this rank's tensor with it (Min/Max/Sum/Avg), so agreement can be tested in one
+// process.
+FakeCommunicator peer_holding(float value) {
+  FakeCommunicator comm(2);
+  comm.peer = [value](const at::Tensor& mine) { return at::full_like(mine, value); };
+  return comm;
+}
 
 // Scale after each update of a fresh scaler fed `seq` ('o' overflow, 'c' clean); -1 where
 // update threw (and stops there).
@@ -320,7 +300,7 @@ TEST_SUITE("loss_scaler") {
 TEST_SUITE("precision_mixed") {
   TEST_CASE("fp16-mixed: scales the loss, unscales finite gradients, skips overflows") {
     Fp16Mixed p(options_of<Fp16Mixed>(), RunContext{});
-    OneRank one;
+    FakeCommunicator one;
     CHECK(p.loss_scale() == 65536);
     CHECK(p.scale_loss(torch::tensor(0.5f)).item<float>() == 32768.0f);
     CHECK(p.autocast() != nullptr);  // CUDA autocast to fp16; CPU autocast stays off
@@ -345,6 +325,7 @@ TEST_SUITE("precision_mixed") {
     CHECK(no_range.unscale_and_check(big, one));
     std::vector<at::Tensor> inf = {torch::tensor({1.0f, INFINITY})};
     CHECK_FALSE(no_range.unscale_and_check(inf, one));
+    CHECK(one.log.empty());  // a world of one agrees with itself without a collective
     // PrecisionBytes: fp32 weights and gradients under autocast, no master copy.
     CHECK(p.param_bytes() == 4);
     CHECK(p.grad_bytes() == 4);
@@ -353,10 +334,10 @@ TEST_SUITE("precision_mixed") {
 
   TEST_CASE("the overflow flag is agreed across ranks: one rank's overflow skips everywhere") {
     Fp16Mixed p(options_of<Fp16Mixed>(), RunContext{});
-    PeerCommunicator peer_overflowed(0.0f), peer_clean(1.0f);
+    FakeCommunicator peer_overflowed = peer_holding(0.0f), peer_clean = peer_holding(1.0f);
     std::vector<at::Tensor> fine = {torch::full({4}, 4096.0f)};
     CHECK_FALSE(p.unscale_and_check(fine, peer_overflowed));
-    CHECK(peer_overflowed.calls == 1);
+    CHECK(peer_overflowed.count("all_reduce") == 1);
     CHECK(fine[0].eq(4096.0f).all().item<bool>());  // not unscaled: skipped
     std::vector<at::Tensor> bad = {torch::tensor({INFINITY})};
     CHECK_FALSE(p.unscale_and_check(bad, peer_clean));

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "fake_communicator.hpp"
 #include "ring/ring_strategy.hpp"
 
 namespace tr = trainrun::v1;
@@ -54,20 +55,9 @@ TEST_SUITE("ring_timeline_path") {
 
 namespace {
 
-// World of one: the ring and the negotiation return at once, nothing is ever sent.
-class SoloComm final : public tr::Communicator {
- public:
-  int rank() const override { return 0; }
-  int world_size() const override { return 1; }
-  std::string backend() const override { return "solo"; }
-};
-class SoloAccelerator final : public tr::Accelerator {
- public:
-  c10::Device device() const override { return c10::kCPU; }
-  tr::Communicator& communicator() override { return comm; }
-  std::string describe() const override { return "solo"; }
-  SoloComm comm;
-};
+// World of one (fake_communicator.hpp): the ring and the negotiation return at once, nothing
+// is ever sent (the tests check the fake's log stays empty).
+using trainrun::test::FakeAccelerator;
 
 struct Net : torch::nn::Module {
   Net() {
@@ -142,7 +132,7 @@ TEST_SUITE("ring_strategy") {
         CAPTURE(micro);
         torch::manual_seed(1);
         NetModel model;
-        SoloAccelerator acc;
+        FakeAccelerator acc;
         tr::RunContext ctx;
         RingStrategy s(ring_options(mb), ctx);
         s.setup(model, acc, {});
@@ -159,6 +149,7 @@ TEST_SUITE("ring_strategy") {
           CHECK(m["fused_buffers_in_backward"] == 0);
           s.zero_grad();
         }
+        CHECK(acc.comm.log.empty());
       }
     }
   }
@@ -169,7 +160,7 @@ TEST_SUITE("ring_strategy") {
     {
       torch::manual_seed(1);
       NetModel model;
-      SoloAccelerator acc;
+      FakeAccelerator acc;
       tr::RunContext ctx;
       ctx.run_dir = dir.string();
       RingStrategy s(ring_options(128, "tl.json"), ctx);
@@ -177,6 +168,7 @@ TEST_SUITE("ring_strategy") {
       step(s, 1);
       s.zero_grad();
       step(s, 2);
+      CHECK(acc.comm.log.empty());
     }  // written at destruction
     std::ifstream f(dir / "tl-rank-0.json");
     REQUIRE(f.good());

@@ -13,6 +13,7 @@
 #include <map>
 #include <set>
 
+#include "fake_communicator.hpp"
 #include "zero/zero.hpp"
 
 using namespace trainrun::v1;
@@ -48,40 +49,10 @@ void check_cover(const FlatLayout& l) {
     for (int c : v) CHECK(c == 1);
 }
 
-// A world of one: collectives are copies. Enough to run the engine's code paths in-process.
-class LocalComm final : public Communicator {
- public:
-  int rank() const override { return 0; }
-  int world_size() const override { return 1; }
-  std::string backend() const override { return "local"; }
-  std::shared_ptr<Work> all_reduce(at::Tensor&, const AllReduceOptions&) override {
-    return std::make_shared<CompletedWork>();
-  }
-  std::shared_ptr<Work> reduce_scatter(const at::Tensor& in, at::Tensor& out,
-                                       const ReduceScatterOptions&) override {
-    out.copy_(in);
-    ++reduce_scatters;
-    return std::make_shared<CompletedWork>();
-  }
-  std::shared_ptr<Work> all_gather(const at::Tensor& in, at::Tensor& out,
-                                   const AllGatherOptions&) override {
-    out.copy_(in);
-    ++all_gathers;
-    return std::make_shared<CompletedWork>();
-  }
-  std::shared_ptr<Work> broadcast(at::Tensor&, const BroadcastOptions&) override {
-    return std::make_shared<CompletedWork>();
-  }
-  int reduce_scatters = 0, all_gathers = 0;
-};
-
-class LocalAccelerator final : public Accelerator {
- public:
-  c10::Device device() const override { return c10::kCPU; }
-  Communicator& communicator() override { return comm; }
-  std::string describe() const override { return "local"; }
-  LocalComm comm;
-};
+// A world of one (fake_communicator.hpp): collectives are copies. Enough to run the engine's
+// code paths in-process.
+using trainrun::test::FakeAccelerator;
+using trainrun::test::FakeCommunicator;
 
 // Two Linear units (each run through a Unit) and a head outside any unit, with a weight shared
 // by the head and the first layer's input projection (a tied weight used at both ends).
@@ -211,7 +182,7 @@ TEST_SUITE("sharding_engine") {
     CHECK(view[1][1].item<float>() == 14.0f);
   }
   TEST_CASE("a flat parameter: parameters view the full buffer, pieces alias the shard") {
-    LocalComm comm;
+    FakeCommunicator comm;
     at::Tensor a = torch::randn({3, 4}).requires_grad_(true);
     at::Tensor b = torch::randn({5}).requires_grad_(true);
     const at::Tensor a0 = a.detach().clone(), b0 = b.detach().clone();
@@ -253,7 +224,7 @@ TEST_SUITE("sharding_engine") {
       for (bool full_grads : {false, true}) {
         CAPTURE(keep_full);
         CAPTURE(full_grads);
-        LocalComm comm;
+        FakeCommunicator comm;
         at::Tensor a = (torch::randn({3, 4}) * 3).requires_grad_(true);
         const at::Tensor a0 = a.detach().clone();
         sharding::FlatParameter::Options o;
@@ -366,7 +337,7 @@ TEST_SUITE("zero_strategy") {
       const auto ref = reference_grads(5);
       torch::manual_seed(5);
       TwoUnitModel model;
-      LocalAccelerator acc;
+      FakeAccelerator acc;
       RunContext ctx;
       trainrun::plugins::ZeroStrategy zero(zero_options(3, persistence), ctx);
       TrainPlan plan;
@@ -437,7 +408,7 @@ TEST_SUITE("zero_strategy") {
     CodesModel model;
     make(model);
     const at::Tensor w0 = model.net->l0->weight.detach().clone();
-    LocalAccelerator acc;
+    FakeAccelerator acc;
     RunContext ctx;
     trainrun::plugins::ZeroStrategy zero(zero_options(3, 0), ctx);
     TrainPlan plan;
@@ -481,11 +452,11 @@ TEST_SUITE("zero_strategy") {
     CHECK(codes.storage().nbytes() == 0);
   }
   TEST_CASE("frozen flat: byte shards over several ranks hold whole elements") {
-    // Layout arithmetic only (world 3 over a LocalComm would not gather): offsets aligned to 16,
-    // shard a multiple of 16, each tensor's bytes once.
+    // Layout arithmetic only (a FakeCommunicator of 3 would gather copies of this rank's shard,
+    // not the others'): offsets aligned to 16, shard a multiple of 16, each tensor's bytes once.
     for (int64_t n : {int64_t{1}, int64_t{5}, int64_t{37}, int64_t{203}}) {
       CAPTURE(n);
-      LocalComm comm;
+      FakeCommunicator comm;
       at::Tensor a = torch::arange(n, torch::kFloat);
       at::Tensor b = torch::arange(n + 3, torch::kLong).to(torch::kByte);
       sharding::FrozenFlat f({{"a", a}, {"b", b}}, comm, "frozen");
@@ -508,7 +479,7 @@ TEST_SUITE("zero_strategy") {
       CAPTURE(stage);
       torch::manual_seed(7);
       TwoUnitModel model;
-      LocalAccelerator acc;
+      FakeAccelerator acc;
       RunContext ctx;
       trainrun::plugins::ZeroStrategy zero(zero_options(stage, 0), ctx);
       zero.setup(model, acc, TrainPlan{});
@@ -525,7 +496,7 @@ TEST_SUITE("zero_strategy") {
       }
       // Stage 1 communicates once per step, stage 2 once per micro-batch (buckets of 40
       // elements: each of these 5 parameters fills one, none pairs under the cap).
-      CHECK(acc.comm.reduce_scatters == (stage == 1 ? 5 : 10));
+      CHECK(acc.comm.count("reduce_scatter") == (stage == 1 ? 5 : 10));
       if (stage == 1)
         CHECK(model.net->l0->weight.grad().defined());  // whole gradients kept (views)
       else
@@ -535,7 +506,7 @@ TEST_SUITE("zero_strategy") {
   TEST_CASE("stage auto picks the lowest stage that fits, or names the world size that would") {
     torch::manual_seed(1);
     TwoUnitModel model;  // 48 + 2 * 42 = 132 parameters
-    LocalAccelerator acc;
+    FakeAccelerator acc;
     RunContext ctx;
     MemoryInputs in;
     in.optimizer_bytes = 8;  // Adam: 16 bytes per parameter in fp32 = 2112 bytes
