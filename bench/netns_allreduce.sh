@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # All-reduce bandwidth between two hosts with their own addresses (network namespaces joined by
-# a bridge, tests/netns_lib.sh; root needed), one rank on each, through `trainrun bench
+# a bridge, tests/e2e/netns_lib.sh; root needed), one rank on each, through `trainrun bench
 # collectives`: gloo-cpu as two workers (torchrun's variables), mpi through MPICH's hydra.
 #   bench/netns_allreduce.sh build/bin/trainrun [SIZES, default 64MiB] [ITERS, default 5]
 set -euo pipefail
-here=$(cd "$(dirname "$0")/../tests" && pwd)
+here=$(cd "$(dirname "$0")/../tests/e2e" && pwd)
 source "$here/e2e_lib.sh"
 source "$here/netns_lib.sh"
 tr=$(realpath "$1") sizes=${2:-64MiB} iters=${3:-5}
@@ -22,7 +22,7 @@ for backend in gloo-cpu; do
   echo "--- $backend"; cat "/tmp/netns-bench-$$-1"; cat "/tmp/netns-bench-$$-2" | grep -i error || true
   rm -f /tmp/netns-bench-$$-*
 done
-# mpi: MPICH's hydra on host 1 reaches host 2 through `ip netns exec` (tests/netns_hydra_exec.sh).
+# mpi: MPICH's hydra on host 1 reaches host 2 through `ip netns exec` (tests/e2e/netns_hydra_exec.sh).
 if "$tr" plugins mpi >/dev/null 2>&1; then
   export NETNS_TAG
   echo "--- mpi"

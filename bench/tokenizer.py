@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Encoding throughput of trainrun's tokenizer against Hugging Face `tokenizers` (PyPI), in the
-same run on the same corpus (tests/tokenizer_corpus.py: ~2.9 MB of prose, code, JSON, 40+
+same run on the same corpus (tests/e2e/tokenizer_corpus.py: ~2.9 MB of prose, code, JSON, 40+
 languages, emoji, whitespace runs).
 
     $TRAINRUN_VENV/bin/python bench/tokenizer.py [--tokenizer DIR]... [--trainrun build/bin/trainrun]
@@ -21,7 +21,7 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "tests"))
+sys.path.insert(0, os.path.join(ROOT, "tests", "e2e"))
 import tokenizer_corpus  # noqa: E402
 from tokenizers import Tokenizer  # noqa: E402
 

@@ -2,7 +2,7 @@
 # and on LibTorch >= 2.1 the fused scaled_dot_product_attention path against the explicit math.
 find_package(doctest REQUIRED)
 
-add_executable(unit_attention ${CMAKE_CURRENT_SOURCE_DIR}/unit_attention.cpp)
+add_executable(unit_attention ${CMAKE_CURRENT_SOURCE_DIR}/unit/unit_attention.cpp)
 target_link_libraries(unit_attention PRIVATE TrainrunSDK::sdk doctest::doctest)
 trainrun_use_pch(unit_attention)
 set(_attention_suites attention_semantics)

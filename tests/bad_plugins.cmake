@@ -6,8 +6,8 @@
 # can be put on --plugin-path alone. None of them is installed.
 set(_bad_src ${CMAKE_CURRENT_SOURCE_DIR}/bad_plugins)
 set(_bad_out ${CMAKE_BINARY_DIR}/test-plugins)
-set(_expect ${CMAKE_CURRENT_SOURCE_DIR}/expect.sh)
-set(_jobs ${CMAKE_CURRENT_SOURCE_DIR}/jobs)
+set(_expect ${CMAKE_CURRENT_SOURCE_DIR}/tools/expect.sh)
+set(_jobs ${CMAKE_CURRENT_SOURCE_DIR}/e2e/jobs)
 set(_runs ${CMAKE_CURRENT_BINARY_DIR}/runs)
 set(_trainrun $<TARGET_FILE:trainrun>)
 

@@ -6,7 +6,7 @@ if(NOT TARGET trainrun_text)
 endif()
 find_package(doctest REQUIRED)
 
-add_executable(unit_chat_template ${CMAKE_CURRENT_LIST_DIR}/unit_chat_template.cpp)
+add_executable(unit_chat_template ${CMAKE_CURRENT_LIST_DIR}/unit/unit_chat_template.cpp)
 target_link_libraries(unit_chat_template PRIVATE trainrun_text doctest::doctest)
 target_include_directories(unit_chat_template PRIVATE ${PROJECT_SOURCE_DIR}/text/src)
 target_compile_definitions(unit_chat_template PRIVATE
@@ -16,11 +16,11 @@ foreach(suite syntax values render errors loader builtins)
   set_tests_properties(unit_chat_template.${suite} PROPERTIES TIMEOUT 60 LABELS chat_template)
 endforeach()
 
-add_executable(chat_template_render ${CMAKE_CURRENT_LIST_DIR}/chat_template_render.cpp)
+add_executable(chat_template_render ${CMAKE_CURRENT_LIST_DIR}/tools/chat_template_render.cpp)
 target_link_libraries(chat_template_render PRIVATE trainrun_text)
 
 add_test(NAME chat_template_reference
-  COMMAND ${TRAINRUN_REF_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/chat_template_reference.py
+  COMMAND ${TRAINRUN_REF_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/e2e/chat_template_reference.py
           --render $<TARGET_FILE:chat_template_render>
           --fixtures ${CMAKE_SOURCE_DIR}/../shared/fixtures/tokenizers
           --work ${CMAKE_CURRENT_BINARY_DIR}/work/chat_template)
@@ -28,7 +28,7 @@ set_tests_properties(chat_template_reference PROPERTIES TIMEOUT 300 LABELS chat_
   ENVIRONMENT "HF_HUB_OFFLINE=1;TRANSFORMERS_OFFLINE=1;TOKENIZERS_PARALLELISM=false")
 
 add_test(NAME chat_template_cli
-  COMMAND ${TRAINRUN_REF_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/chat_template_reference.py
+  COMMAND ${TRAINRUN_REF_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/e2e/chat_template_reference.py
           --render $<TARGET_FILE:chat_template_render> --trainrun $<TARGET_FILE:trainrun>
           --fixtures ${CMAKE_SOURCE_DIR}/../shared/fixtures/tokenizers
           --work ${CMAKE_CURRENT_BINARY_DIR}/work/chat_template_cli)

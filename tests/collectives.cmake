@@ -7,7 +7,7 @@
 #    Ctrl-C.
 set(_tr $<TARGET_FILE:trainrun>)
 set(_cw ${CMAKE_CURRENT_BINARY_DIR}/work)
-set(_expect ${CMAKE_CURRENT_SOURCE_DIR}/expect.sh)
+set(_expect ${CMAKE_CURRENT_SOURCE_DIR}/tools/expect.sh)
 
 # How many checks rank 0 must report for the full matrix at world size N, stated here
 # independently of the bench so that a matrix that silently shrank fails: 7 dtypes x 4 counts x
@@ -91,14 +91,14 @@ endif()
 
 foreach(case kill9 kill9_no_launcher mismatch mismatch_kind stall timeout rendezvous sigint)
   add_test(NAME collectives_faults.gloo-cpu.${case}
-    COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/collectives_faults.sh ${_tr}
+    COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/e2e/collectives_faults.sh ${_tr}
             ${_cw}/faults-gloo-${case} gloo-cpu ${case})
   set_tests_properties(collectives_faults.gloo-cpu.${case} PROPERTIES TIMEOUT 120
     SKIP_RETURN_CODE 77 ENVIRONMENT "OMP_NUM_THREADS=1;OPENBLAS_NUM_THREADS=1")
 endforeach()
 foreach(case kill9 mismatch timeout before_init)
   add_test(NAME collectives_faults.mpi.${case}
-    COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/collectives_faults.sh ${_tr}
+    COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/e2e/collectives_faults.sh ${_tr}
             ${_cw}/faults-mpi-${case} mpi ${case})
   set_tests_properties(collectives_faults.mpi.${case} PROPERTIES TIMEOUT 120
     SKIP_RETURN_CODE 77 ENVIRONMENT "OMP_NUM_THREADS=1;OPENBLAS_NUM_THREADS=1")

@@ -3,7 +3,7 @@
 # gloo-cpu over loopback, against `single` (DESIGN invariant 1) and with bad input.
 find_package(doctest REQUIRED)
 
-add_executable(unit_ddp ${CMAKE_CURRENT_SOURCE_DIR}/unit_ddp.cpp)
+add_executable(unit_ddp ${CMAKE_CURRENT_SOURCE_DIR}/unit/unit_ddp.cpp)
 target_include_directories(unit_ddp PRIVATE ${PROJECT_SOURCE_DIR}/plugins)
 target_link_libraries(unit_ddp PRIVATE ddp-objects doctest::doctest)
 trainrun_use_pch(unit_ddp)
@@ -22,8 +22,8 @@ set_target_properties(ddp-test-models PROPERTIES LIBRARY_OUTPUT_DIRECTORY ${_ddp
 # Each case starts 2 ranks (and a single-process reference where it compares), one thread each.
 foreach(case equivalence variants compression shape_mismatch unused_error unused_ok)
   add_test(NAME ddp_e2e.${case}
-    COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/ddp_e2e.sh $<TARGET_FILE:trainrun>
-            ${CMAKE_CURRENT_SOURCE_DIR}/jobs ${CMAKE_CURRENT_BINARY_DIR}/work/ddp-${case}
+    COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/e2e/ddp_e2e.sh $<TARGET_FILE:trainrun>
+            ${CMAKE_CURRENT_SOURCE_DIR}/e2e/jobs ${CMAKE_CURRENT_BINARY_DIR}/work/ddp-${case}
             ${_ddp_test_plugins} ${case})
   set_tests_properties(ddp_e2e.${case} PROPERTIES TIMEOUT 300
     ENVIRONMENT "OMP_NUM_THREADS=1;OPENBLAS_NUM_THREADS=1")

@@ -1,8 +1,8 @@
 # Equivalence suite (DESIGN invariant 1), parameterised by strategy: every data-parallel or
 # sharded strategy joins with one equivalence_suite() line. One CTest entry per
 # (strategy, model, optimizer), so CTest runs them in parallel and a failure names the case.
-set(_eq_script ${CMAKE_CURRENT_SOURCE_DIR}/equivalence.sh)
-set(_eq_jobs ${CMAKE_CURRENT_SOURCE_DIR}/equivalence)
+set(_eq_script ${CMAKE_CURRENT_SOURCE_DIR}/e2e/equivalence.sh)
+set(_eq_jobs ${CMAKE_CURRENT_SOURCE_DIR}/e2e/equivalence)
 set(_eq_work ${CMAKE_CURRENT_BINARY_DIR}/work/equivalence)
 
 # equivalence_suite(<strategy> [LABEL <name>] [--set strategy.key=value ...])
@@ -81,10 +81,10 @@ foreach(stage 1 2 3)
 endforeach()
 
 # Distributed data: evaluation counted once across ranks, world 3 with accumulation, batch
-# layout errors (tests/data_parallel.sh).
+# layout errors (tests/e2e/data_parallel.sh).
 add_test(NAME data_parallel
-  COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/data_parallel.sh $<TARGET_FILE:trainrun>
-          ${CMAKE_CURRENT_SOURCE_DIR}/equivalence/mlp.toml ${_eq_work}/data_parallel)
+  COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/e2e/data_parallel.sh $<TARGET_FILE:trainrun>
+          ${CMAKE_CURRENT_SOURCE_DIR}/e2e/equivalence/mlp.toml ${_eq_work}/data_parallel)
 set_tests_properties(data_parallel PROPERTIES TIMEOUT 180)
 
 # Frozen parameters ([trainer] freeze), which the sharded strategies shard as raw bytes with

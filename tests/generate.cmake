@@ -3,13 +3,13 @@
 # test, and SmolLM2-135M-Instruct (cached by scripts/gguf_to_hf.py, as llama.smollm2).
 foreach(_variant llama3 qwen2 qwen3 mistral)
   add_test(NAME generate.tiny.${_variant}
-    COMMAND ${TRAINRUN_REF_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/generate_ref.py $<TARGET_FILE:trainrun>
+    COMMAND ${TRAINRUN_REF_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/e2e/generate_ref.py $<TARGET_FILE:trainrun>
             $<TARGET_FILE:llama_logits> ${CMAKE_CURRENT_BINARY_DIR}/work/generate-${_variant} tiny ${_variant})
   set_tests_properties(generate.tiny.${_variant} PROPERTIES TIMEOUT 300 LABELS "llama;generate"
     ENVIRONMENT "OMP_NUM_THREADS=1;OPENBLAS_NUM_THREADS=1")
 endforeach()
 add_test(NAME generate.smollm2
-  COMMAND ${TRAINRUN_REF_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/generate_ref.py $<TARGET_FILE:trainrun>
+  COMMAND ${TRAINRUN_REF_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/e2e/generate_ref.py $<TARGET_FILE:trainrun>
           $<TARGET_FILE:llama_logits> ${CMAKE_CURRENT_BINARY_DIR}/work/generate-smollm2 smollm2
           ${CMAKE_BINARY_DIR}/cache ${CMAKE_SOURCE_DIR}/scripts)
 set_tests_properties(generate.smollm2 PROPERTIES TIMEOUT 900 LABELS "llama;generate"

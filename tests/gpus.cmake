@@ -14,7 +14,7 @@ if(NOT TARGET cuda-objects)
   return()
 endif()
 find_package(doctest REQUIRED)
-add_executable(unit_cuda ${CMAKE_CURRENT_SOURCE_DIR}/unit_cuda.cpp)
+add_executable(unit_cuda ${CMAKE_CURRENT_SOURCE_DIR}/unit/unit_cuda.cpp)
 target_link_libraries(unit_cuda PRIVATE cuda-objects doctest::doctest)
 target_include_directories(unit_cuda PRIVATE ${CMAKE_SOURCE_DIR}/plugins/cuda
   ${TRAINRUN_NCCL_INCLUDE_DIR})
@@ -28,6 +28,6 @@ add_test(NAME unit_cuda.cuda_no_device COMMAND bash -c
   "if [ -e /dev/nvidia0 ]; then echo 'SKIP: a GPU is attached'; exit 77; fi; exec \"$0\" --test-suite=cuda_no_device"
   $<TARGET_FILE:unit_cuda>)
 set_tests_properties(unit_cuda.cuda_no_device PROPERTIES TIMEOUT 60 SKIP_RETURN_CODE 77)
-add_test(NAME gpus.no_device_job COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/gpus_no_device.sh
+add_test(NAME gpus.no_device_job COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/e2e/gpus_no_device.sh
   $<TARGET_FILE:trainrun> ${CMAKE_CURRENT_BINARY_DIR}/work/gpus-no-device)
 set_tests_properties(gpus.no_device_job PROPERTIES TIMEOUT 120 SKIP_RETURN_CODE 77)

@@ -3,7 +3,7 @@
 # trainrun binary on loopback (one CTest entry per case, so a failure names it).
 find_package(doctest REQUIRED)
 
-add_executable(unit_launcher unit_launcher.cpp)
+add_executable(unit_launcher unit/unit_launcher.cpp)
 target_link_libraries(unit_launcher PRIVATE trainrun_core doctest::doctest)
 target_compile_definitions(unit_launcher PRIVATE TRAINRUN_TEST_PLUGIN_DIR="${TRAINRUN_PLUGIN_OUTPUT_DIR}")
 trainrun_use_pch(unit_launcher)
@@ -14,7 +14,7 @@ endforeach()
 
 foreach(case kill9 term_ignored sigint saving save_stuck blame store_listen stray_child launcher_killed progress mpiexec_fail mpiexec_sigint)
   add_test(NAME launcher_supervision.${case}
-    COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/launcher_supervision.sh $<TARGET_FILE:unit_launcher>
+    COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/e2e/launcher_supervision.sh $<TARGET_FILE:unit_launcher>
             ${CMAKE_CURRENT_BINARY_DIR}/work/launcher-sup-${case} ${case})
   set_tests_properties(launcher_supervision.${case} PROPERTIES TIMEOUT 60 SKIP_RETURN_CODE 77)
 endforeach()
@@ -23,8 +23,8 @@ endforeach()
 # for the other end-to-end tests.
 foreach(case single_fails port_in_use two_agents node_missing sigint_rendezvous mpiexec check_no_launch run_dir_lock first_cause)
   add_test(NAME launcher_e2e.${case}
-    COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/launcher_e2e.sh $<TARGET_FILE:trainrun>
-            ${CMAKE_CURRENT_SOURCE_DIR}/jobs ${CMAKE_CURRENT_BINARY_DIR}/work/launcher-e2e-${case} ${case})
+    COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/e2e/launcher_e2e.sh $<TARGET_FILE:trainrun>
+            ${CMAKE_CURRENT_SOURCE_DIR}/e2e/jobs ${CMAKE_CURRENT_BINARY_DIR}/work/launcher-e2e-${case} ${case})
   set_tests_properties(launcher_e2e.${case} PROPERTIES TIMEOUT 120 SKIP_RETURN_CODE 77
     ENVIRONMENT "OMP_NUM_THREADS=1;OPENBLAS_NUM_THREADS=1")
 endforeach()

@@ -3,7 +3,7 @@
 # ZeRO paper's example) and end-to-end runs (metrics.jsonl, `trainrun check`).
 find_package(doctest REQUIRED)
 
-add_executable(unit_memory ${CMAKE_CURRENT_SOURCE_DIR}/unit_memory.cpp)
+add_executable(unit_memory ${CMAKE_CURRENT_SOURCE_DIR}/unit/unit_memory.cpp)
 target_link_libraries(unit_memory PRIVATE trainrun_core doctest::doctest)
 target_compile_definitions(unit_memory PRIVATE TRAINRUN_TEST_PLUGIN_DIR="${TRAINRUN_PLUGIN_OUTPUT_DIR}")
 trainrun_use_pch(unit_memory)
@@ -14,8 +14,8 @@ endforeach()
 
 foreach(case single ddp check)
   add_test(NAME memory_e2e.${case}
-    COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/memory_e2e.sh $<TARGET_FILE:trainrun>
-            ${CMAKE_CURRENT_SOURCE_DIR}/jobs ${CMAKE_SOURCE_DIR}/configs/gpt-text.toml
+    COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/e2e/memory_e2e.sh $<TARGET_FILE:trainrun>
+            ${CMAKE_CURRENT_SOURCE_DIR}/e2e/jobs ${CMAKE_SOURCE_DIR}/configs/gpt-text.toml
             ${CMAKE_CURRENT_BINARY_DIR}/work/memory-${case} ${case})
   set_tests_properties(memory_e2e.${case} PROPERTIES TIMEOUT 180
     ENVIRONMENT "OMP_NUM_THREADS=1;OPENBLAS_NUM_THREADS=1")

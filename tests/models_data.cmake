@@ -3,7 +3,7 @@
 # files.
 find_package(doctest REQUIRED)
 
-add_executable(unit_models_data ${CMAKE_CURRENT_LIST_DIR}/unit_models_data.cpp)
+add_executable(unit_models_data ${CMAKE_CURRENT_LIST_DIR}/unit/unit_models_data.cpp)
 target_link_libraries(unit_models_data PRIVATE models-objects data-objects doctest::doctest)
 trainrun_use_pch(unit_models_data)
 

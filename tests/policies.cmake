@@ -3,7 +3,7 @@
 # the entry symbols stay in the plugins.
 find_package(doctest REQUIRED)
 
-add_executable(unit_policies ${CMAKE_CURRENT_SOURCE_DIR}/unit_policies.cpp)
+add_executable(unit_policies ${CMAKE_CURRENT_SOURCE_DIR}/unit/unit_policies.cpp)
 target_include_directories(unit_policies PRIVATE ${PROJECT_SOURCE_DIR}/plugins)
 target_link_libraries(unit_policies PRIVATE optim-objects cpu-objects single-objects
   precision-objects callbacks-objects doctest::doctest)

@@ -5,7 +5,7 @@
 # and the strategy x precision matrix composed from TOML alone.
 find_package(doctest REQUIRED)
 
-add_executable(unit_precision ${CMAKE_CURRENT_SOURCE_DIR}/unit_precision.cpp)
+add_executable(unit_precision ${CMAKE_CURRENT_SOURCE_DIR}/unit/unit_precision.cpp)
 target_include_directories(unit_precision PRIVATE ${PROJECT_SOURCE_DIR}/plugins)
 target_link_libraries(unit_precision PRIVATE precision-objects optim-objects models-objects
   trainrun_core doctest::doctest)
@@ -21,8 +21,8 @@ set(_prec_plugins ${CMAKE_BINARY_DIR}/test-plugins/ddp-test-models)
 # scale after the hysteresis; clipping by value and by norm; checkpointing on the gpt.
 foreach(case inf_injection clipping checkpointing divergence)
   add_test(NAME precision_e2e.${case}
-    COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/precision_e2e.sh $<TARGET_FILE:trainrun>
-            ${CMAKE_CURRENT_SOURCE_DIR}/jobs ${CMAKE_CURRENT_BINARY_DIR}/work/precision-${case}
+    COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/e2e/precision_e2e.sh $<TARGET_FILE:trainrun>
+            ${CMAKE_CURRENT_SOURCE_DIR}/e2e/jobs ${CMAKE_CURRENT_BINARY_DIR}/work/precision-${case}
             ${_prec_plugins} ${case} ${CMAKE_SOURCE_DIR}/configs/gpt-text.toml)
   set_tests_properties(precision_e2e.${case} PROPERTIES TIMEOUT 180
     ENVIRONMENT "OMP_NUM_THREADS=1;OPENBLAS_NUM_THREADS=1")
@@ -43,8 +43,8 @@ function(precision_matrix strategy world)
       set(_ref ${_pm_work}/${strategy}-fp32/run)
     endif()
     add_test(NAME ${_name}
-      COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/precision_matrix.sh $<TARGET_FILE:trainrun>
-              ${CMAKE_CURRENT_SOURCE_DIR}/jobs/precision-matrix.toml
+      COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/e2e/precision_matrix.sh $<TARGET_FILE:trainrun>
+              ${CMAKE_CURRENT_SOURCE_DIR}/e2e/jobs/precision-matrix.toml
               ${_pm_work}/${strategy}-${precision}
               ${strategy} ${precision} ${world} ${_ref} ${ARGN})
     set_tests_properties(${_name} PROPERTIES TIMEOUT 120 LABELS precision_matrix
@@ -68,8 +68,8 @@ foreach(cell "single;bf16-true;1" "ddp;bf16-true;2" "single;auto;1")
   list(GET cell 1 _p)
   list(GET cell 2 _w)
   add_test(NAME precision_extra.${_s}.${_p}
-    COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/precision_matrix.sh $<TARGET_FILE:trainrun>
-            ${CMAKE_CURRENT_SOURCE_DIR}/jobs/precision-matrix.toml
+    COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/e2e/precision_matrix.sh $<TARGET_FILE:trainrun>
+            ${CMAKE_CURRENT_SOURCE_DIR}/e2e/jobs/precision-matrix.toml
             ${_pm_work}/${_s}-${_p} ${_s} ${_p} ${_w} ${_pm_work}/${_s}-fp32/run)
   set_tests_properties(precision_extra.${_s}.${_p} PROPERTIES TIMEOUT 120 LABELS precision_matrix
     FIXTURES_REQUIRED precision_fp32_${_s} ENVIRONMENT "OMP_NUM_THREADS=1;OPENBLAS_NUM_THREADS=1")

@@ -4,7 +4,7 @@
 find_package(doctest REQUIRED)
 find_package(nlohmann_json 3 REQUIRED)
 
-add_executable(unit_quant ${CMAKE_CURRENT_LIST_DIR}/unit_quant.cpp)
+add_executable(unit_quant ${CMAKE_CURRENT_LIST_DIR}/unit/unit_quant.cpp)
 target_include_directories(unit_quant PRIVATE ${PROJECT_SOURCE_DIR}/plugins)
 target_link_libraries(unit_quant PRIVATE quant-objects lora-objects doctest::doctest)
 trainrun_use_pch(unit_quant)
@@ -20,7 +20,7 @@ endforeach()
 # model evaluates as the adapted one).
 foreach(mode qlora merge qlora_merge)
   add_test(NAME qlora_e2e.${mode}
-    COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/qlora_e2e.sh $<TARGET_FILE:trainrun>
+    COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/e2e/qlora_e2e.sh $<TARGET_FILE:trainrun>
             ${CMAKE_SOURCE_DIR}/configs ${CMAKE_CURRENT_BINARY_DIR}/work/qlora-${mode} ${mode})
   set_tests_properties(qlora_e2e.${mode} PROPERTIES TIMEOUT 240 LABELS qlora
     ENVIRONMENT "OMP_NUM_THREADS=1;OPENBLAS_NUM_THREADS=1")
@@ -33,5 +33,5 @@ target_include_directories(bench_quant PRIVATE ${PROJECT_SOURCE_DIR}/plugins)
 target_link_libraries(bench_quant PRIVATE quant-objects)
 trainrun_use_pch(bench_quant)
 add_test(NAME bench_quant_smoke
-  COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/expect.sh 0 "int8, threshold 6.*ratio" -- $<TARGET_FILE:bench_quant> 512 64 3)
+  COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/tools/expect.sh 0 "int8, threshold 6.*ratio" -- $<TARGET_FILE:bench_quant> 512 64 3)
 set_tests_properties(bench_quant_smoke PROPERTIES TIMEOUT 60 ENVIRONMENT "OMP_NUM_THREADS=1")

@@ -12,7 +12,7 @@ set_tests_properties(llama.smollm2 generate.smollm2 PROPERTIES FIXTURES_REQUIRED
 # same held-out conversations and mask (scripts/check_sft_heldout.py): they must agree and the
 # loss must fall. About 3 minutes on 2 free cores; the timeout leaves room for a busy machine.
 add_test(NAME sft.smollm2
-  COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/sft_e2e.sh $<TARGET_FILE:trainrun> ${TRAINRUN_REF_PYTHON}
+  COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/e2e/sft_e2e.sh $<TARGET_FILE:trainrun> ${TRAINRUN_REF_PYTHON}
           ${CMAKE_SOURCE_DIR} ${CMAKE_BINARY_DIR}/cache/smollm2-135m-instruct ${CMAKE_CURRENT_BINARY_DIR}/work/sft-smollm2)
 set_tests_properties(sft.smollm2 PROPERTIES TIMEOUT 600 LABELS "llama;chat" FIXTURES_REQUIRED smollm2_cache
   ENVIRONMENT "HF_HUB_OFFLINE=1;TRANSFORMERS_OFFLINE=1;TOKENIZERS_PARALLELISM=false;OMP_NUM_THREADS=2")

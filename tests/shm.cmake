@@ -4,7 +4,7 @@
 # shm_e2e.sh checks through the real trainrun binary that the path is in use ("+ shm" and
 # "collectives over shm" in the banner) and that --verify passes with it on and off, with Gloo's
 # all-reduce chosen explicitly, and with two copies only.
-add_executable(shm_p2p ${CMAKE_CURRENT_SOURCE_DIR}/shm_p2p.cpp)
+add_executable(shm_p2p ${CMAKE_CURRENT_SOURCE_DIR}/tools/shm_p2p.cpp)
 target_link_libraries(shm_p2p PRIVATE trainrun_comm_gloo)
 trainrun_use_pch(shm_p2p)  # it includes <torch/torch.h>: without the PCH that alone is ~1 min
 
@@ -24,7 +24,7 @@ set_tests_properties(shm.p2p.check.two_copy PROPERTIES TIMEOUT 180
 
 foreach(case banner verify_off gloo_allreduce two_copy)
   add_test(NAME shm.e2e.${case}
-    COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/shm_e2e.sh $<TARGET_FILE:trainrun>
+    COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/e2e/shm_e2e.sh $<TARGET_FILE:trainrun>
             ${CMAKE_CURRENT_BINARY_DIR}/work/shm-${case} ${case})
   set_tests_properties(shm.e2e.${case} PROPERTIES TIMEOUT 300
     ENVIRONMENT "OMP_NUM_THREADS=1;OPENBLAS_NUM_THREADS=1")

@@ -2,7 +2,7 @@
 // The `chat` dataset without LibTorch: reading conversation files (OpenAI messages, ShareGPT
 // conversations, Alpaca records), rendering them with a chat template, tokenizing, and marking
 // which next-token targets count in the loss. chat.cpp packs the samples into batches; the test
-// tool tests/chat_dump.cpp prints them for comparison with transformers.
+// tool tests/tools/chat_dump.cpp prints them for comparison with transformers.
 #include <trainrun/text/chat_template.hpp>
 #include <trainrun/text/tokenizer.hpp>
 

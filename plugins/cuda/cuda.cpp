@@ -19,6 +19,8 @@
 
 namespace trainrun::plugins::cuda {
 
+using namespace trainrun::v1;
+
 namespace {
 
 constexpr const char* kName = "cuda";

@@ -10,37 +10,38 @@
 
 namespace trainrun::plugins::cuda {
 
-using namespace trainrun::v1;
-
 /// Runs each operation of a host (CPU) communicator on CUDA tensors by staging them through
 /// host memory: copy to the host (which waits for the current stream), run the inner operation
 /// to completion, copy back. Synchronous (returns completed Work); it is how two ranks share one
 /// GPU, which NCCL refuses, and a fallback where NCCL is missing. Tensors already on the CPU go
 /// to the inner communicator as they are.
-class HostStagingCommunicator final : public Communicator {
+class HostStagingCommunicator final : public v1::Communicator {
  public:
   /// `owner` keeps whatever owns `inner` alive (the Gloo communicator).
-  HostStagingCommunicator(std::shared_ptr<void> owner, Communicator& inner);
+  HostStagingCommunicator(std::shared_ptr<void> owner, v1::Communicator& inner);
   int rank() const override { return inner_.rank(); }
   int world_size() const override { return inner_.world_size(); }
   /// "gloo-cpu via host" for Gloo.
   std::string backend() const override { return inner_.backend() + " via host"; }
 
-  std::shared_ptr<Work> all_reduce(at::Tensor& tensor, const AllReduceOptions& opts = {}) override;
-  std::shared_ptr<Work> reduce_scatter(const at::Tensor& input, at::Tensor& output,
-                                       const ReduceScatterOptions& opts = {}) override;
-  std::shared_ptr<Work> all_gather(const at::Tensor& input, at::Tensor& output,
-                                   const AllGatherOptions& opts = {}) override;
-  std::shared_ptr<Work> broadcast(at::Tensor& tensor, const BroadcastOptions& opts = {}) override;
-  std::shared_ptr<Work> send(const at::Tensor& tensor, const PointToPointOptions& opts) override;
-  std::shared_ptr<Work> recv(at::Tensor& tensor, const PointToPointOptions& opts) override;
-  std::shared_ptr<Work> barrier(const BarrierOptions& opts = {}) override;
-  std::shared_ptr<Communicator> new_group(const std::vector<int>& ranks) override;
+  std::shared_ptr<v1::Work> all_reduce(at::Tensor& tensor,
+                                       const v1::AllReduceOptions& opts = {}) override;
+  std::shared_ptr<v1::Work> reduce_scatter(const at::Tensor& input, at::Tensor& output,
+                                           const v1::ReduceScatterOptions& opts = {}) override;
+  std::shared_ptr<v1::Work> all_gather(const at::Tensor& input, at::Tensor& output,
+                                       const v1::AllGatherOptions& opts = {}) override;
+  std::shared_ptr<v1::Work> broadcast(at::Tensor& tensor,
+                                      const v1::BroadcastOptions& opts = {}) override;
+  std::shared_ptr<v1::Work> send(const at::Tensor& tensor,
+                                 const v1::PointToPointOptions& opts) override;
+  std::shared_ptr<v1::Work> recv(at::Tensor& tensor, const v1::PointToPointOptions& opts) override;
+  std::shared_ptr<v1::Work> barrier(const v1::BarrierOptions& opts = {}) override;
+  std::shared_ptr<v1::Communicator> new_group(const std::vector<int>& ranks) override;
 
  private:
   std::shared_ptr<void> owner_;
-  Communicator& inner_;
-  std::shared_ptr<Communicator> group_;  // keeps a sub-group's inner communicator alive
+  v1::Communicator& inner_;
+  std::shared_ptr<v1::Communicator> group_;  // keeps a sub-group's inner communicator alive
 };
 
 /// The cuda accelerator. Options: `device_ids` (device per local rank; default: the local
@@ -48,16 +49,16 @@ class HostStagingCommunicator final : public Communicator {
 /// `blocking_wait`, `threads` (as cpu's). Throws ConfigError (exit code 2) when no CUDA device is
 /// visible (the message carries the CUDA runtime's error), when a local rank has no device,
 /// and when nccl is asked to put two ranks on one device.
-class CudaAccelerator final : public Accelerator {
+class CudaAccelerator final : public v1::Accelerator {
  public:
-  static void declare_options(OptionSchema& schema);
-  CudaAccelerator(const Options& options, const RunContext& ctx);
+  static void declare_options(v1::OptionSchema& schema);
+  CudaAccelerator(const v1::Options& options, const v1::RunContext& ctx);
   ~CudaAccelerator() override;
   c10::Device device() const override;
-  Communicator& communicator() override { return *comm_; }
+  v1::Communicator& communicator() override { return *comm_; }
   /// The CUDA caching allocator's statistics of this device: current and peak allocated bytes
   /// (what tensors hold, as the CPU tracker counts), total = the device's memory.
-  MemoryStats memory_stats() const override;
+  v1::MemoryStats memory_stats() const override;
   std::string describe() const override;
 
  private:
@@ -65,7 +66,7 @@ class CudaAccelerator final : public Accelerator {
   std::string collectives_;
   std::string device_text_;
   std::shared_ptr<void> gloo_;  // the Gloo communicator behind collectives = "gloo"
-  std::shared_ptr<Communicator> comm_;
+  std::shared_ptr<v1::Communicator> comm_;
   v1::cpu::ThreadPlan threads_;
 };
 

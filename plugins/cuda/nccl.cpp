@@ -22,6 +22,8 @@
 
 namespace trainrun::plugins::cuda {
 
+using namespace trainrun::v1;
+
 namespace {
 
 constexpr const char* kBackend = "nccl";

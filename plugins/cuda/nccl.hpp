@@ -15,8 +15,6 @@ class Store;
 
 namespace trainrun::plugins::cuda {
 
-using namespace trainrun::v1;
-
 /// What every communicator of one accelerator (the world and its sub-groups) shares.
 struct NcclSettings {
   double timeout_s = 600;             ///< default timeout of every operation (seconds)
@@ -48,7 +46,7 @@ struct NcclSettings {
 /// (comm::Monitor::describe_failure). If no call picks the error up within 30 s (the host is
 /// blocked elsewhere), the watchdog prints it and ends the process with exit code 1, so no
 /// rank outlives a dead peer by more than the timeout and a grace period.
-class NcclCommunicator final : public Communicator {
+class NcclCommunicator final : public v1::Communicator {
  public:
   /// Joins one group: rendezvous of its members through `store` (keys under "g0/" for the
   /// world, "g<id>/" for a sub-group), rank 0 of the group creates the NCCL unique id and
@@ -66,21 +64,24 @@ class NcclCommunicator final : public Communicator {
   /// NCCL's version as "2.28.9".
   static std::string nccl_version();
 
-  std::shared_ptr<Work> all_reduce(at::Tensor& tensor, const AllReduceOptions& opts = {}) override;
-  std::shared_ptr<Work> reduce_scatter(const at::Tensor& input, at::Tensor& output,
-                                       const ReduceScatterOptions& opts = {}) override;
-  std::shared_ptr<Work> all_gather(const at::Tensor& input, at::Tensor& output,
-                                   const AllGatherOptions& opts = {}) override;
-  std::shared_ptr<Work> broadcast(at::Tensor& tensor, const BroadcastOptions& opts = {}) override;
-  std::shared_ptr<Work> send(const at::Tensor& tensor, const PointToPointOptions& opts) override;
-  std::shared_ptr<Work> recv(at::Tensor& tensor, const PointToPointOptions& opts) override;
+  std::shared_ptr<v1::Work> all_reduce(at::Tensor& tensor,
+                                       const v1::AllReduceOptions& opts = {}) override;
+  std::shared_ptr<v1::Work> reduce_scatter(const at::Tensor& input, at::Tensor& output,
+                                           const v1::ReduceScatterOptions& opts = {}) override;
+  std::shared_ptr<v1::Work> all_gather(const at::Tensor& input, at::Tensor& output,
+                                       const v1::AllGatherOptions& opts = {}) override;
+  std::shared_ptr<v1::Work> broadcast(at::Tensor& tensor,
+                                      const v1::BroadcastOptions& opts = {}) override;
+  std::shared_ptr<v1::Work> send(const at::Tensor& tensor,
+                                 const v1::PointToPointOptions& opts) override;
+  std::shared_ptr<v1::Work> recv(at::Tensor& tensor, const v1::PointToPointOptions& opts) override;
   /// NCCL has no barrier: an all-reduce of one int32 on the device, whose wait() blocks the
   /// host until it is done (bounded by the timeout), as c10d's NCCL barrier does.
-  std::shared_ptr<Work> barrier(const BarrierOptions& opts = {}) override;
+  std::shared_ptr<v1::Work> barrier(const v1::BarrierOptions& opts = {}) override;
   /// c10d semantics: every rank of this group calls it with the same list; ranks not in the
   /// list get nullptr, members a communicator with its own NCCL communicator, order check and
   /// stall inspector.
-  std::shared_ptr<Communicator> new_group(const std::vector<int>& ranks) override;
+  std::shared_ptr<v1::Communicator> new_group(const std::vector<int>& ranks) override;
 
   struct Impl;
 
@@ -92,6 +93,6 @@ class NcclCommunicator final : public Communicator {
 /// (int as NCCL's ncclDataType_t, so this header needs no nccl.h.)
 int nccl_dtype(c10::ScalarType t);
 /// NCCL's reduction for a ReduceOp (Avg is NCCL's own ncclAvg, NCCL >= 2.10).
-int nccl_reduce_op(ReduceOp op);
+int nccl_reduce_op(v1::ReduceOp op);
 
 }  // namespace trainrun::plugins::cuda

@@ -1,6 +1,6 @@
 #pragma once
 // The NCCL communicator's bookkeeping of operations in flight, kept free of CUDA so that it is
-// unit-tested without a device (tests/unit_cuda.cpp drives it with scripted events).
+// unit-tested without a device (tests/unit/unit_cuda.cpp drives it with scripted events).
 //
 // Each operation enqueued on the communicator's stream is recorded here with the event recorded
 // after it, its deadline and its text. The watchdog thread polls: operations complete in stream

@@ -1,7 +1,7 @@
 #pragma once
 // Jinja2's builtin filters and tests, Python's methods of str/dict/list and its operators, as the
 // chat-template renderer (jinja_render.cpp) needs them. Each follows the behaviour of jinja2 3.1's
-// filters.py/tests.py and CPython, checked against them in tests/chat_template_reference.py.
+// filters.py/tests.py and CPython, checked against them in tests/e2e/chat_template_reference.py.
 #include <string>
 #include <vector>
 

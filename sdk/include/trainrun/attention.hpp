@@ -140,7 +140,7 @@ inline at::Tensor attention_math(const at::Tensor& q, const at::Tensor& k, const
 
 /// Scaled dot-product attention; shapes, dtypes and masking as attention_math(). On LibTorch
 /// >= 2.1 at::scaled_dot_product_attention (TRAINRUN_HAS_SDPA == 1), else attention_math().
-/// The two agree to rounding (tests/unit_attention.cpp); dropout draws differ between them.
+/// The two agree to rounding (tests/unit/unit_attention.cpp); dropout draws differ between them.
 inline at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const AttentionOptions& o = {}) {
 #if TRAINRUN_HAS_SDPA

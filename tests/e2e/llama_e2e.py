@@ -1,0 +1,537 @@
+"""The llama plugin against transformers and PEFT (issue 21), on tiny random models that
+transformers builds and saves here (save_pretrained), one variant per run:
+
+  llama3   Llama 3 style: rope_type llama3, GQA (4 query / 2 key-value heads), tied embeddings
+  qwen2    Qwen2: q/k/v biases, GQA
+  qwen3    Qwen3: q_norm/k_norm, head_dim 16 != hidden 32 / 4 heads
+  mistral  Mistral: sliding_window 8 on 16-token sequences
+
+Modes:
+  logits   (a) trainrun's logits (tests/tools/llama_logits.cpp) equal transformers' (eager attention)
+           within 1e-5 relative, fp32.
+  long     the same on 300-token sequences: past the 128-query blocks in which the plugin
+           computes causal attention without SDPA (LibTorch < 2.1), so a block's keys, its
+           mask slice and the last, shorter block are all checked.
+  longtrain  (b) on 2 sequences of 300 tokens: past the 128-query blocks, whose attention has a
+           backward of its own without SDPA (LibTorch < 2.1), and the loss's own backward; the
+           trained weights give the reference's logits (1e-4).
+  train    (b) 10 AdamW steps through `trainrun` on a uint32 token file: per-step losses within
+           1e-4 relative of a transformers + torch.optim.AdamW loop on the same batches;
+           (c) <run_dir>/hf/ loads in AutoModelForCausalLM.from_pretrained with no missing or
+           unexpected keys and gives trainrun's logits (1e-5); save_dtype/max_shard_size write
+           bf16 shards + index that load too.
+  lora     (d) a LoRA run's adapter loads in peft.PeftModel.from_pretrained with the stated
+           adapter_config keys and gives trainrun's logits within 1e-5; (e) `trainrun merge-lora`
+           on the HF base gives an HF directory whose logits equal the adapter model's; onto a
+           base it was not trained on (other shapes, fewer layers, same shapes but another
+           model_type) it exits 2 naming the tensor or key and writes nothing.
+  shardload  loading by shard (ABI 1.7 DeferredWeights): at 2 ranks under fsdp and zero stage 3
+           each rank reads only its shard's bytes from model.safetensors (the two ranks' reads add
+           up to the file's tensor bytes, neither reads more than half plus one tensor's
+           alignment; with LoRA, whose frozen tensors outside the decoder layers stay whole, each
+           reads part), and the losses of 4 AdamW steps, with and without LoRA, are identical to
+           the read-whole path (forced by [trainer] init_weights = the same file).
+  export   `trainrun export` on a sharded checkpoint (fsdp, 2 ranks) of a full fine-tuning run:
+           the HF directory loads in from_pretrained with no missing or unexpected keys, gives
+           trainrun's logits on it (1e-5) and equals the run's own <run_dir>/hf/ (same step);
+           --dtype bfloat16 with a small --max-shard-size writes bf16 shards + index that load
+           too; tokenizer files are copied; an existing --output and a LoRA checkpoint are errors
+           (exit 2, nothing written).
+  bad      bad input, each exit 2 with a message naming the fault and no <run_dir>/hf/: no
+           config.json, an unsupported model_type, a shard listed in the index but missing, a
+           truncated safetensors file, a tensor of the wrong shape, a LoRA target matching nothing.
+
+"Relative" is max|x - ref| / max|ref| over the whole tensor.
+
+usage: llama_e2e.py TRAINRUN LLAMA_LOGITS WORK MODE VARIANT
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import torch
+
+TRAINRUN, LOGITS_EXE, WORK, MODE, VARIANT = sys.argv[1:6]
+T, B = (300, 2) if MODE == "longtrain" else (16, 4)  # sequence length, sequences per batch
+torch.set_num_threads(1)
+
+
+def fail(msg):
+    print("FAIL:", msg, flush=True)
+    sys.exit(1)
+
+
+def rel(x, ref):
+    return ((x.double() - ref.double()).abs().max() / ref.double().abs().max()).item()
+
+
+def make_model(variant, out, **changes):
+    from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
+
+    common = dict(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                  rms_norm_eps=1e-6, bos_token_id=1, eos_token_id=2)
+    common.update(changes)
+    if variant == "llama3":
+        cfg = LlamaConfig(**common, tie_word_embeddings=True,
+                          rope_parameters={"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0,
+                                           "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                           "original_max_position_embeddings": 16})
+    elif variant == "qwen2":
+        cfg = Qwen2Config(**common, tie_word_embeddings=False)
+    elif variant == "qwen3":
+        cfg = Qwen3Config(**common, head_dim=16, tie_word_embeddings=False)
+    elif variant == "mistral":
+        cfg = MistralConfig(**common, sliding_window=8, tie_word_embeddings=False)
+    else:
+        fail(f"unknown variant {variant}")
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager")
+    # Norm gains and biases start at 1 and 0: perturb them so that a wrong use shows.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 1:
+                p.add_(0.1 * torch.randn_like(p))
+    model.save_pretrained(out)
+    return model
+
+
+def hf_model(path, adapter=None):
+    from transformers import AutoModelForCausalLM
+
+    model, info = AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager",
+                                                       output_loading_info=True, dtype=torch.float32)
+    for k in ("missing_keys", "unexpected_keys", "mismatched_keys"):
+        if info.get(k):
+            fail(f"{path}: from_pretrained reports {k} {info[k]}")
+    if adapter:
+        from peft import PeftModel
+        model = PeftModel.from_pretrained(model, adapter)
+    return model.eval()
+
+
+def ids_file(path, seed=1, length=T):
+    from safetensors.torch import save_file
+
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, 96, (3, length), generator=g)
+    save_file({"input_ids": ids}, path)
+    return ids
+
+
+def trainrun_logits(model_dir, ids_path, adapter=None):
+    from safetensors.torch import load_file
+
+    out = os.path.join(WORK, "logits-%d.safetensors" % len(os.listdir(WORK)))
+    cmd = [LOGITS_EXE, model_dir, ids_path, out] + ([adapter] if adapter else [])
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    print(r.stdout + r.stderr, end="")
+    if r.returncode != 0:
+        fail(f"llama_logits exited {r.returncode}")
+    return load_file(out)["logits"]
+
+
+def compare_logits(model_dir, what, adapter=None, ref_model=None, tol=1e-5, length=T):
+    ids_path = os.path.join(WORK, "ids.safetensors")
+    ids = ids_file(ids_path, length=length)
+    ours = trainrun_logits(model_dir, ids_path, adapter)
+    model = ref_model or hf_model(model_dir, adapter)
+    with torch.no_grad():
+        ref = model(input_ids=ids).logits
+    r = rel(ours, ref)
+    print(f"{VARIANT} {what}: logits {tuple(ref.shape)}, max relative difference {r:.2e} (tolerance {tol:g})")
+    if not r <= tol:
+        fail(f"{what}: trainrun's logits differ from the reference by {r:.2e} > {tol:g}")
+    return ours
+
+
+def token_file(path):
+    """B training windows of T+1 tokens (one optimizer step sees all of them), then T+1 held-out
+    tokens; raw little-endian uint32 (the text dataset's format = "uint32")."""
+    g = torch.Generator().manual_seed(2)
+    n_train = T + B
+    toks = torch.randint(3, 96, (n_train + T + 1,), generator=g)
+    toks.to(torch.int32).numpy().astype("<u4").tofile(path)
+    frac = (T + 1.5) / toks.numel()  # the dataset holds out int(n * frac) = T + 1 tokens
+    return toks[:n_train], frac
+
+
+def job(path, model_dir, tokens, frac, run_dir, steps, lr, extra=""):
+    with open(path, "w") as f:
+        f.write(f"""[trainer]
+max_steps = {steps}
+global_batch_size = {B}
+seed = 3
+log_every = 1
+run_dir = "{run_dir}"
+
+[model]
+plugin = "llama"
+path = "{model_dir}"
+
+[data]
+plugin = "text"
+format = "uint32"
+vocab_size = 96
+block_size = {T}
+eval_fraction = {frac!r}
+paths = ["{tokens}"]
+
+[optimizer]
+plugin = "adamw"
+lr = {lr}
+weight_decay = 0.1
+
+[accelerator]
+plugin = "cpu"
+threads = 1
+{extra}""")
+
+
+def run_trainrun(args, expect_rc=0):
+    r = subprocess.run([TRAINRUN] + args, capture_output=True, text=True)
+    print(r.stdout + r.stderr, end="")
+    if r.returncode != expect_rc:
+        fail(f"trainrun {' '.join(args)} exited {r.returncode}, expected {expect_rc}")
+    return r.stdout + r.stderr
+
+
+def losses(run_dir):
+    rows = [json.loads(l) for l in open(os.path.join(run_dir, "metrics.jsonl"))]
+    return [r["loss"] for r in rows if "loss" in r and "eval_loss" not in r]
+
+
+def reference_losses(model_dir, train_tokens, steps, lr):
+    model = hf_model(model_dir).train()
+    windows = torch.stack([train_tokens[i:i + T + 1] for i in range(B)])
+    x, y = windows[:, :T], windows[:, 1:]
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+                            lr=lr, betas=(0.9, 0.999), eps=1e-8)
+    out = []
+    for _ in range(steps):
+        logits = model(input_ids=x).logits
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), y.reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        out.append(loss.item())
+    return out, model.eval()
+
+
+def main():
+    shutil.rmtree(WORK, ignore_errors=True)
+    os.makedirs(WORK)
+    base = os.path.join(WORK, "base")
+    make_model(VARIANT, base, **({"max_position_embeddings": 512} if MODE in ("long", "longtrain") else {}))
+    if MODE == "logits":
+        compare_logits(base, "transformers")
+    elif MODE == "long":
+        compare_logits(base, "transformers, 300 tokens", length=300)
+    elif MODE in ("train", "longtrain"):
+        tokens = os.path.join(WORK, "tokens.u32")
+        train, frac = token_file(tokens)
+        run_dir = os.path.join(WORK, "run")
+        job(os.path.join(WORK, "job.toml"), base, tokens, frac, run_dir, 10, 1e-2)
+        run_trainrun(["--config", os.path.join(WORK, "job.toml")])
+        ours = losses(run_dir)
+        ref, trained = reference_losses(base, train, 10, 1e-2)
+        worst = max(abs(a - b) / abs(b) for a, b in zip(ours, ref))
+        print(f"{VARIANT} train: trainrun {['%.6f' % l for l in ours]}\n{VARIANT} train: torch    "
+              f"{['%.6f' % l for l in ref]}\n{VARIANT} train: worst relative difference {worst:.2e} (tolerance 1e-4)")
+        if len(ours) != 10 or not worst <= 1e-4:
+            fail(f"losses differ: worst {worst:.2e}")
+        if not ref[-1] < ref[0] * 0.9:
+            fail("the reference did not train")
+        hf_dir = os.path.join(run_dir, "hf")
+        for f in ("config.json", "generation_config.json", "model.safetensors"):
+            if not os.path.isfile(os.path.join(hf_dir, f)):
+                fail(f"{hf_dir} has no {f}")
+        cfg = json.load(open(os.path.join(hf_dir, "config.json")))
+        for k in ("torch_dtype", "dtype", "rope_theta", "rope_parameters"):
+            if k not in cfg:
+                fail(f"{hf_dir}/config.json lacks {k}")
+        compare_logits(hf_dir, "<run_dir>/hf/ in from_pretrained")
+        # The trained weights, not only a loadable file: the reference after the same 10 steps.
+        compare_logits(hf_dir, "<run_dir>/hf/ vs the reference's trained model", ref_model=trained, tol=1e-4)
+        if MODE == "longtrain":
+            return
+        # bf16 shards with an index.
+        run2 = os.path.join(WORK, "run-bf16")
+        job(os.path.join(WORK, "job2.toml"), base, tokens, frac, run2, 1, 1e-2)
+        run_trainrun(["--config", os.path.join(WORK, "job2.toml"), "--set", "model.save_dtype=bfloat16",
+                      "--set", "model.max_shard_size=20KB"])
+        idx = json.load(open(os.path.join(run2, "hf", "model.safetensors.index.json")))
+        shards = sorted(set(idx["weight_map"].values()))
+        print(f"{VARIANT} bf16 save: {len(shards)} shards {shards}")
+        if len(shards) < 2:
+            fail("max_shard_size 20KB wrote a single shard")
+        from safetensors import safe_open
+        with safe_open(os.path.join(run2, "hf", shards[0]), "pt") as f:
+            if f.metadata().get("format") != "pt":
+                fail("shard metadata lacks format = pt")
+            if f.get_tensor(next(iter(f.keys()))).dtype != torch.bfloat16:
+                fail("save_dtype bfloat16 wrote another dtype")
+        hf_model(os.path.join(run2, "hf"))
+    elif MODE == "lora":
+        tokens = os.path.join(WORK, "tokens.u32")
+        train, frac = token_file(tokens)
+        run_dir = os.path.join(WORK, "run")
+        job(os.path.join(WORK, "job.toml"), base, tokens, frac, run_dir, 5, 5e-2,
+            '\n[[callbacks]]\nplugin = "lora"\nr = 4\nlora_alpha = 8.0\n'
+            'target_modules = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]\n')
+        out = run_trainrun(["--config", os.path.join(WORK, "job.toml")])
+        if "hf/ not written" not in out:
+            fail("a LoRA run should not write <run_dir>/hf/ (the adapter holds the result)")
+        adapter = os.path.join(run_dir, "adapter")
+        acfg = json.load(open(os.path.join(adapter, "adapter_config.json")))
+        want = {"peft_type": "LORA", "r": 4, "lora_alpha": 8.0, "task_type": "CAUSAL_LM", "bias": "none",
+                "use_rslora": False, "base_model_name_or_path": os.path.abspath(base)}
+        for k, v in want.items():
+            if acfg.get(k) != v:
+                fail(f"adapter_config.json: {k} = {acfg.get(k)!r}, expected {v!r}")
+        from safetensors import safe_open
+        with safe_open(os.path.join(adapter, "adapter_model.safetensors"), "pt") as f:
+            name = "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"
+            if name not in f.keys():
+                fail(f"adapter has no {name}: {sorted(f.keys())[:4]}")
+            if f.get_tensor(name.replace("lora_A", "lora_B")).abs().max() == 0:
+                fail("lora_B is still zero after training")
+        peft_logits = compare_logits(base, "PEFT adapter", adapter=adapter)
+        merged = os.path.join(WORK, "merged")
+        run_trainrun(["merge-lora", "--base", base, "--adapter", adapter, "--output", merged])
+        model = hf_model(merged)
+        ids = ids_file(os.path.join(WORK, "ids.safetensors"))
+        with torch.no_grad():
+            m = model(input_ids=ids).logits
+        r = rel(m, peft_logits)
+        print(f"{VARIANT} merged: max relative difference to the adapter model {r:.2e} (tolerance 1e-5)")
+        if not r <= 1e-5:
+            fail(f"merged model differs from the adapter model by {r:.2e}")
+        mismatched_bases(adapter)
+    elif MODE == "qlora":
+        # QLoRA on the llama (nf4 base with double quantization + LoRA on all-linear) at 2 ranks:
+        # fsdp (the packed base sharded per decoder layer) and ddp give the same losses.
+        tokens = os.path.join(WORK, "tokens.u32")
+        _, frac = token_file(tokens)
+        runs = {}
+        for strategy in ("fsdp", "ddp"):
+            run_dir = os.path.join(WORK, strategy)
+            job(os.path.join(WORK, strategy + ".toml"), base, tokens, frac, run_dir, 6, 2e-2,
+                '\n[precision]\nplugin = "quant-nf4"\ntarget_modules = ["all-linear"]\nblocksize = 16\n'
+                'double_quant = true\n\n[[callbacks]]\nplugin = "lora"\nr = 4\nlora_alpha = 8.0\n'
+                'target_modules = ["all-linear"]\n')
+            out = run_trainrun(["--config", os.path.join(WORK, strategy + ".toml"), "--set", f"strategy.plugin={strategy}",
+                                "--set", "launch.nproc_per_node=2", "--set", "accelerator.plugin=gloo-cpu"])
+            if "quant-nf4: 14 Linear layer(s) quantized" not in out:
+                fail("expected the 14 decoder projections quantized (lm_head is tied or skipped)")
+            runs[strategy] = losses(run_dir)
+            if not os.path.isfile(os.path.join(run_dir, "adapter", "adapter_model.safetensors")):
+                fail(f"{strategy}: no adapter written")
+        a, b = runs["fsdp"], runs["ddp"]
+        worst = max(abs(x - y) / abs(y) for x, y in zip(a, b))
+        print(f"{VARIANT} qlora: fsdp {['%.6f' % l for l in a]}\n{VARIANT} qlora: ddp  {['%.6f' % l for l in b]}\n"
+              f"{VARIANT} qlora: worst relative difference {worst:.2e} (tolerance 1e-5)")
+        if len(a) != 6 or len(b) != 6 or not worst <= 1e-5:
+            fail("QLoRA under fsdp and ddp disagree")
+        if not a[-1] < a[0]:
+            fail("QLoRA did not lower the loss")
+    elif MODE == "export":
+        export(base)
+    elif MODE == "shardload":
+        shardload(base)
+    elif MODE == "bad":
+        bad(base)
+    else:
+        fail(f"unknown mode {MODE}")
+    print("OK")
+
+
+def mismatched_bases(adapter):
+    """(e) merge-lora onto a base the adapter was not trained on: exit 2 naming the tensor or the
+    config key, and no output written."""
+    qwen3 = {}  # make_model gives qwen3 its head_dim itself
+
+    def case(name, variant, changes, expect):
+        other = os.path.join(WORK, "base-" + name)
+        make_model(variant, other, **changes)
+        merged = os.path.join(WORK, "merged-" + name)
+        out = run_trainrun(["merge-lora", "--base", other, "--adapter", adapter, "--output", merged], expect_rc=2)
+        import re
+        if not re.search(expect, out):
+            fail(f"merge-lora onto {name}: the error does not match /{expect}/")
+        if os.path.exists(merged):
+            fail(f"merge-lora onto {name}: {merged} was written")
+        print(f"merge-lora onto a base with {name}: exit 2, message matches /{expect}/, nothing written")
+
+    # Adapter tensors are merged in name order: layers.0.mlp.down_proj comes first.
+    case("other-shapes", VARIANT, dict(intermediate_size=48, **qwen3),
+         r"adapter of 'model\.layers\.0\.mlp\.down_proj': lora_A \[4, 64\], lora_B \[32, 4\] do not fit "
+         r"the base weight \[32, 48\]")
+    case("fewer-layers", VARIANT, dict(num_hidden_layers=1, **qwen3),
+         r"no tensor 'model\.layers\.1\.mlp\.down_proj\.weight' for the adapter of 'model\.layers\.1\.mlp\.down_proj'")
+    # Same tensor names and shapes, another architecture: only config.json tells them apart.
+    other = "mistral" if VARIANT != "mistral" else "llama3"
+    theirs = json.load(open(os.path.join(WORK, "base", "config.json")))["model_type"]
+    case("another-model_type", other, qwen3,
+         rf'config\.json key "model_type" is "{"mistral" if other == "mistral" else "llama"}", but the adapter '
+         rf'was trained on .*base .*whose model_type is "{theirs}"')
+
+
+def export(base):
+    from safetensors import safe_open
+
+    with open(os.path.join(base, "tokenizer_config.json"), "w") as f:
+        f.write('{"model_max_length": 64}\n')
+    tokens = os.path.join(WORK, "tokens.u32")
+    _, frac = token_file(tokens)
+    ckpt = '\n[[callbacks]]\nplugin = "checkpoint"\nevery_n_steps = 0\nsave_last = true\n'
+    run_dir = os.path.join(WORK, "run")
+    job(os.path.join(WORK, "run.toml"), base, tokens, frac, run_dir, 3, 2e-2,
+        '\n[strategy]\nplugin = "fsdp"\n' + ckpt)
+    run_trainrun(["--config", os.path.join(WORK, "run.toml"), "--set", "launch.nproc_per_node=2",
+                  "--set", "accelerator.plugin=gloo-cpu"])
+    checkpoints = os.path.join(run_dir, "checkpoints")
+    out = os.path.join(WORK, "exported")
+    run_trainrun(["export", checkpoints, "--output", out])
+    for f in ("config.json", "generation_config.json", "model.safetensors", "tokenizer_config.json"):
+        if not os.path.isfile(os.path.join(out, f)):
+            fail(f"export wrote no {f}")
+    with safe_open(os.path.join(out, "model.safetensors"), "pt") as f:
+        if f.metadata() != {"format": "pt"}:
+            fail(f"export: __metadata__ is {f.metadata()}")
+        if any(f.get_tensor(k).dtype != torch.float32 for k in f.keys()):
+            fail("export: the weights are not float32 (as trained)")
+    with safe_open(os.path.join(run_dir, "hf", "model.safetensors"), "pt") as a, \
+            safe_open(os.path.join(out, "model.safetensors"), "pt") as b:
+        if sorted(a.keys()) != sorted(b.keys()) or any(not torch.equal(a.get_tensor(k), b.get_tensor(k)) for k in a.keys()):
+            fail("export: the weights differ from the run's own <run_dir>/hf/ at the same step")
+    compare_logits(out, "export")  # from_pretrained (no missing/unexpected keys) vs trainrun
+    bf16 = os.path.join(WORK, "exported-bf16")
+    run_trainrun(["export", checkpoints, "--output", bf16, "--dtype", "bfloat16", "--max-shard-size", "20KB"])
+    index = os.path.join(bf16, "model.safetensors.index.json")
+    if not os.path.isfile(index):
+        fail("export --max-shard-size 20KB wrote no index")
+    shards = sorted(set(json.load(open(index))["weight_map"].values()))
+    config = json.load(open(os.path.join(bf16, "config.json")))
+    if config.get("torch_dtype") != "bfloat16" and config.get("dtype") != "bfloat16":
+        fail(f"export --dtype bfloat16: config.json says {config.get('dtype')}")
+    from transformers import AutoModelForCausalLM
+    m, info = AutoModelForCausalLM.from_pretrained(bf16, output_loading_info=True)
+    if any(info.get(k) for k in ("missing_keys", "unexpected_keys", "mismatched_keys")):
+        fail(f"bf16 export: from_pretrained reports {info}")
+    if next(m.parameters()).dtype != torch.bfloat16:
+        fail("bf16 export: from_pretrained did not load bfloat16 weights")
+    print(f"{VARIANT} export: bf16 in {len(shards)} shards loads in from_pretrained")
+    msg = run_trainrun(["export", checkpoints, "--output", out], expect_rc=2)
+    if "exists" not in msg:
+        fail("export onto an existing directory: the message does not say so")
+    lora_dir = os.path.join(WORK, "lora")
+    job(os.path.join(WORK, "lora.toml"), base, tokens, frac, lora_dir, 2, 2e-2,
+        ckpt + '\n[[callbacks]]\nplugin = "lora"\nr = 4\nlora_alpha = 8.0\ntarget_modules = ["all-linear"]\n')
+    run_trainrun(["--config", os.path.join(WORK, "lora.toml")])
+    lora_out = os.path.join(WORK, "exported-lora")
+    msg = run_trainrun(["export", os.path.join(lora_dir, "checkpoints"), "--output", lora_out], expect_rc=2)
+    if "merge-lora" not in msg or os.path.exists(lora_out):
+        fail("export of a LoRA checkpoint: expected exit 2 pointing to merge-lora and nothing written")
+
+
+def shardload(base):
+    import re
+    from safetensors import safe_open
+
+    tokens = os.path.join(WORK, "tokens.u32")
+    _, frac = token_file(tokens)
+    weights = os.path.join(base, "model.safetensors")
+    with safe_open(weights, "pt") as f:
+        total = sum(f.get_tensor(k).numel() * f.get_tensor(k).element_size() for k in f.keys())
+        largest = max(f.get_tensor(k).numel() * f.get_tensor(k).element_size() for k in f.keys())
+    lora = ('\n[[callbacks]]\nplugin = "lora"\nr = 4\nlora_alpha = 8.0\n'
+            'target_modules = ["all-linear"]\n')
+    cases = [("fsdp", "fsdp", ""), ("zero3", "zero", "\nstage = 3\nparam_persistence_threshold = 0\n"), ("fsdp-lora", "fsdp", lora)]
+    for name, strategy, extra in cases:
+        runs = {}
+        for load in ("shard", "whole"):
+            run_dir = os.path.join(WORK, f"{name}-{load}")
+            cfg = os.path.join(WORK, f"{name}-{load}.toml")
+            strat = f'\n[strategy]\nplugin = "{strategy}"\n' + (extra if strategy == "zero" else "")
+            job(cfg, base, tokens, frac, run_dir, 4, 2e-2, strat + (extra if strategy != "zero" else ""))
+            args = ["--config", cfg, "--set", "launch.nproc_per_node=2", "--set", "accelerator.plugin=gloo-cpu"]
+            if load == "whole":
+                args += ["--set", f"trainer.init_weights={weights}"]
+            out = run_trainrun(args)
+            reads = {int(r): int(b) for r, b in re.findall(r"llama: rank (\d) read (\d+) bytes of weights", out)}
+            if sorted(reads) != [0, 1]:
+                fail(f"{name} {load}: expected a read report from ranks 0 and 1, got {reads}")
+            if load == "shard" and extra == lora:
+                # The frozen base is sharded per decoder layer; frozen tensors outside the layers
+                # (the tied embedding, the final norm) stay whole on every rank and are read whole.
+                print(f"{name}: bytes read per rank {reads} of {total} in the file")
+                if not max(reads.values()) < total or not sum(reads.values()) > total:
+                    fail(f"{name}: expected each rank to read part of the file, got {reads}")
+            elif load == "shard":
+                print(f"{name}: bytes read per rank {reads} of {total} in the file")
+                if sum(reads.values()) != total:
+                    fail(f"{name}: the ranks read {sum(reads.values())} bytes together, the file holds {total}")
+                if max(reads.values()) > total / 2 + largest:
+                    fail(f"{name}: a rank read {max(reads.values())} bytes, more than half of {total} plus one tensor")
+            elif any(b != total for b in reads.values()):
+                fail(f"{name} whole: every rank should read all {total} bytes, got {reads}")
+            runs[load] = losses(run_dir)
+        a, b = runs["shard"], runs["whole"]
+        print(f"{name}: losses by shard {a}\n{name}: losses whole    {b}")
+        if len(a) != 4 or a != b:
+            fail(f"{name}: losses after loading by shard differ from the read-whole path")
+
+
+def bad(base):
+    tokens = os.path.join(WORK, "tokens.u32")
+    _, frac = token_file(tokens)
+
+    def case(name, mutate, expect, extra="", model_dir=None):
+        d = os.path.join(WORK, "bad-" + name)
+        shutil.copytree(base, d)
+        mutate(d)
+        run_dir = os.path.join(WORK, "run-" + name)
+        job(os.path.join(WORK, name + ".toml"), model_dir or d, tokens, frac, run_dir, 2, 1e-2, extra)
+        out = run_trainrun(["--config", os.path.join(WORK, name + ".toml")], expect_rc=2)
+        import re
+        if not re.search(expect, out):
+            fail(f"{name}: the error does not match /{expect}/")
+        for f in ("hf", "model.safetensors", "adapter"):
+            if os.path.exists(os.path.join(run_dir, f)):
+                fail(f"{name}: {run_dir}/{f} was written")
+        print(f"bad input '{name}': exit 2, message matches /{expect}/")
+
+    def edit_config(d, **kv):
+        p = os.path.join(d, "config.json")
+        c = json.load(open(p))
+        c.update(kv)
+        json.dump(c, open(p, "w"))
+
+    def shard(d):
+        from transformers import AutoModelForCausalLM
+        os.remove(os.path.join(d, "model.safetensors"))
+        AutoModelForCausalLM.from_pretrained(base).save_pretrained(d, max_shard_size="20KB")
+        idx = json.load(open(os.path.join(d, "model.safetensors.index.json")))
+        os.remove(os.path.join(d, sorted(set(idx["weight_map"].values()))[-1]))
+
+    def truncate(d):
+        p = os.path.join(d, "model.safetensors")
+        os.truncate(p, os.path.getsize(p) - 100)
+
+    case("no-config", lambda d: os.remove(os.path.join(d, "config.json")), r"has no config\.json")
+    case("architecture", lambda d: edit_config(d, model_type="gpt2", architectures=["GPT2LMHeadModel"]),
+         r'model_type "gpt2" is not supported.*supported: llama, mistral, qwen2, qwen3')
+    case("missing-shard", shard, r"shard 'model-0000\d-of-0000\d\.safetensors' is listed in the index but missing")
+    case("truncated", truncate, r"model\.safetensors.*truncated")
+    case("shape", lambda d: edit_config(d, intermediate_size=48),
+         r"model\.safetensors: tensor 'model\.layers\.0\.mlp\.gate_proj\.weight' has shape \[64, 32\], config\.json makes it \[48, 32\]")
+    case("lora-target", lambda d: None, r"no trainrun Linear layers match target_modules \[\"qproj\"\]",
+         extra='\n[[callbacks]]\nplugin = "lora"\ntarget_modules = ["qproj"]\n')
+
+
+main()
