@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # All-reduce bandwidth between two hosts with their own addresses (network namespaces joined by
 # a bridge, tests/e2e/netns_lib.sh; root needed), one rank on each, through `trainrun bench
-# collectives`: gloo-cpu as two workers (torchrun's variables), mpi through MPICH's hydra.
+# collectives`: gloo-cpu as two workers (torchrun's variables), mpi through MPICH's hydra; then
+# gloo-cpu at 2 hosts x 2 ranks, its all_reduce in two levels (shared memory within a host, TCP
+# between hosts: the default) beside Gloo's flat TCP ring (allreduce_algorithm = "ring").
 #   bench/netns_allreduce.sh build/bin/trainrun [SIZES, default 64MiB] [ITERS, default 5]
 set -euo pipefail
 here=$(cd "$(dirname "$0")/../tests/e2e" && pwd)
@@ -30,3 +32,22 @@ if "$tr" plugins mpi >/dev/null 2>&1; then
     -ppn 1 -n 2 "$tr" bench collectives --backend mpi --sizes "$sizes" --iters "$iters" --warmup 1 \
     --label "2 namespaced hosts, 1 rank each"
 fi
+# 2 hosts x 2 ranks: the two-level all_reduce against Gloo's flat ring, alternating, 2 rounds.
+port=29600
+for round in 1 2; do
+  for algo in auto ring; do
+    for r in 3 2 1 0; do
+      on_host $(( r / 2 + 1 )) env RANK=$r WORLD_SIZE=4 LOCAL_RANK=$(( r % 2 )) LOCAL_WORLD_SIZE=2 \
+        GROUP_RANK=$(( r / 2 )) MASTER_ADDR="$(host_addr 1)" MASTER_PORT=$port \
+        "$tr" bench collectives --backend gloo-cpu --sizes "$sizes" --iters "$iters" --warmup 1 \
+        --set accelerator.threads=1 --set accelerator.allreduce_algorithm=$algo \
+        --label "2 namespaced hosts x 2 ranks, allreduce_algorithm $algo, round $round" \
+        >"/tmp/netns-bench-$$-$r" 2>&1 &
+    done
+    wait
+    echo "--- gloo-cpu, allreduce_algorithm = $algo (round $round)"
+    grep -v "^\[rank [1-3]\]" "/tmp/netns-bench-$$-0"
+    rm -f /tmp/netns-bench-$$-*
+    port=$((port + 1))
+  done
+done
