@@ -93,6 +93,23 @@ void dispatch(c10::ScalarType t, F&& f) {
 
 // Avg is a sum divided by the group size afterwards; integers truncate toward zero, as NCCL's
 // ncclAvg does for them.
+// Gloo's all-reduce of the contiguous CPU tensor `t` over `context` (Avg reduces as Sum; the
+// caller divides).
+void gloo_all_reduce(const std::shared_ptr<gloo::rendezvous::Context>& context, at::Tensor& t,
+                     ReduceOp op, gloo::AllreduceOptions::Algorithm algorithm, uint32_t tag,
+                     Millis timeout) {
+  dispatch(t.scalar_type(), [&](auto type) {
+    using T = typename decltype(type)::type;
+    gloo::AllreduceOptions o(context);
+    o.setOutput<T>(t.data_ptr<T>(), t.numel());
+    o.setReduceFunction(comm::reduce_function<T>(op));
+    o.setAlgorithm(algorithm);
+    o.setTag(tag);
+    o.setTimeout(timeout);
+    gloo::allreduce(o);
+  });
+}
+
 void divide_in_place(at::Tensor& t, int world_size) {
   if (world_size == 1) return;
   if (at::isIntegralType(t.scalar_type(), /*includeBool=*/false))
@@ -790,30 +807,14 @@ std::shared_ptr<Work> GlooCommunicator::all_reduce(at::Tensor& tensor,
                        // machine: each byte crosses TCP once per machine, not once per rank.
                        shm::all_reduce(m.node_context(tag, timeout, text), tensor, op,
                                        [&](at::Tensor& segment) {
-                                         dispatch(segment.scalar_type(), [&](auto t) {
-                                           using T = typename decltype(t)::type;
-                                           gloo::AllreduceOptions o(m.column);
-                                           o.setOutput<T>(segment.data_ptr<T>(), segment.numel());
-                                           o.setReduceFunction(comm::reduce_function<T>(op));
-                                           o.setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
-                                           o.setTag(tag);
-                                           o.setTimeout(timeout);
-                                           gloo::allreduce(o);
-                                         });
+                                         gloo_all_reduce(m.column, segment, op,
+                                                         gloo::AllreduceOptions::Algorithm::RING,
+                                                         tag, timeout);
                                        });
                        if (op == ReduceOp::Avg) divide_in_place(tensor, m.size);
                        return;
                      }
-                     dispatch(tensor.scalar_type(), [&](auto t) {
-                       using T = typename decltype(t)::type;
-                       gloo::AllreduceOptions o(m.context);
-                       o.setOutput<T>(tensor.data_ptr<T>(), tensor.numel());
-                       o.setReduceFunction(comm::reduce_function<T>(op));
-                       o.setAlgorithm(algorithm);
-                       o.setTag(tag);
-                       o.setTimeout(timeout);
-                       gloo::allreduce(o);
-                     });
+                     gloo_all_reduce(m.context, tensor, op, algorithm, tag, timeout);
                      if (op == ReduceOp::Avg) divide_in_place(tensor, m.size);
                    },
                    over_shm && static_cast<int64_t>(tensor.nbytes()) <= kInlineBytes,
