@@ -55,6 +55,26 @@ def parse_table(text):
     return tables
 
 
+def cpu_times():
+    """The machine's CPU time split so far (/proc/stat's first line), or None off Linux."""
+    try:
+        with open("/proc/stat") as f:
+            return [int(x) for x in f.readline().split()[1:]]
+    except OSError:
+        return None
+
+
+def steal_share(before, after):
+    """Percent of the CPU time between two cpu_times() that the hypervisor gave to others
+    (steal) and that stood idle. On a shared VM a run with much steal says little about either
+    side of a ratio: every column, MPICH's included, slows by a varying amount."""
+    if not before or not after or len(before) < 8:
+        return None
+    d = [b - a for a, b in zip(before, after)]
+    total = sum(d) or 1
+    return 100.0 * d[7] / total, 100.0 * d[3] / total
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--nproc", type=int, default=2)
@@ -80,7 +100,9 @@ def main():
 
     # rounds[k][column] = {size: (busbw, check)}
     rounds = []
+    shares = []  # (steal %, idle %) per round
     for k in range(max(1, a.repeat)):
+        t0 = cpu_times()
         cols = {}
         for backend in ("gloo-cpu", "mpi"):
             # The first round times every operation (its tables are printed); later rounds
@@ -105,6 +127,7 @@ def main():
                 mem[int(f[0])] = (float(f[3]), "ok")
         cols["MPICH"], cols["memcpy"] = ref, mem
         rounds.append(cols)
+        shares.append(steal_share(t0, cpu_times()))
 
     def median(xs):
         xs = sorted(xs)
@@ -129,6 +152,10 @@ def main():
             f"{size >> 10} KiB " + " ".join(f"{r['ring-shm'][size][0] / r['MPICH'][size][0]:.2f}"
                                             for r in rounds)
             for size in sizes if size >= 1 << 20))
+    if all(shares):
+        print("# CPU time stolen by the hypervisor / idle, per round: " +
+              "; ".join(f"{st:.1f}% / {idle:.0f}%" for st, idle in shares) +
+              " (more than a few percent of steal: the ratios of that round are noise)")
 
 if __name__ == "__main__":
     main()
