@@ -188,6 +188,15 @@ TEST_CASE("an unsupported component is a ConfigError naming its type and the fil
   wrong_type["added_tokens"] = json::array({{{"id", 10}, {"content", "<s>"}, {"special", "yes"}}});
   TempModel bad_type(wrong_type);
   CHECK_THROWS_WITH_AS(Tokenizer::from_directory(bad_type.dir.string()), doctest::Contains("tokenizer.json: "), trainrun::v1::ConfigError);
+  // Ids past int32 were wrapped by get<int32_t> (and INT32_MAX overflowed the vocabulary size).
+  for (const json& id : {json(int64_t{1} << 32), json(int64_t{INT32_MAX}), json(-1)}) {
+    json big = tiny();
+    big["added_tokens"] = json::array({{{"id", id}, {"content", "<s>"}, {"special", true}}});
+    TempModel bad_id(big);
+    CHECK_THROWS_WITH_AS(Tokenizer::from_directory(bad_id.dir.string()),
+                         doctest::Contains(id.get<int64_t>() < 0 ? "negative id" : "out of range"),
+                         trainrun::v1::ConfigError);
+  }
   TempModel bad_merge(tiny(json::array({"b q"})));
   CHECK_THROWS_WITH_AS(Tokenizer::from_directory(bad_merge.dir.string()), doctest::Contains("merges[0]: token \"q\""), trainrun::v1::ConfigError);
 }

@@ -7,6 +7,7 @@
 #include "trainrun/json_depth.hpp"
 
 #include <atomic>
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
@@ -301,9 +302,15 @@ HfTokenizer::HfTokenizer(const std::string& directory, const json& config) {
       const Where w{file, "added_tokens[" + std::to_string(k) + "]"};
       if (!t.is_object() || !t.contains("id") || !t["id"].is_number_integer() || !t.contains("content") || !t["content"].is_string())
         w.fail("needs an integer \"id\" and a string \"content\"");
-      AddedToken a{t["id"].get<int32_t>(), t["content"].get<std::string>(), t.value("single_word", false),
+      // Read wide and bounded: get<int32_t> silently wraps a larger JSON integer, and an id of
+      // INT32_MAX would overflow vocab_size_ (id + 1) below.
+      const int64_t id = t["id"].is_number_unsigned() && t["id"].get<uint64_t>() > INT64_MAX
+                             ? INT64_MAX
+                             : t["id"].get<int64_t>();
+      if (id < 0) w.fail("negative id");
+      if (id >= INT32_MAX) w.fail("id " + std::to_string(id) + " out of range (at most " + std::to_string(INT32_MAX - 1) + ")");
+      AddedToken a{static_cast<int32_t>(id), t["content"].get<std::string>(), t.value("single_word", false),
                    t.value("lstrip", false), t.value("rstrip", false), t.value("normalized", false), t.value("special", false)};
-      if (a.id < 0) w.fail("negative id");
       added_by_id_[a.id] = added_.size();
       added_by_content_.emplace(a.content, added_.size());
       vocab_size_ = std::max(vocab_size_, a.id + 1);
