@@ -179,19 +179,34 @@ class TensorFile {
   }
 }
 
-// A file meta.json names lives in the checkpoint's own directory: a path ("../x", "/etc/x",
-// "a/b") would make a damaged or hostile meta.json read outside it. The name is quoted only as
-// far as 40 printable characters (it is untrusted text).
+// A name of an entry of one directory, not a path: "../x", "/etc/x" or "a/b" would lead a
+// damaged or hostile file (meta.json, `latest`) to read, or the next save to prune, outside it.
+bool is_plain_name(const std::string& name) {
+  return !name.empty() && name != "." && name != ".." && name.find('/') == std::string::npos &&
+         name.find('\0') == std::string::npos;
+}
+
+// A file meta.json names lives in the checkpoint's own directory (is_plain_name). The name is
+// quoted only as far as 40 printable characters (it is untrusted text).
 void require_plain_name(const fs::path& meta, const std::string& name) {
-  if (!name.empty() && name != "." && name != ".." && name.find('/') == std::string::npos &&
-      name.find('\0') == std::string::npos)
-    return;
+  if (is_plain_name(name)) return;
   std::string shown = name.substr(0, 40);
   for (char& c : shown)
     if (c < 0x20 || c > 0x7e) c = '?';
   throw CheckpointError("checkpoint " + meta.string() + ": damaged: names the file '" + shown +
                         (name.size() > 40 ? "...'" : "'") +
                         ", which is not a plain file name in the checkpoint's directory");
+}
+
+// The tensor file `name` of checkpoint `dir`, opened once per name into `files`.
+TensorFile& piece_file(std::map<std::string, std::unique_ptr<TensorFile>>& files,
+                       const std::string& dir, const std::string& name) {
+  auto& f = files[name];
+  if (!f) {
+    require_plain_name(fs::path(dir) / "meta.json", name);
+    f = std::make_unique<TensorFile>(fs::path(dir) / name);
+  }
+  return *f;
 }
 
 // Elements of a shape from meta.json; a negative dimension or a product past int64 is damage.
@@ -410,11 +425,8 @@ std::string resolve_checkpoint(const std::string& resume, const std::string& roo
     if (!f) throw v1::ConfigError("[trainer] resume = \"latest\": no " + lp.string() + " (no checkpoint was completed there)");
     std::string name;
     std::getline(f, name);
-    // `latest` names a checkpoint of this directory and nothing else: a path ("../..", "/etc",
-    // "a/b") would make resume read, and the next save prune, outside it.
-    const bool plain = !name.empty() && name != "." && name != ".." &&
-                       name.find('/') == std::string::npos && name.find('\0') == std::string::npos;
-    if (!plain)
+    // `latest` names a checkpoint of this directory and nothing else.
+    if (!is_plain_name(name))
       throw v1::ConfigError("[trainer] resume = \"latest\": " + lp.string() + " names \"" + name +
                             "\", which is not a checkpoint inside " + root +
                             " (a checkpoint reference must be a directory name such as step-0000010)");
@@ -449,14 +461,7 @@ void load_checkpoint_pieces(const std::string& dir, const nlohmann::json& meta,
                             const std::string& section, std::vector<v1::CheckpointPiece>& targets) try {
   const auto& index = meta.at("tensors").at(section);
   std::map<std::string, std::unique_ptr<TensorFile>> files;
-  auto file = [&](const std::string& name) -> TensorFile& {
-    auto& f = files[name];
-    if (!f) {
-      require_plain_name(fs::path(dir) / "meta.json", name);
-      f = std::make_unique<TensorFile>(fs::path(dir) / name);
-    }
-    return *f;
-  };
+  auto file = [&](const std::string& name) -> TensorFile& { return piece_file(files, dir, name); };
   at::NoGradGuard no_grad;
   for (auto& cp : targets) {
     auto& t = cp.piece;
@@ -537,14 +542,7 @@ int64_t consolidate_checkpoint(const std::string& dir, const std::string& out, i
   const auto& index = meta.at("tensors").at("model");
   fs::create_directories(out);
   std::map<std::string, std::unique_ptr<TensorFile>> files;
-  auto file = [&](const std::string& name) -> TensorFile& {
-    auto& f = files[name];
-    if (!f) {
-      require_plain_name(fs::path(dir) / "meta.json", name);
-      f = std::make_unique<TensorFile>(fs::path(dir) / name);
-    }
-    return *f;
-  };
+  auto file = [&](const std::string& name) -> TensorFile& { return piece_file(files, dir, name); };
   // Tensors in index order, split into output shards by size; one shard's tensors are
   // assembled and written, then dropped, so memory stays near the largest shard.
   std::vector<std::vector<std::string>> shards(1);
