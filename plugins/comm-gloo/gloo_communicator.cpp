@@ -91,8 +91,6 @@ void dispatch(c10::ScalarType t, F&& f) {
   }
 }
 
-// Avg is a sum divided by the group size afterwards; integers truncate toward zero, as NCCL's
-// ncclAvg does for them.
 // Gloo's all-reduce of the contiguous CPU tensor `t` over `context` (Avg reduces as Sum; the
 // caller divides).
 void gloo_all_reduce(const std::shared_ptr<gloo::rendezvous::Context>& context, at::Tensor& t,
@@ -110,6 +108,8 @@ void gloo_all_reduce(const std::shared_ptr<gloo::rendezvous::Context>& context, 
   });
 }
 
+// Avg is a sum divided by the group size afterwards; integers truncate toward zero, as NCCL's
+// ncclAvg does for them.
 void divide_in_place(at::Tensor& t, int world_size) {
   if (world_size == 1) return;
   if (at::isIntegralType(t.scalar_type(), /*includeBool=*/false))
@@ -335,27 +335,23 @@ struct GlooCommunicator::Impl {
 
   // The shared-memory collective's context: the same tag on every rank (from the sequence
   // number), negative so that it never equals a point-to-point tag of the strategies.
-  shm::CollectiveContext shm_context(uint32_t seq, Millis timeout, const std::string& text) {
+  // The ring is the whole group, or (within_machine) the shared-memory level of a hierarchical
+  // all-reduce: this machine's ranks (node_ring), named so in errors.
+  shm::CollectiveContext shm_context(uint32_t seq, Millis timeout, const std::string& text,
+                                     bool within_machine = false) {
     shm::CollectiveContext c;
     c.transport = shm.get();
-    c.rank = rank;
-    c.size = size;
+    c.rank = within_machine ? node_position : rank;
+    c.size = within_machine ? static_cast<int>(node_ring.size()) : size;
+    if (within_machine) c.ring = node_ring;
     c.tag = -1 - static_cast<int>(seq & 0x3FFFFFFF);
     c.timeout_s = std::chrono::duration<double>(timeout).count();
     c.deadline = std::chrono::steady_clock::now() + timeout;
-    c.text = detail::cat(kBackend, ": ", text, " over shared memory in group ", name);
-    if (settings.check_collectives) c.order_text = text;
-    return c;
-  }
-
-  // The shared-memory level of a hierarchical all-reduce: the ring of this machine's ranks.
-  shm::CollectiveContext node_context(uint32_t seq, Millis timeout, const std::string& text) {
-    shm::CollectiveContext c = shm_context(seq, timeout, text);
-    c.ring = node_ring;
-    c.rank = node_position;
-    c.size = static_cast<int>(node_ring.size());
-    c.text = detail::cat(kBackend, ": ", text, " within this machine (shared memory) in group ",
+    c.text = detail::cat(kBackend, ": ", text,
+                         within_machine ? " within this machine (shared memory) in group "
+                                        : " over shared memory in group ",
                          name);
+    if (settings.check_collectives) c.order_text = text;
     return c;
   }
 
@@ -798,23 +794,19 @@ std::shared_ptr<Work> GlooCommunicator::all_reduce(at::Tensor& tensor,
                      if (tensor.numel() == 0) return;
                      if (over_shm) {
                        shm::all_reduce(m.shm_context(tag, timeout, text), tensor, op);
-                       if (op == ReduceOp::Avg) divide_in_place(tensor, m.size);
-                       return;
-                     }
-                     if (two_levels) {
+                     } else if (two_levels) {
                        // Reduce-scatter within the machine over shared memory, all-reduce of
                        // this rank's segment with its column over TCP, all-gather within the
                        // machine: each byte crosses TCP once per machine, not once per rank.
-                       shm::all_reduce(m.node_context(tag, timeout, text), tensor, op,
+                       shm::all_reduce(m.shm_context(tag, timeout, text, true), tensor, op,
                                        [&](at::Tensor& segment) {
                                          gloo_all_reduce(m.column, segment, op,
                                                          gloo::AllreduceOptions::Algorithm::RING,
                                                          tag, timeout);
                                        });
-                       if (op == ReduceOp::Avg) divide_in_place(tensor, m.size);
-                       return;
+                     } else {
+                       gloo_all_reduce(m.context, tensor, op, algorithm, tag, timeout);
                      }
-                     gloo_all_reduce(m.context, tensor, op, algorithm, tag, timeout);
                      if (op == ReduceOp::Avg) divide_in_place(tensor, m.size);
                    },
                    over_shm && static_cast<int64_t>(tensor.nbytes()) <= kInlineBytes,

@@ -66,9 +66,9 @@ struct GlooSettings {
 /// same number (>= 2) of its ranks on each runs all_reduce in two levels (hierarchy_machines()):
 /// a shared-memory reduce-scatter within each machine, Gloo's TCP ring all-reduce of each
 /// segment among the ranks at the same position on every machine, a shared-memory all-gather.
-/// Otherwise all_reduce is Gloo's ring or bcube, all_gather Gloo's, reduce_scatter a ring on Gloo's unbound buffers (Gloo's
-/// ReduceScatterHalvingDoubling returns wrong results when a send is still queued; see
-/// gloo.cpp). broadcast and barrier are always Gloo's.
+/// Otherwise all_reduce is Gloo's ring or bcube, all_gather Gloo's, reduce_scatter a ring on
+/// Gloo's unbound buffers (Gloo's ReduceScatterHalvingDoubling returns wrong results when a
+/// send is still queued; see gloo.cpp). broadcast and barrier are always Gloo's.
 ///
 /// Destroying a communicator with operations still queued or running aborts them.
 class GlooCommunicator final : public v1::Communicator, public v1::RecvReduceCommunicator {
