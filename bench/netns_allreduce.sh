@@ -15,10 +15,8 @@ netns_up 2
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 for backend in gloo-cpu; do
   for i in 2 1; do
-    on_host "$i" env RANK=$((i - 1)) WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 GROUP_RANK=$((i - 1)) \
-      MASTER_ADDR="$(host_addr 1)" MASTER_PORT=29500 \
-      "$tr" bench collectives --backend "$backend" --sizes "$sizes" --iters "$iters" --warmup 1 \
-      --label "2 namespaced hosts, 1 rank each" >"/tmp/netns-bench-$$-$i" 2>&1 &
+    on_rank $((i - 1)) 2 1 29500 "$tr" bench collectives --backend "$backend" --sizes "$sizes" \
+      --iters "$iters" --warmup 1 --label "2 namespaced hosts, 1 rank each" >"/tmp/netns-bench-$$-$i" 2>&1 &
   done
   wait
   echo "--- $backend"; cat "/tmp/netns-bench-$$-1"; cat "/tmp/netns-bench-$$-2" | grep -i error || true
@@ -37,9 +35,7 @@ port=29600
 for round in 1 2; do
   for algo in auto ring; do
     for r in 3 2 1 0; do
-      on_host $(( r / 2 + 1 )) env RANK=$r WORLD_SIZE=4 LOCAL_RANK=$(( r % 2 )) LOCAL_WORLD_SIZE=2 \
-        GROUP_RANK=$(( r / 2 )) MASTER_ADDR="$(host_addr 1)" MASTER_PORT=$port \
-        "$tr" bench collectives --backend gloo-cpu --sizes "$sizes" --iters "$iters" --warmup 1 \
+      on_rank "$r" 4 2 "$port" "$tr" bench collectives --backend gloo-cpu --sizes "$sizes" --iters "$iters" --warmup 1 \
         --set accelerator.threads=1 --set accelerator.allreduce_algorithm=$algo \
         --label "2 namespaced hosts x 2 ranks, allreduce_algorithm $algo, round $round" \
         >"/tmp/netns-bench-$$-$r" 2>&1 &

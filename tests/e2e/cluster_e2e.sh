@@ -140,10 +140,9 @@ collectives)
   t0=$(now)
   pids=()
   for r in 3 2 1 0; do
-    on_host $(( r / 2 + 1 )) env RANK=$r WORLD_SIZE=4 LOCAL_RANK=$(( r % 2 )) LOCAL_WORLD_SIZE=2 \
-      GROUP_RANK=$(( r / 2 )) MASTER_ADDR="$master" MASTER_PORT=$port "$tr" bench collectives \
-      --backend gloo-cpu --verify --label "$run_dir" --set accelerator.threads=1 \
-      --set accelerator.timeout_s=60 >"$work/rank$r" 2>&1 &
+    on_rank "$r" 4 2 "$port" "$tr" bench collectives --backend gloo-cpu --verify \
+      --label "$run_dir" --set accelerator.threads=1 --set accelerator.timeout_s=60 \
+      >"$work/rank$r" 2>&1 &
     pids[$r]=$!
   done
   rc=0

@@ -9,6 +9,8 @@
 #                         10.231.0.I on eth0, plugged into a bridge that lives in a namespace of
 #                         its own (${NETNS_TAG}sw), so the machine's own network is never touched
 #   on_host I CMD...      runs CMD on host I (in the foreground; add & yourself)
+#   on_rank R N PER PORT CMD...  runs CMD as rank R of N with PER ranks per host (on host
+#                         R / PER + 1), given torchrun's variables (the store on host 1, PORT)
 #   host_addr I           10.231.0.I
 #   cut_link I / mend_link I    pulls / plugs host I's cable (the switch port, so the host's
 #                         interface stays up and its packets vanish, as with a cut cable)
@@ -89,6 +91,13 @@ netns_up() {
 on_host() {
   local i=$1; shift
   ip netns exec "$(host_ns "$i")" unshare --uts sh -c 'hostname "$0" && exec "$@"' "host$i" "$@"
+}
+
+on_rank() {
+  local r=$1 n=$2 per=$3 port=$4; shift 4
+  on_host $(( r / per + 1 )) env RANK="$r" WORLD_SIZE="$n" LOCAL_RANK=$(( r % per )) \
+    LOCAL_WORLD_SIZE="$per" GROUP_RANK=$(( r / per )) MASTER_ADDR="$(host_addr 1)" \
+    MASTER_PORT="$port" "$@"
 }
 
 cut_link() { ip -n "${NETNS_TAG}sw" link set "h$1" down; }
