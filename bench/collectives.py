@@ -3,7 +3,7 @@
 memcpy, measured in the same run on this machine.
 
     bench/collectives.py [--nproc 2] [--sizes 4K:256M] [--iters 20] [--warmup 5] [--ops all]
-                         [--repeat 1]
+                         [--repeat 1] [--stat mean]
 
 Runs `trainrun bench collectives` for gloo-cpu and mpi (nccl-tests columns: time, algbw, busbw
 and a correctness check per row), the SDK's ring all-reduce (`--algo ring`, the `ring`
@@ -12,6 +12,10 @@ strategy's algorithm) over gloo-cpu's send/recv with shared memory and over plai
 references, and prints one all-reduce table with the ratios, plus the other operations' tables
 as measured. --repeat K runs the all-reduce measurements K times in rounds (every column once
 per round, so a noisy moment hits all of them alike) and reports each column's median.
+--stat median (or min) times every iteration on its own in every column, MPICH's included, and
+reports the median (minimum) iteration instead of the loop's mean: on a shared VM whose
+hypervisor steals the CPU in bursts (the steal line below says how much), the mean carries the
+bursts and the median of short iterations mostly does not.
 Needs the build (scripts/test or scripts/run builds it) and the mpich package (mpicc, mpiexec).
 """
 import argparse
@@ -83,6 +87,7 @@ def main():
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--ops", default="all")
     ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--stat", choices=["mean", "median", "min"], default="mean")
     ap.add_argument("--build", default=os.environ.get("TRAINRUN_BUILD_DIR", os.path.join(ROOT, "build")))
     a = ap.parse_args()
     trainrun = os.path.join(a.build, "bin", "trainrun")
@@ -96,7 +101,7 @@ def main():
              "ring-tcp": ["--backend", "gloo-cpu", "--set", "accelerator.shm=false"],
              "ring-mpi": ["--backend", "mpi"]}
     common = ["--nproc", str(a.nproc), "--sizes", a.sizes, "--iters", str(a.iters),
-              "--warmup", str(a.warmup), "--set", "accelerator.threads=1"]
+              "--warmup", str(a.warmup), "--stat", a.stat, "--set", "accelerator.threads=1"]
 
     # rounds[k][column] = {size: (busbw, check)}
     rounds = []
@@ -120,7 +125,7 @@ def main():
             cols[name] = {r[0]: (r[3], r[4]) for r in parse_table(out).get("allreduce", [])}
         ref, mem = {}, {}
         for line in run(["mpiexec", "-n", str(a.nproc), ref_bin, str(first), str(last),
-                         str(a.iters), str(a.warmup)], env=env).splitlines():
+                         str(a.iters), str(a.warmup), a.stat], env=env).splitlines():
             f = line.split()
             if len(f) == 4:
                 ref[int(f[0])] = (float(f[2]), "ok")
@@ -136,6 +141,8 @@ def main():
     names = ["gloo-cpu", "mpi", "ring-shm", "ring-tcp", "ring-mpi", "MPICH", "memcpy"]
     sizes = sorted(set.intersection(*(set(c) for r in rounds for c in r.values())))
     how = f"median of {len(rounds)} rounds" if len(rounds) > 1 else "same run"
+    if a.stat != "mean":
+        how += f", each the {a.stat} of {a.iters} iterations timed one by one"
     print(f"# all-reduce float32 sum, {a.nproc} ranks: busbw (GB/s) and ratios to MPICH's "
           f"MPI_Allreduce and to one core's memcpy ({how})")
     hdr = ["size(B)", *names, "gloo/MPICH", "mpi/MPICH", "shm/MPICH", "tcp/gloo", "gloo/memcpy",

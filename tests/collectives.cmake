@@ -78,6 +78,21 @@ add_test(NAME collectives_ring_bad_chunk
           ${_tr} bench collectives --backend gloo-cpu --nproc 2 --algo ring --chunk 0)
 set_tests_properties(collectives_ring_bad_chunk PROPERTIES TIMEOUT 30)
 
+# --stat median|min times each iteration on its own: the header says which, every row is
+# checked, and an unknown statistic is refused before any rank starts.
+add_test(NAME collectives_bench_stat
+  COMMAND ${_expect} 0 "allreduce on gloo-cpu, 2 ranks, .* median iteration"
+          " 4096 +1024 +float32 +[0-9.]+ +[0-9.]+ +[0-9.]+  ok"
+          " 16384 +4096 +float32 +[0-9.]+ +[0-9.]+ +[0-9.]+  ok" --
+          ${_tr} bench collectives --backend gloo-cpu --nproc 2 --sizes 4K:16K --iters 5
+          --warmup 1 --stat median --set accelerator.threads=1)
+set_tests_properties(collectives_bench_stat PROPERTIES TIMEOUT 120
+  ENVIRONMENT "OMP_NUM_THREADS=1;OPENBLAS_NUM_THREADS=1")
+add_test(NAME collectives_bench_bad_stat
+  COMMAND ${_expect} 2 "--stat mode: expected mean, median or min" --
+          ${_tr} bench collectives --backend gloo-cpu --nproc 2 --stat mode)
+set_tests_properties(collectives_bench_bad_stat PROPERTIES TIMEOUT 30)
+
 # The user's own mpiexec, without the trainrun launcher.
 find_program(_mpiexec NAMES mpiexec.hydra mpiexec)
 if(_mpiexec)

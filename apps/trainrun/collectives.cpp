@@ -9,7 +9,7 @@
 // Bandwidth follows nccl-tests (doc/PERFORMANCE.md there): algbw = size / time, and
 // busbw = algbw x 2(n-1)/n for all-reduce, x (n-1)/n for reduce-scatter and all-gather (whose
 // size is the full, world-sized buffer), x 1 for broadcast. time is the mean over --iters,
-// maximum over ranks.
+// maximum over ranks (--stat median|min: of the iterations timed one by one).
 #include "collectives.hpp"
 
 #include <boost/program_options.hpp>
@@ -50,6 +50,7 @@ struct Args {
   std::string counts;
   int iters = 20;
   int warmup = 5;
+  std::string stat = "mean";
   bool check = true;
   bool verify = false;
   std::string inject;
@@ -447,23 +448,45 @@ int verify(Ctx& c, const std::vector<int64_t>& counts) {
   return total == 0 ? 0 : 1;
 }
 
-// Mean seconds of one call of `once` over --iters after --warmup untimed calls, started together
-// after a barrier; the maximum over ranks (the slowest rank is the operation's time).
+// Seconds of one call of `once` over --iters after --warmup untimed calls, started together
+// after a barrier. --stat mean (nccl-tests): the loop's time / iters, maximum over ranks.
+// --stat median|min: each iteration timed on its own, its maximum over ranks, then the median or
+// the minimum of those. On a shared VM the hypervisor steals the CPU in bursts that land in some
+// iterations and not others; the mean carries them, the median of short iterations mostly not.
 double time_per_iteration(Ctx& c, const std::function<void()>& once) {
   auto& comm = *c.comm;
+  using clock = std::chrono::steady_clock;
+  const int iters = std::max(1, c.args.iters);
   for (int i = 0; i < c.args.warmup; ++i) once();
   comm.barrier()->wait();
-  const auto t0 = std::chrono::steady_clock::now();
-  for (int i = 0; i < c.args.iters; ++i) once();
-  // Work::wait() on a device only orders the compute stream: the host waits for the device here.
-  if (g_device.is_cuda()) torch::cuda::synchronize(g_device.index());
-  const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() /
-                    std::max(1, c.args.iters);
-  auto tt = torch::tensor({dt}, torch::kDouble).to(g_device);
+  const bool each = c.args.stat != "mean";
+  std::vector<double> per(each ? iters : 1);
+  const auto t0 = clock::now();
+  auto last = t0;
+  for (int i = 0; i < iters; ++i) {
+    once();
+    if (each) {
+      // Work::wait() on a device only orders the compute stream: the host waits for it here.
+      if (g_device.is_cuda()) torch::cuda::synchronize(g_device.index());
+      const auto t = clock::now();
+      per[i] = std::chrono::duration<double>(t - last).count();
+      last = t;
+    }
+  }
+  if (!each) {
+    if (g_device.is_cuda()) torch::cuda::synchronize(g_device.index());
+    per[0] = std::chrono::duration<double>(clock::now() - t0).count() / iters;
+  }
+  auto tt = torch::tensor(per, torch::kDouble).to(g_device);
   v1::AllReduceOptions mx;
   mx.op = ReduceOp::Max;
   comm.all_reduce(tt, mx)->wait();
-  return tt.item<double>();
+  tt = tt.cpu();
+  std::vector<double> worst(tt.data_ptr<double>(), tt.data_ptr<double>() + tt.numel());
+  std::sort(worst.begin(), worst.end());
+  if (c.args.stat == "min") return worst.front();
+  const size_t m = worst.size() / 2;
+  return worst.size() % 2 ? worst[m] : 0.5 * (worst[m - 1] + worst[m]);
 }
 
 double bus_factor(const std::string& op, int n) {
@@ -492,6 +515,7 @@ int bench(Ctx& c) {
                 << " on " << comm.backend() << ", " << n << " ranks, " << dt_name
                 << (op == "allreduce" || op == "reducescatter" ? ", " + c.args.reduce : "")
                 << ", " << c.args.iters << " iterations after " << c.args.warmup << " warm-up"
+                << (c.args.stat == "mean" ? "" : ", " + c.args.stat + " iteration")
                 << (c.args.label.empty() ? "" : " [" + c.args.label + "]") << "\n"
                 << std::right << std::setw(12) << "size(B)" << std::setw(12) << "count"
                 << std::setw(10) << "type" << std::setw(12) << "time(us)" << std::setw(12)
@@ -641,6 +665,7 @@ int run_bench_command(int argc, char** argv) {
       "counts", po::value(&a.counts), "element counts instead of --sizes, e.g. 0,1,7,1000003")(
       "iters", po::value(&a.iters)->default_value(a.iters), "timed iterations per size")(
       "warmup", po::value(&a.warmup)->default_value(a.warmup), "untimed iterations per size")(
+      "stat", po::value(&a.stat)->default_value(a.stat), "time column: mean (nccl-tests: loop time / iters), or median|min of the iterations timed one by one (steadier on a shared VM)")(
       "check", po::value(&a.check)->default_value(a.check), "check each row's result against a local reference")(
       "verify", po::bool_switch(&a.verify), "run the correctness matrix instead of timing (exit 1 on any failure)")(
       "inject", po::value(&a.inject), "fault injection for tests: mismatch:R, mismatch_kind:R, stall:R:S, skip:R")(
@@ -679,6 +704,11 @@ int run_bench_command(int argc, char** argv) {
                 << std::endl;
       return 2;
     }
+  }
+  if (a.stat != "mean" && a.stat != "median" && a.stat != "min") {
+    std::cerr << "trainrun bench: error: --stat " << a.stat << ": expected mean, median or min"
+              << std::endl;
+    return 2;
   }
   // The matrix covers everything unless narrowed explicitly.
   if (a.verify) {
