@@ -44,7 +44,8 @@ function(_trainrun_fuzz_target exe target)
       target_sources(${exe} PRIVATE ${_core}/checkpoint.cpp ${_core}/log.cpp)
     else()
       target_sources(${exe} PRIVATE ${_core}/config.cpp ${_core}/registry.cpp ${_core}/spelling.cpp
-        ${_core}/runtime.cpp ${_core}/log.cpp ${_core}/launcher/worker_environment.cpp)
+        ${_core}/runtime.cpp ${_core}/log.cpp ${_core}/launcher/worker_environment.cpp
+        ${_core}/launcher/layout.cpp)
     endif()
     target_include_directories(${exe} PRIVATE $<TARGET_PROPERTY:trainrun_core,INTERFACE_INCLUDE_DIRECTORIES>)
     target_compile_definitions(${exe} PRIVATE $<TARGET_PROPERTY:trainrun_core,INTERFACE_COMPILE_DEFINITIONS>)
