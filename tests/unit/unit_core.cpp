@@ -215,6 +215,17 @@ TEST_CASE("TOML syntax error names the line") {
   CHECK(e.find(".toml:2:") != std::string::npos);
 }
 
+// toml++ 3.3.0 reached __builtin_unreachable() on these (config.cpp): the ASan+UBSan build
+// (scripts/sanitize) fails here without the fix; every build checks the errors are clean.
+TEST_CASE("non-ASCII where toml++ looks for whitespace is a clean error") {
+  // U+00A7 after a multi-line string's line-ending backslash (upstream issue #190): the string
+  // is valid, the table is not ours.
+  CHECK(error_of("s = \"\"\"\\\n\xC2\xA7\"\"\"\n").find("unknown table 's'") != std::string::npos);
+  // U+FEC8 opening the file (what scripts/fuzz found), U+00E9 between a key and '='.
+  CHECK(error_of("\xEF\xBB\x88oRA = 1\n").find(".toml:1:1") != std::string::npos);
+  CHECK(error_of("[trainer]\nmax_steps \xC3\xA9= 3\n").find(".toml:2:") != std::string::npos);
+}
+
 TEST_CASE("--set overrides are validated and named in errors") {
   auto job = core::JobFile::load(write_job(kGood), {"trainer.max_steps=77", "model.hidden=[4,4]",
                                                     "optimizer.schedule=cosine"})
