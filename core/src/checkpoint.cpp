@@ -186,16 +186,20 @@ bool is_plain_name(const std::string& name) {
          name.find('\0') == std::string::npos;
 }
 
-// A file meta.json names lives in the checkpoint's own directory (is_plain_name). The name is
-// quoted only as far as 40 printable characters (it is untrusted text).
-void require_plain_name(const fs::path& meta, const std::string& name) {
-  if (is_plain_name(name)) return;
+// An untrusted name (from meta.json or `latest`) as an error quotes it: its first 40 characters,
+// '?' for any that is not printable ASCII, "..." where it was cut.
+std::string shown_name(const std::string& name) {
   std::string shown = name.substr(0, 40);
   for (char& c : shown)
     if (c < 0x20 || c > 0x7e) c = '?';
-  throw CheckpointError("checkpoint " + meta.string() + ": damaged: names the file '" + shown +
-                        (name.size() > 40 ? "...'" : "'") +
-                        ", which is not a plain file name in the checkpoint's directory");
+  return name.size() > 40 ? shown + "..." : shown;
+}
+
+// A file meta.json names lives in the checkpoint's own directory (is_plain_name).
+void require_plain_name(const fs::path& meta, const std::string& name) {
+  if (is_plain_name(name)) return;
+  throw CheckpointError("checkpoint " + meta.string() + ": damaged: names the file '" + shown_name(name) +
+                        "', which is not a plain file name in the checkpoint's directory");
 }
 
 // The tensor file `name` of checkpoint `dir`, opened once per name into `files`.
@@ -427,7 +431,7 @@ std::string resolve_checkpoint(const std::string& resume, const std::string& roo
     std::getline(f, name);
     // `latest` names a checkpoint of this directory and nothing else.
     if (!is_plain_name(name))
-      throw v1::ConfigError("[trainer] resume = \"latest\": " + lp.string() + " names \"" + name +
+      throw v1::ConfigError("[trainer] resume = \"latest\": " + lp.string() + " names \"" + shown_name(name) +
                             "\", which is not a checkpoint inside " + root +
                             " (a checkpoint reference must be a directory name such as step-0000010)");
     return (fs::path(root) / name).string();

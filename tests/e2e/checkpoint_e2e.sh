@@ -285,6 +285,11 @@ PY
     rc=0; "$tr" "${s[@]}" --set trainer.resume=latest >"$work/trav.log" 2>&1 || rc=$?
     cat "$work/trav.log"; expect_rc 2 "$rc"
     expect_in "$work/trav.log" "names \"../../../../etc\", which is not a checkpoint inside"
+    # ... and quoted as untrusted text: 40 characters, non-printables as '?', cut marked "...".
+    printf '../\001%s\n' "$(printf 'a%.0s' {1..80})" >"$work/r/checkpoints/latest"
+    rc=0; "$tr" "${s[@]}" --set trainer.resume=latest >"$work/long.log" 2>&1 || rc=$?
+    cat "$work/long.log"; expect_rc 2 "$rc"
+    expect_in "$work/long.log" "names \"\.\./\?a{36}\.\.\.\", which is not a checkpoint inside"
     ;;
   consolidate)
     run "$work/z.log" "$tr" "${gpt[@]}" "${opt[@]}" --set trainer.max_steps=4 \
