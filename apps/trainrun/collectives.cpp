@@ -13,7 +13,9 @@
 #include "collectives.hpp"
 
 #include <boost/program_options.hpp>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
+#include <torch/cuda.h>
 
 #include <algorithm>
 #include <chrono>

@@ -1,5 +1,6 @@
 // MemoryInputs for strategies, and the ZeRO memory table of `trainrun check`.
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <algorithm>
 #include <iomanip>

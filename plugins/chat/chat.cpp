@@ -11,7 +11,8 @@
 #include <glob.h>
 #include <sys/stat.h>
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <algorithm>
 #include <cstdint>

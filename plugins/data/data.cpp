@@ -7,7 +7,8 @@
 #include <sys/stat.h>
 #include <zlib.h>
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <cerrno>
 #include <cstdint>

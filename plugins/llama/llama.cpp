@@ -3,7 +3,10 @@
 // operation, so fp32 logits agree with transformers' eager attention to rounding.
 #include "llama.hpp"
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/embedding.h>
 
 #include <algorithm>
 #include <cmath>

@@ -4,7 +4,12 @@
 // entry symbol from that table, so the unit tests can compile this file into an executable and
 // create the components exactly as the host does.
 #include <torch/csrc/jit/serialization/import.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
+#include <torch/nn/modules/conv.h>
+#include <torch/nn/modules/normalization.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/embedding.h>
 
 #include <cmath>
 #include <filesystem>

@@ -1,7 +1,9 @@
 #pragma once
 // A minimal but real Model for the test plugins: one linear layer on the flattened input.
 // Refused plugins never get this far; it exists so each test plugin is otherwise normal.
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
+#include <torch/nn/functional.h>
 #include <trainrun/trainrun.hpp>
 
 #include <algorithm>

@@ -4,7 +4,8 @@
 // two appended tensors would be whatever lay in the caller's stack.
 #include <trainrun/trainrun.hpp>
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 namespace {
 using namespace trainrun::v1;

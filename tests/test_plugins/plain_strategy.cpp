@@ -2,7 +2,8 @@
 // built against ABI 1.4 but WITHOUT the CheckpointableStrategy capability, as a third-party
 // strategy written before checkpoints would be. A job that asks it for checkpoints must fail
 // before training with a NotSupportedError naming it.
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 #include <trainrun/trainrun.hpp>
 
 namespace tr = trainrun::v1;

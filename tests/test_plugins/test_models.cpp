@@ -16,7 +16,8 @@
 //                         +inf in the gradient flowing back into fc1's output, so fc0's and
 //                         fc1's gradients are non-finite on that rank while the loss stays
 //                         finite (the precision must skip the step on every rank).
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 #include <trainrun/trainrun.hpp>
 
 #include <algorithm>

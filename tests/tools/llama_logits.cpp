@@ -10,7 +10,8 @@
 // `bf16-true` precision's compute). --kv-cache computes them through the KV-cache decoder instead
 // (v1::IncrementalDecoder): the first half of the tokens as one prefill, then one token per call.
 // Exit 2 on bad input, with the reason.
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <filesystem>
 #include <fstream>

@@ -2,7 +2,8 @@
 // the same conversations unpacked; the held-out split is fixed by split_seed.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <filesystem>
 #include <fstream>

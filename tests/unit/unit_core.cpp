@@ -6,7 +6,8 @@
 #include <filesystem>
 #include <fstream>
 #include <set>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 #include <string>
 
 #include <nlohmann/json.hpp>

@@ -4,7 +4,8 @@
 // collective it is given.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 #include <trainrun/trainrun.hpp>
 
 #include <string>

@@ -7,7 +7,8 @@
 #include <zlib.h>
 
 #include <torch/script.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <cmath>
 #include <cstring>

@@ -4,7 +4,8 @@
 // tested end to end (tests/e2e/ring_e2e.sh, the equivalence suite).
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 #include <trainrun/trainrun.hpp>
 
 #include <unistd.h>

@@ -8,7 +8,9 @@
 #include <trainrun/sharding.hpp>
 #include <trainrun/strategy_helpers.hpp>
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
+#include <torch/nn/functional.h>
 
 #include <map>
 #include <set>

@@ -3,7 +3,8 @@
 // [trainer] leave it, then Strategy::setup and Optimizer::init, and the checkpoint settings.
 #include "run.hpp"
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <algorithm>
 #include <filesystem>

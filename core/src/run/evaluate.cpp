@@ -2,7 +2,8 @@
 // of forwards), its loss and accuracy summed over ranks, to the callbacks and on rank 0's console.
 #include "run.hpp"
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <cmath>
 #include <iomanip>

@@ -3,7 +3,8 @@
 // its one-line summary (or the diagnosis of a run that diverged).
 #include "run.hpp"
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <iomanip>
 #include <iostream>

@@ -3,7 +3,8 @@
 // component with checkpoint state; the data order and the RNG streams continue from it.
 #include "run.hpp"
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <chrono>
 #include <cstdlib>

@@ -3,7 +3,8 @@
 // rank's pieces under state_dict_type = "sharded").
 #include "run.hpp"
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <chrono>
 #include <cstdlib>

@@ -3,7 +3,8 @@
 // report, the checkpoint directory probe (declared in setup.hpp, called from build.cpp).
 #include "setup.hpp"
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <algorithm>
 #include <filesystem>

@@ -5,7 +5,8 @@
 // step's metrics, and at its end the decisions every rank takes together (evaluate, save, stop).
 #include "run.hpp"
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <cmath>
 #include <csignal>
