@@ -32,6 +32,8 @@ add_executable(bench_quant ${PROJECT_SOURCE_DIR}/bench/quant.cpp)
 target_include_directories(bench_quant PRIVATE ${PROJECT_SOURCE_DIR}/plugins)
 target_link_libraries(bench_quant PRIVATE quant-objects)
 trainrun_use_pch(bench_quant)
+# A bench times its own loops too: the build type's level, not the tests' -O1.
+target_compile_options(bench_quant PRIVATE -O3)
 add_test(NAME bench_quant_smoke
   COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/tools/expect.sh 0 "int8, threshold 6.*ratio" -- $<TARGET_FILE:bench_quant> 512 64 3)
 set_tests_properties(bench_quant_smoke PROPERTIES TIMEOUT 60 ENVIRONMENT "OMP_NUM_THREADS=1")
