@@ -1,4 +1,6 @@
-// Entry symbol of the "chat" plugin; the component lives in chat.cpp.
+// Entry symbol of the "chat" plugin. Compiled into chat-objects with the components
+// (one unit with them): the entry is weak there, so the tests that link several plugins' objects
+// link; see trainrun_add_plugin_objects in the top-level CMakeLists.txt.
 #include "trainrun/plugin.hpp"
 
 namespace trainrun::chat {

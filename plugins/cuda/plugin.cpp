@@ -1,5 +1,6 @@
-// Entry symbol of the "cuda" plugin (accelerator `cuda`, whose communicator is NCCL or Gloo via
-// host memory). Only the plugin gets this file; its unit tests link cuda-objects.
+// Entry symbol of the "cuda" plugin (accelerator `cuda`, whose communicator is NCCL or Gloo
+// via host memory). Compiled into cuda-objects beside cuda.cpp and nccl.cpp; the entry is weak
+// there, so the tests that link the objects link; see trainrun_add_plugin_objects.
 #include "cuda.hpp"
 #include "trainrun/plugin.hpp"
 

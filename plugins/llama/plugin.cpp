@@ -1,6 +1,6 @@
-// Entry symbol of the "llama" plugin. The model is compiled once into llama-objects, which the
-// plugin, llama_logits, packing_check and the llama_config fuzz target share; only the plugin
-// gets this file, since every plugin's entry symbol has the same name.
+// Entry symbol of the "llama" plugin. Compiled into llama-objects with the components
+// (one unit with them): the entry is weak there, so the tests that link several plugins' objects
+// link; see trainrun_add_plugin_objects in the top-level CMakeLists.txt.
 #include "llama.hpp"
 #include "trainrun/plugin.hpp"
 

@@ -1,4 +1,6 @@
-// Entry symbol of the "models" plugin; the components live in models.cpp.
+// Entry symbol of the "models" plugin. Compiled into models-objects with the components
+// (one unit with them): the entry is weak there, so the tests that link several plugins' objects
+// link; see trainrun_add_plugin_objects in the top-level CMakeLists.txt.
 #include "trainrun/plugin.hpp"
 
 namespace trainrun::models {

@@ -1,4 +1,6 @@
-// Entry symbol of the "report" plugin (its component is compiled into report-objects).
+// Entry symbol of the "report" plugin. Compiled into report-objects with the components
+// (one unit with them): the entry is weak there, so the tests that link several plugins' objects
+// link; see trainrun_add_plugin_objects in the top-level CMakeLists.txt.
 #include "report.hpp"
 #include "trainrun/plugin.hpp"
 

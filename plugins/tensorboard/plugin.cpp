@@ -1,5 +1,6 @@
-// Entry symbol of the "tensorboard" plugin (its components are compiled into tensorboard-objects,
-// which the unit tests link too).
+// Entry symbol of the "tensorboard" plugin. Compiled into tensorboard-objects with the components
+// (one unit with them): the entry is weak there, so the tests that link several plugins' objects
+// link; see trainrun_add_plugin_objects in the top-level CMakeLists.txt.
 #include "tensorboard.hpp"
 #include "trainrun/plugin.hpp"
 

@@ -1,6 +1,6 @@
-// Entry symbol of the "zero" plugin. Its components are compiled once into an object
-// library that the plugin and its unit tests share; only the plugin gets this file, since every
-// plugin's entry symbol has the same name.
+// Entry symbol of the "zero" plugin. Compiled into zero-objects with the components
+// (one unit with them): the entry is weak there, so the tests that link several plugins' objects
+// link; see trainrun_add_plugin_objects in the top-level CMakeLists.txt.
 #include "zero.hpp"
 #include "trainrun/plugin.hpp"
 

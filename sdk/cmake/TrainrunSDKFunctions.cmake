@@ -16,7 +16,9 @@ set(_TRAINRUN_SDK_CMAKE_DIR "${CMAKE_CURRENT_LIST_DIR}")
 
 function(trainrun_add_plugin name)
   cmake_parse_arguments(ARG "NO_INSTALL" "" "SOURCES;LIBRARIES;INCLUDE_DIRS" ${ARGN})
-  if(NOT ARG_SOURCES)
+  # In-tree plugins give only LIBRARIES: an object library that holds their sources and entry
+  # symbol (trainrun_add_plugin_objects in the top-level CMakeLists.txt).
+  if(NOT ARG_SOURCES AND NOT ARG_LIBRARIES)
     message(FATAL_ERROR "trainrun_add_plugin(${name}): SOURCES is required")
   endif()
   if(NOT DEFINED Torch_VERSION)

@@ -133,11 +133,19 @@ constexpr trainrun_component_v1 component(const char* name, const char* summary)
 #define TRAINRUN_PLUGIN(...) \
   static_assert(false, "build trainrun plugins with the SDK's CMake function trainrun_add_plugin()")
 #else
+// In-tree plugins are compiled into object libraries that unit tests link several of at once,
+// so there their entry symbols are weak (TRAINRUN_PLUGIN_ENTRY_WEAK, set by the build); a
+// third-party plugin's stays strong, so two entry symbols in one plugin are a link error.
+#if defined(TRAINRUN_PLUGIN_ENTRY_WEAK)
+#define TRAINRUN_PLUGIN_ENTRY_BINDING __attribute__((weak))
+#else
+#define TRAINRUN_PLUGIN_ENTRY_BINDING
+#endif
 /// Defines the plugin's entry symbol. NAME and VERSION are string literals; the rest are
 /// trainrun::v1::component<Interface, Impl>(name, summary) entries.
 #define TRAINRUN_PLUGIN(NAME, VERSION, ...)                                                     \
-  extern "C" __attribute__((visibility("default"))) const trainrun_plugin_descriptor_v1*        \
-  trainrun_plugin_entry(void) {                                                                 \
+  extern "C" __attribute__((visibility("default"))) TRAINRUN_PLUGIN_ENTRY_BINDING               \
+  const trainrun_plugin_descriptor_v1* trainrun_plugin_entry(void) {                            \
     static const trainrun_component_v1 components[] = {__VA_ARGS__};                          \
     static const trainrun_plugin_descriptor_v1 descriptor = {                                   \
         sizeof(trainrun_plugin_descriptor_v1),                                                  \
