@@ -78,9 +78,7 @@ set_target_properties(bad-not-a-plugin PROPERTIES
 # version script would hide the misnamed symbol).
 add_library(bad-entry-v2 MODULE ${_bad_src}/entry_v2.cpp)
 target_link_libraries(bad-entry-v2 PRIVATE TrainrunSDK::sdk)
-target_compile_definitions(bad-entry-v2 PRIVATE
-  TRAINRUN_BUILD_TORCH_VERSION="${Torch_VERSION}"
-  TRAINRUN_BUILD_COMPILER_ID="${CMAKE_CXX_COMPILER_ID}-${CMAKE_CXX_COMPILER_VERSION}")
+trainrun_plugin_stamp(bad-entry-v2 PRIVATE)
 set_target_properties(bad-entry-v2 PROPERTIES
   PREFIX "libtrainrun-" OUTPUT_NAME entry-v2 LIBRARY_OUTPUT_DIRECTORY ${_bad_out}/entry-v2)
 trainrun_use_pch(bad-entry-v2)

@@ -1,5 +1,6 @@
 # trainrun_add_plugin(<name> SOURCES <src>... [LIBRARIES <lib>...] [INCLUDE_DIRS <dir>...]
 #                     [NO_INSTALL])
+# (In-tree plugins give LIBRARIES <name>-objects and no SOURCES; see the top-level CMakeLists.)
 #
 # Builds a trainrun plugin: a MODULE library named libtrainrun-<name>.so that exports only the
 # entry symbol (linker version script), compiled against the same LibTorch as the core and
@@ -13,6 +14,14 @@
 #   TRAINRUN_PLUGIN_INSTALL_DIR install destination (default: lib/trainrun/plugins)
 #   TRAINRUN_PCH_TARGET         in-tree only: a target whose precompiled header is reused
 set(_TRAINRUN_SDK_CMAKE_DIR "${CMAKE_CURRENT_LIST_DIR}")
+
+# trainrun_plugin_stamp(<target> <PRIVATE|PUBLIC|INTERFACE>): the LibTorch version and compiler
+# that TRAINRUN_PLUGIN writes into the descriptor and the loader compares with its own.
+function(trainrun_plugin_stamp target scope)
+  target_compile_definitions(${target} ${scope}
+    TRAINRUN_BUILD_TORCH_VERSION="${Torch_VERSION}"
+    TRAINRUN_BUILD_COMPILER_ID="${CMAKE_CXX_COMPILER_ID}-${CMAKE_CXX_COMPILER_VERSION}")
+endfunction()
 
 function(trainrun_add_plugin name)
   cmake_parse_arguments(ARG "NO_INSTALL" "" "SOURCES;LIBRARIES;INCLUDE_DIRS" ${ARGN})
@@ -29,9 +38,7 @@ function(trainrun_add_plugin name)
   if(ARG_INCLUDE_DIRS)
     target_include_directories(${name} PRIVATE ${ARG_INCLUDE_DIRS})
   endif()
-  target_compile_definitions(${name} PRIVATE
-    TRAINRUN_BUILD_TORCH_VERSION="${Torch_VERSION}"
-    TRAINRUN_BUILD_COMPILER_ID="${CMAKE_CXX_COMPILER_ID}-${CMAKE_CXX_COMPILER_VERSION}")
+  trainrun_plugin_stamp(${name} PRIVATE)
   target_compile_features(${name} PRIVATE cxx_std_17)
   set_target_properties(${name} PROPERTIES
     PREFIX "libtrainrun-"
