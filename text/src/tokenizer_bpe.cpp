@@ -10,7 +10,10 @@
 
 namespace trainrun::text::detail {
 
-namespace {
+// A named namespace, not an anonymous one: BpeModel::Maps (declared in a header) holds these
+// maps, and GCC warns about a member of internal-linkage type once this file is compiled inside
+// a unity unit (it is then an included file, not the main one).
+namespace bpe {
 // Open-addressing map from a token pair to (rank, merged id): the hot look-up of merging.
 class PairMap {
  public:
@@ -103,7 +106,8 @@ uint64_t pair_key(int32_t a, int32_t b) {
 
 constexpr size_t kCacheMaxEntries = 200000;
 constexpr size_t kCacheMaxWordBytes = 256;
-}  // namespace
+}  // namespace bpe
+using namespace bpe;  // this file's own helpers, in a .cpp
 
 struct BpeModel::Maps {
   explicit Maps(const std::vector<std::string>& tokens) : vocab(tokens) {}
