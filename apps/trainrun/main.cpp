@@ -14,6 +14,7 @@
 #include <iostream>
 #include <sstream>
 
+#include "build_info.hpp"
 #include "chat_cli.hpp"
 #include "collectives.hpp"
 #include "export_cli.hpp"
