@@ -16,7 +16,7 @@ endforeach()
 add_test(NAME shm.p2p.check.w3 COMMAND shm_p2p check 3)
 set_tests_properties(shm.p2p.check.w3 PROPERTIES TIMEOUT 300
   ENVIRONMENT "OMP_NUM_THREADS=1;OPENBLAS_NUM_THREADS=1")
-# Messages of 2 MiB and more go by single copy by default; this runs the same checks with every
+# Messages of 1 MiB and more go by single copy by default; this runs the same checks with every
 # message through the slots (two copies), as where process_vm_readv is forbidden.
 add_test(NAME shm.p2p.check.two_copy COMMAND shm_p2p check)
 set_tests_properties(shm.p2p.check.two_copy PROPERTIES TIMEOUT 180

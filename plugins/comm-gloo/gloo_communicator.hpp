@@ -101,7 +101,7 @@ class GlooCommunicator final : public v1::Communicator, public v1::RecvReduceCom
   /// TCP ring between them (the group spans >= 2 machines with the same number >= 2 of its ranks
   /// each, shm on, allreduce_algorithm "auto"); 0 when all_reduce has one level.
   int hierarchy_machines() const;
-  /// Of those, the peers to which messages of 2 MiB and more go by single copy (the peer reads
+  /// Of those, the peers to which messages of 1 MiB and more go by single copy (the peer reads
   /// them from this process's memory with process_vm_readv).
   int shm_single_copy_peers() const;
 

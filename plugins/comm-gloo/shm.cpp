@@ -74,9 +74,13 @@ constexpr long kSleepNs = 5'000'000;
 // it is not (32 MiB: 3.6-4.2 against 5.0-5.6; MPICH's own is 2.9 there), and a one-way stream
 // is faster with two copies, each side copying on its own core (16 MiB ping-pong: 10.9 against
 // 3.8 GB/s). Single copy is the default because it is what keeps the ring at or above MPICH's
-// all-reduce from 1 MiB up; below 2 MiB two copies through the cached ring are as fast.
+// all-reduce from 1 MiB up. From 1 MiB, not 2: a 2 MiB all-reduce at 2 ranks sends 1 MiB
+// messages, which through the 8 x 64 KiB slots go in lock step with two copies; alternated
+// runs (--stat min, 3 rounds each, 2026-12-03) gave gloo-cpu 1.04-1.12x MPICH there with two
+// copies and 1.19-1.24x with one, the ring 1.04-1.25x and 1.18-1.24x. Below 1 MiB two copies
+// through the cached slots are as fast.
 // TRAINRUN_SHM_CMA=0 turns it off; TRAINRUN_SHM_CMA_MIN / _PIECE override (for measuring).
-constexpr uint64_t kDefaultCmaMinBytes = 2 << 20;
+constexpr uint64_t kDefaultCmaMinBytes = 1 << 20;
 constexpr uint64_t kDefaultCmaPieceBytes = 256 << 10;
 
 constexpr uint64_t kMagic = 0x32686d736e727274ull;  // "trrnshm2"
