@@ -10,9 +10,9 @@
 
 namespace trainrun::text::detail {
 
-// A named namespace, not an anonymous one: BpeModel::Maps (declared in a header) holds these
-// maps, and GCC warns about a member of internal-linkage type once this file is compiled inside
-// a unity unit (it is then an included file, not the main one).
+// The two maps are in a named namespace, not an anonymous one: BpeModel::Maps (declared in a
+// header) holds them, and GCC warns about a member of internal-linkage type once this file is
+// compiled inside a unity unit (it is then an included file, not the main one).
 namespace bpe {
 // Open-addressing map from a token pair to (rank, merged id): the hot look-up of merging.
 class PairMap {
@@ -100,19 +100,21 @@ class TokenMap {
   size_t mask_ = 0;
 };
 
+}  // namespace bpe
+
+namespace {
 uint64_t pair_key(int32_t a, int32_t b) {
   return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b);
 }
 
 constexpr size_t kCacheMaxEntries = 200000;
 constexpr size_t kCacheMaxWordBytes = 256;
-}  // namespace bpe
-using namespace bpe;  // this file's own helpers, in a .cpp
+}  // namespace
 
 struct BpeModel::Maps {
   explicit Maps(const std::vector<std::string>& tokens) : vocab(tokens) {}
-  TokenMap vocab;
-  PairMap merges;
+  bpe::TokenMap vocab;
+  bpe::PairMap merges;
   // Ids of one-character tokens by code point (-1: none), for the characters a word starts as;
   // covers the byte-level alphabet (U+0000..U+0143) and Latin.
   std::array<int32_t, 0x250> char_ids;
