@@ -45,12 +45,17 @@ using v1::detail::cat;
 namespace {
 
 // Ring geometry, chosen by the receiver (it creates the segment; the sender reads both from
-// the header). Measured on 2 ranks of a 2-core machine (ring all-reduce, 1-32 MiB): a ring of
-// 8 x 64 KiB stays in cache while it is copied in and out; 16 x 256 KiB, 4 MiB, did not and
-// was 5-10% slower at 2 MiB, and nothing was faster beyond noise. Large messages take the
-// single-copy path anyway. TRAINRUN_SHM_SLOT_BYTES / TRAINRUN_SHM_SLOTS override them (for
-// measuring).
-constexpr uint64_t kDefaultSlotBytes = 64 << 10;
+// the header). 8 x 128 KiB, 1 MiB per channel: a message of up to 1 MiB (the halves of a 2 MiB
+// all-reduce at 2 ranks) fits the ring whole, so the sender never waits for the receiver to
+// empty a slot before it has posted the whole message, and each slot hand-off (a cache line
+// of the counters crossing cores) carries twice the 64 KiB it used to. Measured on 2 ranks of
+// a 2-core AMD EPYC VM (2026-12-04, 3 alternated rounds, median of 40 iterations): the
+// all-reduce 13.4-15.4 GB/s from 1 to 4 MiB against 8.5-12.6 with 8 x 64 KiB (and single copy
+// from 1 MiB, the default then), 256 KiB slots as fast as 128 KiB; the ping-pong 25-27 GB/s at
+// 1 MiB against 10.5-11.5. Earlier, on an Intel VM, 16 x 256 KiB (4 MiB) had been 5-10%
+// slower at 2 MiB than 8 x 64 KiB. TRAINRUN_SHM_SLOT_BYTES / TRAINRUN_SHM_SLOTS override them
+// (for measuring).
+constexpr uint64_t kDefaultSlotBytes = 128 << 10;
 constexpr uint32_t kDefaultSlots = 8;
 // A waiting thread polls with pause instructions for this long, then with sched_yield() between
 // polls (which lets another rank on the same core run when ranks outnumber cores, and costs
@@ -65,21 +70,21 @@ constexpr int64_t kDefaultYieldNs = 2'000'000;
 // rank's own abort are noticed within a few milliseconds even without a wake.
 constexpr long kSleepNs = 5'000'000;
 
-// Single copy (Linux cross-memory attach, process_vm_readv): a message of at least this many
-// bytes is not copied through the slots; its slot carries the sender's address and the receiver
-// reads the sender's memory directly, in pieces of kCmaPieceBytes (reduced from an L2-sized
-// staging buffer when the recv reduces). One copy instead of two, as UCX's cma transport under
-// MPICH does. Measured here, 2 ranks, interleaved runs: the ring all-reduce gains where its
-// data is cache-resident (4 MiB: 6.6-8.0 GB/s against 5.8-5.9 with two copies) and loses where
-// it is not (32 MiB: 3.6-4.2 against 5.0-5.6; MPICH's own is 2.9 there), and a one-way stream
-// is faster with two copies, each side copying on its own core (16 MiB ping-pong: 10.9 against
-// 3.8 GB/s). Single copy is the default because it is what keeps the ring at or above MPICH's
-// all-reduce from 1 MiB up. From 1 MiB, not 2: a 2 MiB all-reduce at 2 ranks sends 1 MiB
-// messages, which through the 8 x 64 KiB slots go in lock step with two copies; alternated
-// runs (--stat min, 3 rounds each, 2026-12-03) gave gloo-cpu 1.04-1.12x MPICH there with two
-// copies and 1.19-1.24x with one, the ring 1.04-1.25x and 1.18-1.24x. Below 1 MiB two copies
-// through the cached slots are as fast.
-// TRAINRUN_SHM_CMA=0 turns it off; TRAINRUN_SHM_CMA_MIN / _PIECE override (for measuring).
+// Single copy (Linux cross-memory attach, process_vm_readv), off unless TRAINRUN_SHM_CMA=1: a
+// message of at least this many bytes is not copied through the slots; its slot carries the
+// sender's address and the receiver reads the sender's memory directly, in pieces of
+// kCmaPieceBytes (reduced from an L2-sized staging buffer when the recv reduces). One copy
+// instead of two, as UCX's cma transport under MPICH does, but one core then does the whole
+// copy while the sender waits, where with two copies each side copies on its own core. On an
+// Intel VM (2026-12-03, 8 x 64 KiB slots) it helped the all-reduce from 1 to 8 MiB (2 MiB:
+// 1.19-1.24x MPICH against 1.04-1.12x) and lost from 32 MiB on; on an AMD EPYC VM
+// (2026-12-04) two copies through larger slots won at every size: the all-reduce 1.71-1.91x
+// MPICH at 1-4 MiB and 2.44-3.80x at 16-32 MiB (8 x 128 KiB) against 1.12-1.47x and
+// 1.33-1.87x (8 x 64 KiB, single copy from 1 MiB); with 8 x 256 KiB, single copy from 4 MiB
+// gave 6.9-8.0 GB/s at 8 MiB against 12.5-13.4 without; the ping-pong 12-15 GB/s at 16 MiB
+// against 4.8-5.0.
+// TRAINRUN_SHM_CMA=1 turns it on; TRAINRUN_SHM_CMA_MIN / _PIECE set its threshold and piece
+// (for measuring).
 constexpr uint64_t kDefaultCmaMinBytes = 1 << 20;
 constexpr uint64_t kDefaultCmaPieceBytes = 256 << 10;
 
@@ -775,7 +780,7 @@ Transport::Transport(std::shared_ptr<c10d::Store> store, Config config)
   // Single copy from peer p works if this rank can read p's probe (same user, no ptrace
   // restriction in the way, no seccomp filter refusing process_vm_readv).
   const char* cma_env = std::getenv("TRAINRUN_SHM_CMA");
-  const bool cma_wanted = !(cma_env && std::string(cma_env) == "0");
+  const bool cma_wanted = cma_env && std::string(cma_env) == "1";
   std::string cma_off;  // why single copy is off for some peer (the first reason)
   auto cma_from = [&](int p) {
     if (!cma_wanted) return false;

@@ -12,13 +12,15 @@
 // one streams: the receiver empties slot i while the sender fills slot i + 1. No store round
 // trip per message.
 //
-// Single copy. A message of 2 MiB or more is not copied through the slots: its one slot carries
-// the sender's address, and the receiver reads the sender's memory directly with
-// process_vm_readv (Linux cross-memory attach, as UCX's cma transport does under MPICH), in
-// 256 KiB pieces. The send completes when the receiver releases the slot. Each receiver checks
-// at set-up that it can read each peer (same user; Yama's ptrace_scope 1 is handled by
-// PR_SET_PTRACER to the launcher, whose children the peers are) and records it in the segment,
-// so both ends agree; where it cannot, it says why once and those messages take two copies.
+// Single copy, off unless TRAINRUN_SHM_CMA=1 (two copies through 128 KiB slots were faster at
+// every size where both were measured, shm.cpp says where). A message of 1 MiB or more is then
+// not copied through the slots: its one slot carries the sender's address, and the receiver
+// reads the sender's memory directly with process_vm_readv (Linux cross-memory attach, as
+// UCX's cma transport does under MPICH), in 256 KiB pieces. The send completes when the
+// receiver releases the slot. Each receiver checks at set-up that it can read each peer (same
+// user; Yama's ptrace_scope 1 is handled by PR_SET_PTRACER to the launcher, whose children the
+// peers are) and records it in the segment, so both ends agree; where it cannot, it says why
+// once and those messages take two copies.
 //
 // A recv may reduce instead of copy (Op::reduce): each chunk is combined into the destination
 // straight from the shared slot, or from a 256 KiB staging piece under single copy (dst = dst +

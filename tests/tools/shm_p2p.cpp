@@ -138,10 +138,10 @@ void ring_recv_reduce(GlooCommunicator& c, int64_t count, c10::ScalarType t, v1:
 int check(GlooCommunicator& c, bool shm) {
   const int n = c.world_size(), r = c.rank();
   if (shm) expect(c.shm_peers() == n - 1, r, "shm_peers() " + std::to_string(c.shm_peers()));
-  // Single copy (process_vm_readv) is on unless TRAINRUN_SHM_CMA=0 (shm.p2p.check.two_copy);
+  // Single copy (process_vm_readv) is on only with TRAINRUN_SHM_CMA=1 (shm.p2p.check.single_copy);
   // where the system forbids it, the transport said why on stderr, and this fails.
   const char* cma = std::getenv("TRAINRUN_SHM_CMA");
-  const int want_single = shm && !(cma && std::string(cma) == "0") ? n - 1 : 0;
+  const int want_single = shm && cma && std::string(cma) == "1" ? n - 1 : 0;
   expect(c.shm_single_copy_peers() == want_single, r,
          "shm_single_copy_peers() " + std::to_string(c.shm_single_copy_peers()) + ", expected " +
              std::to_string(want_single));
