@@ -612,6 +612,10 @@ void LlamaModel::declare_options(v1::OptionSchema& s) {
   s.choice("save_dtype", "auto", {"auto", "float32", "bfloat16", "float16"},
            "dtype of the saved weights; auto = the input's (float32 for an inline config)");
   s.string("max_shard_size", "5GB", "largest weight file in <run_dir>/hf/ before sharding (\"5GB\", \"500MB\")");
+  s.boolean("fused_head_loss", true,
+            "training loss with a frozen head (LoRA, QLoRA): the vocabulary projection and the "
+            "cross-entropy in one step whose logits buffer is reused from step to step and "
+            "overwritten by their gradient; false = the projection through autograd, then the loss");
 }
 
 LlamaModel::LlamaModel(const v1::Options& o, const v1::RunContext& ctx) : run_dir_(ctx.run_dir), rank_(ctx.rank) {
@@ -619,6 +623,7 @@ LlamaModel::LlamaModel(const v1::Options& o, const v1::RunContext& ctx) : run_di
   TR_CHECK_TYPED(ConfigError, data.task.empty() || data.task == "language_modeling", o.context(),
                  ": llama needs a language-modelling dataset, but the dataset's task is '", data.task, "'");
   save_hf_ = o.get_bool("save_hf");
+  fused_head_loss_ = o.get_bool("fused_head_loss");
   save_dtype_ = o.get_string("save_dtype");
   max_shard_bytes_ = hf::parse_size(o.get_string("max_shard_size"));
   const std::string path = o.get_string("path");
@@ -815,13 +820,36 @@ namespace {
 // [N, C], target int64 [N]: cross_entropy_sum's loss with a backward of its own. Through
 // autograd, log_softmax writes an [N, C] result, the loss's backward fills an [N, C] zero
 // gradient and log_softmax's backward reads both; here the forward keeps one logsumexp per
-// row and the backward writes the gradient (softmax - one-hot) once, both a few rows at a time
-// so the temporaries stay in cache (SmolLM2: C = 49,152, N = 512 per sequence, 100 MB logits).
+// row and the backward writes the gradient (softmax - one-hot) once, over the logits
+// themselves, a few rows at a time so the temporaries stay in cache (SmolLM2: C = 49,152,
+// N = 512 per sequence, 100 MB logits).
+//
+// Writing the gradient over the logits is safe because nothing reads them after this (the
+// vocabulary projection's backward needs its input, not its output); a fresh [N, C] buffer
+// would be mapped and zero-filled by the kernel page by page every step (41 ms to first touch
+// 100 MB here, against 5 ms to fill it again). So a second backward through the same graph
+// (retain_graph) would read the gradient as logits: it is refused instead.
 struct CrossEntropySum : public torch::autograd::Function<CrossEntropySum> {
   static constexpr int64_t kRows = 8;
 
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& logits,
                                const torch::Tensor& target) {
+    const auto [loss, lse, t, valid] = loss_of(logits, target);
+    ctx->save_for_backward({logits, lse, t, valid});
+    return loss;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    once(ctx);
+    return {gradient(saved[0], saved[1], saved[2], saved[3], grads[0]), torch::Tensor()};
+  }
+
+  // The loss and what its gradient needs: logsumexp per row, the targets with the ignored ones
+  // at 0, and which rows count.
+  static std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor> loss_of(
+      const torch::Tensor& logits, const torch::Tensor& target) {
     const int64_t N = logits.size(0);
     const torch::Tensor valid = target.ne(v1::kIgnoreIndex);
     const torch::Tensor t = target.masked_fill(valid.logical_not(), 0);
@@ -833,16 +861,21 @@ struct CrossEntropySum : public torch::autograd::Function<CrossEntropySum> {
     }
     // gather throws on a target outside [0, C), as cross_entropy does.
     const torch::Tensor picked = logits.gather(1, t.unsqueeze(1)).squeeze(1);
-    ctx->save_for_backward({logits, lse, t, valid});
-    return torch::where(valid, lse - picked, torch::zeros({}, lse.options())).sum();
+    return {torch::where(valid, lse - picked, torch::zeros({}, lse.options())).sum(), lse, t, valid};
   }
 
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grads) {
-    const auto saved = ctx->get_saved_variables();
-    const torch::Tensor &logits = saved[0], &lse = saved[1], &t = saved[2], &valid = saved[3];
-    const torch::Tensor w = valid.to(logits.scalar_type()).mul(grads[0]);  // d loss / d row
-    torch::Tensor d = torch::empty_like(logits, at::MemoryFormat::Contiguous);
+  static void once(torch::autograd::AutogradContext* ctx) {
+    TR_CHECK(!ctx->saved_data.count("consumed"), "llama: the cross-entropy's backward ran twice on one "
+             "graph (retain_graph); the llama model's training loss supports one backward per forward");
+    ctx->saved_data["consumed"] = true;
+  }
+
+  // d loss / d logits = (softmax - one-hot) * grad per counted row, written over `logits`
+  // (contiguous) and returned.
+  static torch::Tensor gradient(torch::Tensor logits, const torch::Tensor& lse, const torch::Tensor& t,
+                                const torch::Tensor& valid, const torch::Tensor& grad) {
+    const torch::Tensor w = valid.to(logits.scalar_type()).mul(grad);  // d loss / d row
+    torch::Tensor d = logits.is_contiguous() ? logits : torch::empty_like(logits, at::MemoryFormat::Contiguous);
     const int64_t N = logits.size(0);
     for (int64_t s = 0; s < N; s += kRows) {
       const int64_t n = std::min(kRows, N - s);
@@ -851,7 +884,44 @@ struct CrossEntropySum : public torch::autograd::Function<CrossEntropySum> {
       out.exp_().mul_(w.narrow(0, s, n).unsqueeze(1));
     }
     d.scatter_add_(1, t.unsqueeze(1), w.neg().unsqueeze(1));
-    return {d, torch::Tensor()};
+    return d;
+  }
+};
+
+// The vocabulary projection and CrossEntropySum in one: h float32 [N, hidden], weight [C, hidden]
+// (frozen: the tied embedding or a plain lm_head, no bias, no adapters), target [N] -> the
+// summed loss, with d loss / d h in the backward. The logits go into `buffer`, kept by the model
+// from step to step, so the largest tensor of the step is mapped once per run, not twice per
+// step (logits, then their gradient). The buffer is used only when no earlier graph still
+// holds it (its storage's only owner is the model); otherwise this call takes a fresh one.
+struct HeadCrossEntropySum : public torch::autograd::Function<HeadCrossEntropySum> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& h,
+                               const torch::Tensor& weight, const torch::Tensor& target,
+                               std::shared_ptr<torch::Tensor> buffer) {
+    const int64_t N = h.size(0), C = weight.size(0);
+    torch::Tensor logits;
+    if (buffer->defined() && buffer->storage().use_count() == 1 && buffer->numel() >= N * C)
+      logits = buffer->narrow(0, 0, N * C).view({N, C});
+    else if (!buffer->defined() || buffer->storage().use_count() == 1)
+      *buffer = torch::empty({N * C}, h.options()), logits = buffer->view({N, C});
+    else
+      logits = torch::empty({N, C}, h.options());
+    at::mm_out(logits, h, weight.t());
+    auto [loss, lse, t, valid] = CrossEntropySum::loss_of(logits, target);
+    ctx->save_for_backward({weight, lse, t, valid});
+    ctx->saved_data["logits"] = logits;  // not a saved variable: the backward overwrites it
+    return loss;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    CrossEntropySum::once(ctx);
+    torch::Tensor d = CrossEntropySum::gradient(ctx->saved_data["logits"].toTensor(), saved[1], saved[2],
+                                                saved[3], grads[0]);
+    torch::Tensor dh = torch::mm(d, saved[0]);
+    ctx->saved_data.erase("logits");  // the buffer is free for the next step's forward
+    return {dh, torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -871,6 +941,19 @@ v1::ModelOutput LlamaModel::forward(const v1::Batch& b) {
     const torch::Tensor idx = valid.nonzero().squeeze(1);
     h = h.index_select(0, idx);
     target = target.index_select(0, idx);
+  }
+  if (fused_head_loss_ && torch::GradMode::is_enabled() && h.requires_grad() && h.scalar_type() == torch::kFloat) {
+    auto& net = net_of(net_);
+    const bool plain_head = cfg_.tie_word_embeddings ||
+                            (net.lm_head->adapters().empty() && !net.lm_head->base() && !net.lm_head->bias.defined());
+    const torch::Tensor w = cfg_.tie_word_embeddings ? net.model->embed_tokens->weight
+                                                     : (plain_head ? net.lm_head->weight : torch::Tensor());
+    if (plain_head && w.defined() && !w.requires_grad() && w.scalar_type() == torch::kFloat &&
+        !v1::compat::autocast_enabled(h.device().type())) {
+      v1::ModelOutput out;
+      out.loss_sum = HeadCrossEntropySum::apply(h.contiguous(), w, target, logits_buffer_);
+      return out;
+    }
   }
   const torch::Tensor logits = head(h);
   if (torch::GradMode::is_enabled() && logits.requires_grad() && logits.scalar_type() == torch::kFloat) {

@@ -111,9 +111,12 @@ class LlamaModel final : public v1::ModuleModel,
   std::string dir_, config_text_, run_dir_, save_dtype_ = "auto";
   int64_t max_shard_bytes_ = 5'000'000'000;
   bool save_hf_ = true;
+  bool fused_head_loss_ = true;
   int rank_ = 0;
   std::shared_ptr<torch::nn::Module> net_;
   std::vector<std::unique_ptr<v1::Unit>> units_;
+  /// The training loss's logits [tokens * vocab], reused from step to step (HeadCrossEntropySum).
+  std::shared_ptr<at::Tensor> logits_buffer_ = std::make_shared<at::Tensor>();
   std::unique_ptr<hf::ModelDir> md_;            ///< open while weights are deferred
   std::map<std::string, at::Tensor> deferred_;  ///< parameters waiting for their values
   int64_t bytes_read_ = 0, ranges_read_ = 0, rchar_start_ = -1, rss_at_build_ = -1;

@@ -287,6 +287,22 @@ def main():
         if "hf/ not written" not in out:
             fail("a LoRA run should not write <run_dir>/hf/ (the adapter holds the result)")
         adapter = os.path.join(run_dir, "adapter")
+        # The frozen head's fused projection + loss (a reused logits buffer overwritten by its
+        # gradient) trains exactly as the projection through autograd then the loss does.
+        run_plain = os.path.join(WORK, "run-plain")
+        run_trainrun(["--config", os.path.join(WORK, "job.toml"), "--set", f"trainer.run_dir={run_plain}",
+                      "--set", "model.fused_head_loss=false"])
+        fused, plain = losses(run_dir), losses(run_plain)
+        worst = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(fused, plain))
+        print(f"lora: fused head loss {fused}\nlora: plain head loss {plain} (worst {worst:.1e})")
+        if len(fused) != 5 or len(plain) != 5 or worst > 1e-6:
+            fail(f"fused_head_loss changed the LoRA run's losses: worst relative difference {worst:.2e}")
+        from safetensors.torch import load_file
+        a_fused = load_file(os.path.join(adapter, "adapter_model.safetensors"))
+        a_plain = load_file(os.path.join(run_plain, "adapter", "adapter_model.safetensors"))
+        for k, v in a_plain.items():
+            if not torch.allclose(a_fused[k], v, rtol=1e-5, atol=1e-7):
+                fail(f"fused_head_loss changed the trained adapter: {k} differs by {(a_fused[k] - v).abs().max().item():.2e}")
         acfg = json.load(open(os.path.join(adapter, "adapter_config.json")))
         want = {"peft_type": "LORA", "r": 4, "lora_alpha": 8.0, "task_type": "CAUSAL_LM", "bias": "none",
                 "use_rslora": False, "base_model_name_or_path": os.path.abspath(base)}
