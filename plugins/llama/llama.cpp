@@ -899,13 +899,9 @@ struct HeadCrossEntropySum : public torch::autograd::Function<HeadCrossEntropySu
                                const torch::Tensor& weight, const torch::Tensor& target,
                                std::shared_ptr<torch::Tensor> buffer) {
     const int64_t N = h.size(0), C = weight.size(0);
-    torch::Tensor logits;
-    if (buffer->defined() && buffer->storage().use_count() == 1 && buffer->numel() >= N * C)
-      logits = buffer->narrow(0, 0, N * C).view({N, C});
-    else if (!buffer->defined() || buffer->storage().use_count() == 1)
-      *buffer = torch::empty({N * C}, h.options()), logits = buffer->view({N, C});
-    else
-      logits = torch::empty({N, C}, h.options());
+    const bool free = !buffer->defined() || buffer->storage().use_count() == 1;
+    if (free && (!buffer->defined() || buffer->numel() < N * C)) *buffer = torch::empty({N * C}, h.options());
+    torch::Tensor logits = free ? buffer->narrow(0, 0, N * C).view({N, C}) : torch::empty({N, C}, h.options());
     at::mm_out(logits, h, weight.t());
     auto [loss, lse, t, valid] = CrossEntropySum::loss_of(logits, target);
     ctx->save_for_backward({weight, lse, t, valid});
@@ -944,11 +940,13 @@ v1::ModelOutput LlamaModel::forward(const v1::Batch& b) {
   }
   if (fused_head_loss_ && torch::GradMode::is_enabled() && h.requires_grad() && h.scalar_type() == torch::kFloat) {
     auto& net = net_of(net_);
-    const bool plain_head = cfg_.tie_word_embeddings ||
-                            (net.lm_head->adapters().empty() && !net.lm_head->base() && !net.lm_head->bias.defined());
-    const torch::Tensor w = cfg_.tie_word_embeddings ? net.model->embed_tokens->weight
-                                                     : (plain_head ? net.lm_head->weight : torch::Tensor());
-    if (plain_head && w.defined() && !w.requires_grad() && w.scalar_type() == torch::kFloat &&
+    // The head's weight when the head is a plain product with it (undefined otherwise).
+    torch::Tensor w;
+    if (cfg_.tie_word_embeddings)
+      w = net.model->embed_tokens->weight;
+    else if (net.lm_head->adapters().empty() && !net.lm_head->base() && !net.lm_head->bias.defined())
+      w = net.lm_head->weight;
+    if (w.defined() && !w.requires_grad() && w.scalar_type() == torch::kFloat &&
         !v1::compat::autocast_enabled(h.device().type())) {
       v1::ModelOutput out;
       out.loss_sum = HeadCrossEntropySum::apply(h.contiguous(), w, target, logits_buffer_);
