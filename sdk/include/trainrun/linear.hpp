@@ -114,32 +114,49 @@ class LinearImpl : public torch::nn::Module {
           fused.push_back({lr, i});
           as.push_back(lr->A());
         }
+    const at::Tensor x2 = x.reshape({-1, x.size(-1)});  // [tokens, in]
     std::vector<at::Tensor> h;  // x A^T of each fused adapter, [tokens, r]
     if (as.size() == 1) {
-      h.push_back(at::mm(x.reshape({-1, x.size(-1)}), as[0].t()));
+      h.push_back(at::mm(x2, as[0].t()));
     } else if (as.size() > 1) {
       std::vector<int64_t> ranks;
       for (const auto& a : as) ranks.push_back(a.size(0));
-      h = at::mm(x.reshape({-1, x.size(-1)}), at::cat(as).t()).split_with_sizes(ranks, 1);
+      h = at::mm(x2, at::cat(as).t()).split_with_sizes(ranks, 1);
     }
     std::vector<at::Tensor> out;
     size_t next = 0;
     for (size_t i = 0; i < layers.size(); ++i) {
       LinearImpl& l = *layers[i];
-      at::Tensor y = l.base_ ? l.base_->forward(x, l.bias) : at::linear(x, l.weight, l.bias);
+      // y [tokens, out]. `fresh`: y is an output no autograd node keeps (linear's, addmm's, an
+      // addition's; a LinearBase's backward might keep its own), so an adapter is added into it
+      // in place, without addmm's copy of y (a pass over every LoRA layer's output). Linear on
+      // the [tokens, in] view does what it does on x (addmm or mm), so the numbers are the same.
+      at::Tensor y;
+      bool fresh = !l.base_;
+      if (l.base_) {
+        y = l.base_->forward(x, l.bias);
+        y = y.reshape({-1, y.size(-1)});
+      } else {
+        y = at::linear(x2, l.weight, l.bias);
+      }
       for (size_t j = 0; j < l.adapters_.size(); ++j) {
         if (next < fused.size() && fused[next].layer == i &&
             fused[next].a == dynamic_cast<LowRankAdapter*>(l.adapters_[j].get())) {
           LowRankAdapter& a = *fused[next].a;
-          std::vector<int64_t> shape = y.sizes().vec();
-          y = at::addmm(y.reshape({-1, shape.back()}), h[next], a.B().t(), /*beta=*/1, a.scaling())
-                  .view(shape);
+          if (fresh)
+            y.addmm_(h[next], a.B().t(), /*beta=*/1, a.scaling());
+          else
+            y = at::addmm(y, h[next], a.B().t(), /*beta=*/1, a.scaling());
           ++next;
         } else {
-          y = y + l.adapters_[j]->forward(x, l.is_training());
+          const at::Tensor d = l.adapters_[j]->forward(x, l.is_training());
+          y = y + d.reshape({-1, d.size(-1)});
         }
+        fresh = true;
       }
-      out.push_back(y);
+      std::vector<int64_t> shape = x.sizes().vec();
+      shape.back() = y.size(-1);
+      out.push_back(y.reshape(shape));
     }
     return out;
   }
