@@ -10,11 +10,14 @@ Modes:
   logits   (a) trainrun's logits (tests/tools/llama_logits.cpp) equal transformers' (eager attention)
            within 1e-5 relative, fp32.
   long     the same on 300-token sequences: past the 128-query blocks in which the plugin
-           computes causal attention without SDPA (LibTorch < 2.1), so a block's keys, its
-           mask slice and the last, shorter block are all checked.
-  longtrain  (b) on 2 sequences of 300 tokens: past the 128-query blocks, whose attention has a
-           backward of its own without SDPA (LibTorch < 2.1), and the loss's own backward; the
-           trained weights give the reference's logits (1e-4).
+           computes causal attention without SDPA (LibTorch < 2.1) and without gradient, so a
+           block's keys, its mask slice and the last, shorter block are all checked.
+  longtrain  (b) on 2 sequences of 300 tokens: past the 64-query blocks of the training path
+           without SDPA (LibTorch < 2.1: query heads grouped by key/value head, scale folded
+           into q, only the diagonal square masked when the mask is causal alone, mistral's
+           sliding window masking whole blocks), whose attention has a backward of its own, and
+           the loss's and RMSNorm's own backwards; the trained weights give the reference's
+           logits (1e-4).
   train    (b) 10 AdamW steps through `trainrun` on a uint32 token file: per-step losses within
            1e-4 relative of a transformers + torch.optim.AdamW loop on the same batches;
            (c) <run_dir>/hf/ loads in AutoModelForCausalLM.from_pretrained with no missing or
