@@ -4,7 +4,7 @@ torch loop, and QLoRA (nf4) against LoRA, in one run on this machine (issue 21, 
 
     $TRAINRUN_VENV/bin/python bench/llm.py [--build build] [--steps 3] [--warmup 1]
                                            [--batch 1] [--seq 512] [--threads 1] [--only lora|qlora]
-                                           [--torch-attn sdpa|eager]
+                                           [--torch-attn sdpa|eager] [--rounds 1]
 
 Both sides: the HF directory scripts/gguf_to_hf.py makes (cached in BUILD/cache), float32
 weights, LoRA r 16, lora_alpha 32, dropout 0, target_modules all-linear (every projection of
@@ -28,6 +28,10 @@ Figures:
              from /proc every 0.2 s while it runs: one rank's peak resident memory;
   QLoRA      trainrun's median step time with precision quant-nf4 (blocksize 64, double
              quantization, all-linear) + the same LoRA, against LoRA on the float32 base.
+--rounds N runs each rank count N times, trainrun first in odd rounds and torch first in even
+ones, and prints the median of the rounds' ratios: this VM's speed drifts by several per cent
+over minutes, so one pair of runs moves the ratio by about as much (1.27x and 1.40x in two runs
+of the same build).
 Goals (issue 21): trainrun/torch tokens/s >= 1.3x, peak RSS <= 0.8x; QLoRA/LoRA <= 1.5x.
 The machine's load average is printed before and after: other processes skew the wall-clock
 figures (on a loaded machine compare the tok/CPU-s ratios).
@@ -264,6 +268,9 @@ def main():
     ap.add_argument("--seq", type=int, default=512)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--only", choices=["lora", "qlora"])
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="LoRA rounds per rank count, alternating which side runs first; with more "
+                         "than one, also the median of the rounds' ratios")
     ap.add_argument("--torch-attn", default="sdpa", choices=["sdpa", "eager"],
                     help="transformers' attn_implementation on the torch side (default sdpa, its own default)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -287,15 +294,31 @@ def main():
               f"{'trainrun tok/CPU-s':>18} {'torch tok/CPU-s':>15} {'ratio':>6}   "
               f"{'trainrun RSS':>12} {'torch RSS':>10} {'ratio':>6}")
         for world in (1, 2):
-            t = run_trainrun(a, work, world)
-            p = run_torch(a, work, world)
-            if world == 1:
-                lora1 = t
-            print(f"{world:>5} {t['tokens_per_s']:>15.1f} {p['tokens_per_s']:>12.1f} "
-                  f"{t['tokens_per_s'] / p['tokens_per_s']:>5.2f}x   "
-                  f"{t['tokens_per_cpu_s']:>18.1f} {p['tokens_per_cpu_s']:>15.1f} "
-                  f"{t['tokens_per_cpu_s'] / p['tokens_per_cpu_s']:>5.2f}x   {t['peak_rss'] / 2**20:>9.0f} MiB "
-                  f"{p['peak_rss'] / 2**20:>6.0f} MiB {t['peak_rss'] / p['peak_rss']:>5.2f}x", flush=True)
+            ratios = []
+            for r in range(a.rounds):
+                # Alternate which side goes first: this VM's speed drifts by several per cent
+                # over minutes (same binary, same input), and a fixed order would give the drift
+                # to one side.
+                if r % 2 == 0:
+                    t = run_trainrun(a, work, world)
+                    p = run_torch(a, work, world)
+                else:
+                    p = run_torch(a, work, world)
+                    t = run_trainrun(a, work, world)
+                if world == 1 and lora1 is None:
+                    lora1 = t
+                ratios.append((t["tokens_per_s"] / p["tokens_per_s"], t["tokens_per_cpu_s"] / p["tokens_per_cpu_s"],
+                               t["peak_rss"] / p["peak_rss"]))
+                print(f"{world:>5} {t['tokens_per_s']:>15.1f} {p['tokens_per_s']:>12.1f} "
+                      f"{t['tokens_per_s'] / p['tokens_per_s']:>5.2f}x   "
+                      f"{t['tokens_per_cpu_s']:>18.1f} {p['tokens_per_cpu_s']:>15.1f} "
+                      f"{t['tokens_per_cpu_s'] / p['tokens_per_cpu_s']:>5.2f}x   {t['peak_rss'] / 2**20:>9.0f} MiB "
+                      f"{p['peak_rss'] / 2**20:>6.0f} MiB {t['peak_rss'] / p['peak_rss']:>5.2f}x", flush=True)
+            if a.rounds > 1:
+                med = [statistics.median(x[i] for x in ratios) for i in range(3)]
+                print(f"{world:>5} median of {a.rounds} rounds: tokens/s {med[0]:.2f}x (rounds "
+                      f"{', '.join(f'{x[0]:.2f}' for x in ratios)}), tok/CPU-s {med[1]:.2f}x, "
+                      f"peak RSS {med[2]:.2f}x", flush=True)
     if a.only != "lora":
         lo = lora1 or run_trainrun(a, work, 1)
         q = run_trainrun(a, work, 1, qlora=True)
