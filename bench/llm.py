@@ -2,7 +2,7 @@
 """LoRA fine-tuning of SmolLM2-135M-Instruct: trainrun against transformers + PEFT in a plain
 torch loop, and QLoRA (nf4) against LoRA, in one run on this machine (issue 21, done-when 4).
 
-    $TRAINRUN_VENV/bin/python bench/llm.py [--build build] [--steps 3] [--warmup 1]
+    .venv/bin/python bench/llm.py [--build build] [--steps 3] [--warmup 1]
                                            [--batch 1] [--seq 512] [--threads 1] [--only lora|qlora]
                                            [--torch-attn sdpa|eager] [--rounds 1]
 
