@@ -1,6 +1,6 @@
 #pragma once
 // Strategy `single`: one process, the whole model, no communication. The reference every other
-// strategy must reproduce (DESIGN invariant 1).
+// strategy must reproduce (docs/design.md, invariant 1).
 #include <trainrun/interfaces.hpp>
 
 #include <vector>

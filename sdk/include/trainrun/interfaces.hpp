@@ -369,7 +369,7 @@ class ShardedStateDictSource {
 // ABI 1.4 (adapters). The replaceable pieces of the SDK's Linear layer (trainrun/linear.hpp):
 // a model built on trainrun::v1::Linear lets a Precision swap the dense weight for a frozen
 // quantized one (quant-nf4, quant-int8) and a Callback add low-rank adapters (lora), without the
-// model's help: C++ modules have no forward hooks (DESIGN), so the layer itself has the seams.
+// model's help: C++ modules have no forward hooks (docs/design.md), so the layer itself has the seams.
 
 /// A frozen replacement of a Linear layer's dense weight W [out, in]: packed storage plus its
 /// quantization state, registered as buffers of the layer (LinearImpl::set_base), never
