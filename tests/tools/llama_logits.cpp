@@ -18,8 +18,8 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
-#include "llama/llama.hpp"
-#include "lora/lora.hpp"
+#include "models/llama/llama.hpp"
+#include "callbacks/lora/lora.hpp"
 #include "trainrun/hf/safetensors.hpp"
 #include "trainrun/linear.hpp"
 

@@ -27,10 +27,10 @@
 #include <trainrun/trainrun.hpp>
 
 #include "fake_communicator.hpp"
-#include "optim/optim.hpp"
-#include "precision/loss_scaler.hpp"
-#include "precision/mixed.hpp"
-#include "precision/precision.hpp"
+#include "optimizers/optim/optim.hpp"
+#include "precisions/precision/loss_scaler.hpp"
+#include "precisions/precision/mixed.hpp"
+#include "precisions/precision/precision.hpp"
 #include "trainrun/core/memory.hpp"
 
 namespace trainrun::models {

@@ -9,8 +9,8 @@
 #include <cstdio>
 #include <filesystem>
 
-#include "lora/lora.hpp"
-#include "quant/quant.hpp"
+#include "callbacks/lora/lora.hpp"
+#include "precisions/quant/quant.hpp"
 #include "trainrun/module_model.hpp"
 
 using namespace trainrun;

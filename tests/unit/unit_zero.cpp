@@ -16,7 +16,7 @@
 #include <set>
 
 #include "fake_communicator.hpp"
-#include "zero/zero.hpp"
+#include "strategies/zero/zero.hpp"
 
 using namespace trainrun::v1;
 using trainrun::v1::sharding::FlatLayout;

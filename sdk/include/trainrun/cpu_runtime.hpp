@@ -6,7 +6,7 @@
 // third-party accelerator needs nothing else.
 //
 // Why these rules (measured on a 2-core AVX-512 Xeon, Debian 12, LibTorch 1.13, OpenBLAS 0.3.21,
-// one process, samples/s of the MLP / CNN of plugins/models and tokens/s of the gpt):
+// one process, samples/s of the MLP / CNN of plugins/models/models and tokens/s of the gpt):
 // - LibTorch's pool is OpenMP here and its threads spin after each parallel region, while
 //   OpenBLAS keeps a second pool of its own: both pools at 2 threads on 2 cores ran the MLP at
 //   14.9k vs 33.8k samples/s and the gpt at 5.2k vs 11.2k tokens/s with LibTorch at 2 and BLAS

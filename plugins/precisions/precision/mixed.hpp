@@ -8,7 +8,7 @@
 //               precision-sensitive ones (softmax-cross-entropy, reductions) in fp32. No loss
 //               scaling: bf16 has float32's exponent range (Lightning and DeepSpeed use none).
 //   bf16-true   the model's floating parameters and buffers are cast to bfloat16 once; the
-//               optimizer keeps fp32 master copies and its state in fp32 (plugins/optim). The
+//               optimizer keeps fp32 master copies and its state in fp32 (plugins/optimizers/optim). The
 //               forward also runs under bf16 autocast, so float32 inputs meet bf16 weights in a
 //               bf16 matmul instead of a dtype error. Gradients are bf16.
 //   fp16-mixed  float16 autocast where the device has it (CUDA builds); on CPU, LibTorch 1.13
