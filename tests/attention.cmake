@@ -1,4 +1,4 @@
-# trainrun::v1::attention (sdk trainrun/attention.hpp): its masking semantics on every LibTorch,
+# trainrun::v1::attention (sdk trainrun/model/attention.hpp): its masking semantics on every LibTorch,
 # and on LibTorch >= 2.1 the fused scaled_dot_product_attention path against the explicit math.
 find_package(doctest REQUIRED)
 

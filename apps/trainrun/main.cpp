@@ -173,7 +173,7 @@ core::LaunchSpec launch_spec(const core::JobConfig& job, int argc, char** argv) 
 
 int main(int argc, char** argv) {
   // Before anything allocates: every rank's CPU bytes are counted from here on (the metrics'
-  // mem_* fields, Accelerator::memory_stats, trainrun/memory.hpp).
+  // mem_* fields, Accelerator::memory_stats, trainrun/runtime/memory.hpp).
   core::install_memory_tracker();
   // `bench` has its own flags (Boost.PO rejects unknown ones), so it is dispatched first.
   if (argc > 1 && std::string(argv[1]) == "bench") return trainrun::app::run_bench_command(argc, argv);

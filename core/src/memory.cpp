@@ -78,7 +78,7 @@ TrackingAllocator g_tracker;
 
 }  // namespace
 
-// The exported C interface that trainrun/memory.hpp finds with dlsym. Default visibility (the
+// The exported C interface that trainrun/runtime/memory.hpp finds with dlsym. Default visibility (the
 // project builds with hidden), and listed in core/memory.dynlist, which executables linking the
 // core get as a link option, so exactly these four enter the executable's dynamic symbol table.
 extern "C" {

@@ -21,7 +21,7 @@
 #include "models/llama/llama.hpp"
 #include "callbacks/lora/lora.hpp"
 #include "trainrun/hf/safetensors.hpp"
-#include "trainrun/linear.hpp"
+#include "trainrun/model/linear.hpp"
 
 namespace fs = std::filesystem;
 using namespace trainrun;

@@ -22,8 +22,8 @@
 #include <string>
 #include <vector>
 
-#include <trainrun/activation_checkpointing.hpp>
-#include <trainrun/memory.hpp>
+#include <trainrun/model/activation_checkpointing.hpp>
+#include <trainrun/runtime/memory.hpp>
 #include <trainrun/trainrun.hpp>
 
 #include "fake_communicator.hpp"
@@ -613,7 +613,7 @@ TEST_SUITE("activation_checkpointing") {
   // Peak activation bytes of one forward + backward of a gpt with 8 blocks, with the weights'
   // gradients already allocated (a warm-up step, zeroed in place) so that the peak above the
   // starting point is activations and backward temporaries only. Tracked by the counting CPU
-  // allocator (trainrun/memory.hpp).
+  // allocator (trainrun/runtime/memory.hpp).
   TEST_CASE("gpt n_layer 8: peak activation bytes fall by at least 40%") {
     REQUIRE_MESSAGE(memory::tracking(), "the CPU memory tracker is not installed");
     torch::manual_seed(5);

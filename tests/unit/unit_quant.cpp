@@ -11,7 +11,7 @@
 
 #include "callbacks/lora/lora.hpp"
 #include "precisions/quant/quant.hpp"
-#include "trainrun/module_model.hpp"
+#include "trainrun/model/module_model.hpp"
 
 using namespace trainrun;
 using namespace trainrun::quant;

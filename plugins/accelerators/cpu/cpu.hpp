@@ -1,8 +1,8 @@
 #pragma once
 // Accelerator `cpu`: the host CPU and a world-of-one communicator.
-#include <trainrun/cpu_runtime.hpp>
 #include <trainrun/interfaces.hpp>
-#include <trainrun/memory.hpp>
+#include <trainrun/runtime/cpu_runtime.hpp>
+#include <trainrun/runtime/memory.hpp>
 
 #include <memory>
 #include <string>
@@ -41,14 +41,14 @@ class LocalCommunicator final : public v1::Communicator {
 };
 
 /// The host CPU. Options `threads`, `blas_threads`, `pin`: the rank's thread pools and core
-/// pinning (comm-common/cpu_threads.hpp, SDK trainrun/cpu_runtime.hpp).
+/// pinning (comm-common/cpu_threads.hpp, SDK trainrun/runtime/cpu_runtime.hpp).
 class CpuAccelerator final : public v1::Accelerator {
  public:
   static void declare_options(v1::OptionSchema& schema);
   CpuAccelerator(const v1::Options& options, const v1::RunContext& ctx);
   c10::Device device() const override { return c10::Device(c10::kCPU); }
   v1::Communicator& communicator() override { return comm_; }
-  /// This process's LibTorch CPU bytes (the tracker of trainrun/memory.hpp) and physical RAM.
+  /// This process's LibTorch CPU bytes (the tracker of trainrun/runtime/memory.hpp) and physical RAM.
   v1::MemoryStats memory_stats() const override { return v1::memory::cpu_stats(); }
   std::string describe() const override;
 

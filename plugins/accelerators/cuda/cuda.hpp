@@ -1,8 +1,8 @@
 #pragma once
 // Accelerator `cuda`: one CUDA device per rank and a communicator over NCCL (or Gloo through
 // host memory). Built only where the LibTorch found is a CUDA build (the PyPI wheel's).
-#include <trainrun/cpu_runtime.hpp>
 #include <trainrun/interfaces.hpp>
+#include <trainrun/runtime/cpu_runtime.hpp>
 
 #include <memory>
 #include <string>

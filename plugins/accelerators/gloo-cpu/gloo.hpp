@@ -3,9 +3,9 @@
 // per rank (started by the trainrun launcher, torchrun or by hand with the torchrun
 // environment). The communicator is comm-gloo's GlooCommunicator (shared with cuda's
 // collectives = "gloo"); this plugin owns the accelerator: its options, threads and banner.
-#include <trainrun/cpu_runtime.hpp>
 #include <trainrun/interfaces.hpp>
-#include <trainrun/memory.hpp>
+#include <trainrun/runtime/cpu_runtime.hpp>
+#include <trainrun/runtime/memory.hpp>
 
 #include <memory>
 #include <string>
@@ -26,7 +26,7 @@ class GlooAccelerator final : public v1::Accelerator {
   GlooAccelerator(const v1::Options& options, const v1::RunContext& ctx);
   c10::Device device() const override { return c10::Device(c10::kCPU); }
   v1::Communicator& communicator() override { return *comm_; }
-  /// This process's LibTorch CPU bytes (the tracker of trainrun/memory.hpp) and physical RAM.
+  /// This process's LibTorch CPU bytes (the tracker of trainrun/runtime/memory.hpp) and physical RAM.
   v1::MemoryStats memory_stats() const override { return v1::memory::cpu_stats(); }
   std::string describe() const override;
 

@@ -2,9 +2,9 @@
 // Accelerator `mpi`: the host CPU, with collectives over MPI (built and tested with MPICH 4.0.2).
 // For jobs started as `mpiexec -n N trainrun --config job.toml`, or by trainrun's launcher
 // through mpiexec. The MPI types stay in mpi.cpp, so this header does not need <mpi.h>.
-#include <trainrun/cpu_runtime.hpp>
 #include <trainrun/interfaces.hpp>
-#include <trainrun/memory.hpp>
+#include <trainrun/runtime/cpu_runtime.hpp>
+#include <trainrun/runtime/memory.hpp>
 
 #include <memory>
 #include <string>
@@ -87,7 +87,7 @@ class MpiAccelerator final : public v1::Accelerator {
   ~MpiAccelerator() override;
   c10::Device device() const override { return c10::Device(c10::kCPU); }
   v1::Communicator& communicator() override { return *world_; }
-  /// This process's LibTorch CPU bytes (the tracker of trainrun/memory.hpp) and physical RAM.
+  /// This process's LibTorch CPU bytes (the tracker of trainrun/runtime/memory.hpp) and physical RAM.
   v1::MemoryStats memory_stats() const override { return v1::memory::cpu_stats(); }
   /// "mpi (MPICH 4.0.2), rank 0 of 4, 1 thread (auto: ...), BLAS 1 thread, pinned to CPU 0"
   std::string describe() const override;

@@ -13,7 +13,7 @@
 // base_model.model.<layer>.bias for trainable biases).
 #include <trainrun/hf/model_source.hpp>
 #include <trainrun/interfaces.hpp>
-#include <trainrun/linear.hpp>
+#include <trainrun/model/linear.hpp>
 
 #include <torch/nn/modules/linear.h>
 

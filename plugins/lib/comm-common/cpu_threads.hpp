@@ -1,11 +1,11 @@
 #pragma once
 // The CPU runtime options shared by the CPU accelerators (cpu, gloo-cpu, mpi): thread budgets
-// per pool and core pinning, planned and applied by the SDK's trainrun/cpu_runtime.hpp.
+// per pool and core pinning, planned and applied by the SDK's trainrun/runtime/cpu_runtime.hpp.
 // Header-only so the single-process cpu plugin needs none of comm-common's store machinery.
-#include <trainrun/cpu_runtime.hpp>
 #include <trainrun/error.hpp>
 #include <trainrun/interfaces.hpp>
 #include <trainrun/options.hpp>
+#include <trainrun/runtime/cpu_runtime.hpp>
 
 #include <cstdio>
 #include <cstdlib>

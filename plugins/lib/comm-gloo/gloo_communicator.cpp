@@ -1,5 +1,6 @@
 #include "gloo_communicator.hpp"
 
+#include <trainrun/collectives/ring_reduce_scatter.hpp>
 #include <trainrun/error.hpp>
 #include <trainrun/error_text.hpp>
 
@@ -42,7 +43,6 @@
 
 #include "comm_common.hpp"
 #include "reduce.hpp"
-#include "ring_reduce_scatter.hpp"
 #include "shm.hpp"
 #include "shm_collectives.hpp"
 

@@ -1,8 +1,8 @@
 #include "shm_collectives.hpp"
 
 #include <ATen/ATen.h>
+#include <trainrun/collectives/ring_all_gather.hpp>
 #include <trainrun/error.hpp>
-#include <trainrun/ring_all_gather.hpp>
 
 #include <atomic>
 #include <exception>

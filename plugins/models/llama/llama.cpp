@@ -22,12 +22,12 @@
 #include <set>
 #include <vector>
 
-#include "trainrun/attention.hpp"
 #include "trainrun/hf/model_dir.hpp"
-#include "trainrun/linear.hpp"
-#include "trainrun/packed_batch.hpp"
+#include "trainrun/model/attention.hpp"
+#include "trainrun/model/linear.hpp"
+#include "trainrun/model/packed_batch.hpp"
 #include "trainrun/plugin.hpp"
-#include "trainrun/sharding.hpp"
+#include "trainrun/strategy/sharding.hpp"
 
 namespace trainrun::llama {
 

@@ -13,8 +13,8 @@
 #include <trainrun/hf/model_dir.hpp>
 #include <trainrun/hf/model_source.hpp>
 #include <trainrun/interfaces.hpp>
-#include <trainrun/module_model.hpp>
-#include <trainrun/packed_batch.hpp>
+#include <trainrun/model/module_model.hpp>
+#include <trainrun/model/packed_batch.hpp>
 
 #include <map>
 #include <memory>

@@ -18,11 +18,11 @@
 #include <string>
 #include <vector>
 
-#include "trainrun/attention.hpp"
 #include "trainrun/interfaces.hpp"
-#include "trainrun/linear.hpp"
-#include "trainrun/packed_batch.hpp"
-#include "trainrun/module_model.hpp"
+#include "trainrun/model/attention.hpp"
+#include "trainrun/model/linear.hpp"
+#include "trainrun/model/module_model.hpp"
+#include "trainrun/model/packed_batch.hpp"
 #include "trainrun/plugin.hpp"
 
 namespace trainrun::models {

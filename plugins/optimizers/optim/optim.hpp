@@ -3,7 +3,7 @@
 // than wrapping torch::optim, because torch::optim owns its parameter list and state layout,
 // while a ZeRO strategy needs to step a flat shard it owns and checkpoint the state by name.
 #include <trainrun/interfaces.hpp>
-#include <trainrun/lr_schedule.hpp>
+#include <trainrun/optim/lr_schedule.hpp>
 
 #include <map>
 #include <string>

@@ -2,14 +2,14 @@
 // Precision components. `fp32`: the model stays in float32, no autocast, no loss scaling, but
 // the finite-gradient check is real, so a NaN/inf loss skips the step visibly instead of
 // poisoning the weights.
-#include <trainrun/finite_check.hpp>
 #include <trainrun/interfaces.hpp>
+#include <trainrun/precision/finite_check.hpp>
 
 #include <vector>
 
 namespace trainrun::plugins {
 
-// all_finite_local, all_ranks_agree and all_finite_agreed come from trainrun/finite_check.hpp.
+// all_finite_local, all_ranks_agree and all_finite_agreed come from trainrun/precision/finite_check.hpp.
 
 class Fp32Precision final : public v1::Precision, public v1::PrecisionBytes {
  public:

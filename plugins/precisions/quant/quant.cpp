@@ -1,7 +1,7 @@
 #include "quant.hpp"
 
-#include <trainrun/finite_check.hpp>
 #include <trainrun/plugin.hpp>
+#include <trainrun/precision/finite_check.hpp>
 
 #include <ATen/Parallel.h>
 #include <c10/core/GradMode.h>

@@ -21,7 +21,7 @@
 // out of the int8 product and multiplied in the compute dtype (the "mixed-precision
 // decomposition"; as in bitsandbytes, the matching weight columns come from the int8 storage).
 #include <trainrun/interfaces.hpp>
-#include <trainrun/linear.hpp>
+#include <trainrun/model/linear.hpp>
 
 #include <ATen/ATen.h>
 

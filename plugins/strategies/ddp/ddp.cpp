@@ -1,6 +1,6 @@
 #include "ddp.hpp"
 
-#include <trainrun/strategy_helpers.hpp>
+#include <trainrun/strategy/strategy_helpers.hpp>
 
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>

@@ -16,7 +16,7 @@
 //    at its averaged slot. After the first step the buckets are rebuilt once in the order the
 //    gradients actually arrived on rank 0 (broadcast, so every rank builds the same buckets).
 #include <trainrun/interfaces.hpp>
-#include <trainrun/replicated_strategy.hpp>
+#include <trainrun/strategy/replicated_strategy.hpp>
 
 #include <c10/core/ScalarType.h>
 

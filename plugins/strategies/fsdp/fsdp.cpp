@@ -1,7 +1,7 @@
 #include "fsdp.hpp"
 
-#include <trainrun/memory_estimate.hpp>
 #include <trainrun/plugin.hpp>
+#include <trainrun/strategy/memory_estimate.hpp>
 
 
 #include <algorithm>

@@ -1,6 +1,6 @@
 #pragma once
 // Strategy `fsdp`: fully sharded data parallelism as PyTorch FSDP users know it, as a policy over
-// the SDK's sharding engine (trainrun/sharded_runtime.hpp) — the same mechanics as `zero`
+// the SDK's sharding engine (trainrun/strategy/sharded_runtime.hpp) — the same mechanics as `zero`
 // stage 3, with FSDP's configuration surface. Reference: Zhao et al., "PyTorch FSDP:
 // Experiences on Scaling Fully Sharded Data Parallel" (VLDB 2023); torch.distributed.fsdp.
 //
@@ -18,7 +18,7 @@
 // Units are the model's Unit wrappers (the gpt's blocks; a model without units is one unit),
 // merged in forward order until each holds at least min_num_params parameters.
 #include <trainrun/interfaces.hpp>
-#include <trainrun/sharded_runtime.hpp>
+#include <trainrun/strategy/sharded_runtime.hpp>
 
 #include <cstdint>
 #include <map>

@@ -1,8 +1,8 @@
 #include "ring_strategy.hpp"
 
-#include <trainrun/ring.hpp>
-#include <trainrun/ring_all_gather.hpp>
-#include <trainrun/strategy_helpers.hpp>
+#include <trainrun/collectives/ring.hpp>
+#include <trainrun/collectives/ring_all_gather.hpp>
+#include <trainrun/strategy/strategy_helpers.hpp>
 
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>

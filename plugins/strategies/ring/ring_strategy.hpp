@@ -2,7 +2,7 @@
 // Strategy `ring`: data parallelism with Horovod's gradient reduction. Every rank holds the
 // whole model (as ddp); gradients are averaged over the ranks by a background thread that
 // negotiates which gradients are ready on every rank, fuses them into flat buffers and
-// all-reduces each buffer with the bandwidth-optimal ring of <trainrun/ring.hpp>, built on the
+// all-reduces each buffer with the bandwidth-optimal ring of <trainrun/collectives/ring.hpp>, built on the
 // communicator's send/recv only, so it runs unchanged on every backend that has them.
 //
 // The algorithm, as in horovod/common/operations.cc (RunLoopOnce) and controller.cc:
@@ -29,7 +29,7 @@
 //    shapes, dtypes, trainable; the first difference is an error naming the tensor and the
 //    ranks), then rank 0's values are broadcast, as ddp does.
 #include <trainrun/interfaces.hpp>
-#include <trainrun/replicated_strategy.hpp>
+#include <trainrun/strategy/replicated_strategy.hpp>
 
 #include <c10/core/ScalarType.h>
 

@@ -1,7 +1,7 @@
 #include "single.hpp"
 
 #include <trainrun/plugin.hpp>
-#include <trainrun/strategy_helpers.hpp>
+#include <trainrun/strategy/strategy_helpers.hpp>
 
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>

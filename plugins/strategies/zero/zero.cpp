@@ -1,8 +1,8 @@
 #include "zero.hpp"
 
-#include <trainrun/memory.hpp>
-#include <trainrun/memory_estimate.hpp>
 #include <trainrun/plugin.hpp>
+#include <trainrun/runtime/memory.hpp>
+#include <trainrun/strategy/memory_estimate.hpp>
 
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>

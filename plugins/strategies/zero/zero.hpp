@@ -1,6 +1,6 @@
 #pragma once
 // Strategy `zero`: ZeRO data parallelism, stages 1-3, on the SDK's sharding engine
-// (trainrun/sharding.hpp). Reference: Rajbhandari et al., "ZeRO: Memory Optimizations Toward
+// (trainrun/strategy/sharding.hpp). Reference: Rajbhandari et al., "ZeRO: Memory Optimizations Toward
 // Training Trillion Parameter Models" (SC20); option names and defaults follow DeepSpeed's
 // zero_optimization section (sizes in elements).
 //
@@ -23,8 +23,8 @@
 // Collectives are issued in a fixed order on every rank: a bucket whose gradients are all in
 // waits for every bucket before it in the expected order (reverse registration order).
 #include <trainrun/interfaces.hpp>
-#include <trainrun/memory_estimate.hpp>
-#include <trainrun/sharded_runtime.hpp>
+#include <trainrun/strategy/memory_estimate.hpp>
+#include <trainrun/strategy/sharded_runtime.hpp>
 
 #include <array>
 #include <cstdint>

@@ -29,9 +29,9 @@
 #include <memory>
 #include <vector>
 
+#include "trainrun/collectives/ring_all_gather.hpp"
 #include "trainrun/error.hpp"
 #include "trainrun/interfaces.hpp"
-#include "trainrun/ring_all_gather.hpp"
 
 namespace trainrun::v1::ring {
 

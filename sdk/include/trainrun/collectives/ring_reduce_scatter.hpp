@@ -1,6 +1,10 @@
 #pragma once
-// gloo-cpu's reduce-scatter: a ring on Gloo's unbound buffers (one algorithm, one file, as
-// Gloo lays out its own; the transport only moves bytes, the kernel is comm-common's).
+// Ring reduce-scatter on Gloo's unbound buffers, used by the Gloo communicator
+// (plugins/lib/comm-gloo/, for gloo-cpu and cuda's collectives = "gloo"). One algorithm, one
+// file, as Gloo lays out its own; the transport only moves bytes, and the reduction kernel is the
+// caller's (comm-common's). It lives with the SDK's other ring algorithms (ring.hpp,
+// ring_all_gather.hpp) but, unlike them, is written against Gloo's context rather than a
+// Communicator: including it needs Gloo's headers, so trainrun/trainrun.hpp does not.
 #include <gloo/allreduce.h>
 #include <gloo/context.h>
 #include <gloo/transport/unbound_buffer.h>
@@ -12,7 +16,7 @@
 #include <memory>
 #include <vector>
 
-namespace trainrun::plugins::gloo_ring {
+namespace trainrun::v1::gloo_ring {
 
 // Not Gloo's ReduceScatterHalvingDoubling: its run() copies this rank's result to the start of
 // its buffer while a send it issued from that same region may still be queued in the I/O thread
@@ -83,4 +87,4 @@ void reduce_scatter(const std::shared_ptr<gloo::Context>& context, const T* inpu
   }
 }
 
-}  // namespace trainrun::plugins::gloo_ring
+}  // namespace trainrun::v1::gloo_ring

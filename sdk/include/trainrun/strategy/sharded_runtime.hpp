@@ -1,6 +1,6 @@
 #pragma once
 // The run-time half of the sharding engine: groups a model's parameters into flat parameters
-// (trainrun/sharding.hpp), gathers and releases them around each unit's forward and backward,
+// (trainrun/strategy/sharding.hpp), gathers and releases them around each unit's forward and backward,
 // reduces gradients during backward in a fixed order, and assembles full or sharded state. ZeRO
 // (stages 1-3) and FSDP (every sharding strategy) are policies over this one implementation;
 // a third-party sharded strategy can be one too. References: Rajbhandari et al., "ZeRO" (SC20);
@@ -44,11 +44,11 @@
 #include <vector>
 
 #include "trainrun/deferred_weights.hpp"
-#include "trainrun/gradient_hooks.hpp"
 #include "trainrun/interfaces.hpp"
-#include "trainrun/replicas.hpp"
-#include "trainrun/sharding.hpp"
-#include "trainrun/strategy_helpers.hpp"
+#include "trainrun/strategy/gradient_hooks.hpp"
+#include "trainrun/strategy/replicas.hpp"
+#include "trainrun/strategy/sharding.hpp"
+#include "trainrun/strategy/strategy_helpers.hpp"
 
 namespace trainrun::v1::sharding {
 

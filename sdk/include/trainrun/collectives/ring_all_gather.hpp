@@ -1,6 +1,6 @@
 #pragma once
 // Ring all-gather of segments over a Communicator's send/recv, and the segment cut every ring
-// algorithm here shares (trainrun/ring.hpp's all-reduce cuts the same way).
+// algorithm here shares (trainrun/collectives/ring.hpp's all-reduce cuts the same way).
 //
 // The algorithm. A flat tensor of n elements is cut into L segments (L = world size; segment j
 // is [n j / L, n (j + 1) / L)); rank l starts with segment l filled in. In step s (s = 0 ..

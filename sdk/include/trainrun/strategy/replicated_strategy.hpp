@@ -4,7 +4,7 @@
 // communicator matches the run context, the model on the device, the replica check and rank 0's
 // values broadcast, the distinct trainable tensors), the gradient hooks, the Strategy calls that
 // only depend on holding whole replicas, and gradient compression on the wire. The sharded
-// strategies have their own base, ShardedStrategy (trainrun/sharded_runtime.hpp).
+// strategies have their own base, ShardedStrategy (trainrun/strategy/sharded_runtime.hpp).
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
@@ -17,11 +17,11 @@
 #include <vector>
 
 #include "trainrun/error.hpp"
-#include "trainrun/gradient_hooks.hpp"
 #include "trainrun/interfaces.hpp"
 #include "trainrun/options.hpp"
-#include "trainrun/replicas.hpp"
-#include "trainrun/strategy_helpers.hpp"
+#include "trainrun/strategy/gradient_hooks.hpp"
+#include "trainrun/strategy/replicas.hpp"
+#include "trainrun/strategy/strategy_helpers.hpp"
 
 namespace trainrun::v1 {
 
@@ -191,7 +191,7 @@ class ReplicatedStrategy : public Strategy,
   /// throws to refuse one. Default: any.
   virtual void check_parameter(const NamedTensor& p) const { (void)p; }
   /// Hooks on the distinct trainable parameters: on_ready(i) runs once distinct()[i]'s
-  /// gradient of the running backward is accumulated (trainrun/gradient_hooks.hpp).
+  /// gradient of the running backward is accumulated (trainrun/strategy/gradient_hooks.hpp).
   void install_gradient_hooks(std::function<void(size_t)> on_ready) {
     hooks_.install(distinct_, name_, std::move(on_ready));
   }

@@ -292,11 +292,11 @@ inline std::vector<NamedLinear> find_linear_layers(Model& model,
     std::string why;
     if (!plain.empty())
       why = "; its layers " + list(plain) + " are torch::nn::Linear, which nothing outside the "
-            "model can convert: build them with trainrun::v1::Linear (trainrun/linear.hpp)";
+            "model can convert: build them with trainrun::v1::Linear (trainrun/model/linear.hpp)";
     else if (!ours.empty())
       why = "; its trainrun Linear layers are " + list(ours) + (skips.empty() ? "" : " (skip_modules " + list(skips) + ")");
     else
-      why = "; it has no Linear layers built with trainrun::v1::Linear (trainrun/linear.hpp)";
+      why = "; it has no Linear layers built with trainrun::v1::Linear (trainrun/model/linear.hpp)";
     TR_CHECK_TYPED(ConfigError, false, who, ": no trainrun Linear layers match target_modules ",
                    list(targets), " in the model (", model.describe(), ")", why);
   }

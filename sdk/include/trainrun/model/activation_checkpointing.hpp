@@ -7,7 +7,7 @@
 // et al., "Training Deep Nets with Sublinear Memory Cost" (2016); torch.utils.checkpoint
 // (the reentrant variant, use_reentrant=True, preserve_rng_state=True).
 //
-//   #include <trainrun/activation_checkpointing.hpp>
+//   #include <trainrun/model/activation_checkpointing.hpp>
 //   for (trainrun::v1::Unit* u : model.units()) trainrun::v1::enable_activation_checkpointing(*u);
 //
 // Semantics, as torch.utils.checkpoint (reentrant):

@@ -14,7 +14,7 @@
 
 #include "trainrun/error.hpp"
 #include "trainrun/interfaces.hpp"
-#include "trainrun/strategy_helpers.hpp"
+#include "trainrun/strategy/strategy_helpers.hpp"
 
 namespace trainrun::v1 {
 
