@@ -266,6 +266,8 @@ class Callback {
 // ---------------------------------------------------------------------------------------------
 // Capabilities (ABI 1.1). A component may also derive from one of these; the core finds it
 // with dynamic_cast, so components built against ABI 1.0 keep working unchanged.
+// trainrun/capabilities.hpp indexes every capability interface of the SDK: who implements it,
+// who queries it, since which ABI minor.
 
 /// A Strategy, Precision or Optimizer that adds its own figures to every step's metrics.
 /// Example (ddp): "comm_bytes" (bytes this rank sent in gradient all-reduces during the step)
