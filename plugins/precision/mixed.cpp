@@ -89,6 +89,13 @@ MixedPrecision::MixedPrecision(MixedConfig config) : config_(std::move(config)) 
 }
 
 void MixedPrecision::convert(Model& model) {
+  if (config_.rank == 0 && (config_.cpu_autocast == at::kBFloat16 || config_.cast_weights == at::kBFloat16)) {
+    const auto params = model.named_parameters();
+    std::string why;
+    if (!params.empty() && params.front().tensor.device().is_cpu() && !cpu_has_native_bf16(&why))
+      std::cerr << "[trainrun] precision " << config_.plugin << ": " << why << " (`auto` picks fp32 here)"
+                << std::endl;
+  }
   if (!config_.cast_weights) return;
   const at::ScalarType to = *config_.cast_weights;
   c10::NoGradGuard no_grad;
@@ -161,15 +168,15 @@ void MixedPrecision::load_checkpoint_state(const std::map<std::string, double>& 
 
 void Bf16Mixed::declare_options(OptionSchema&) {}
 
-Bf16Mixed::Bf16Mixed(const Options& options, const RunContext&)
+Bf16Mixed::Bf16Mixed(const Options& options, const RunContext& ctx)
     : MixedPrecision(MixedConfig{options.context(), at::kBFloat16, at::kBFloat16, std::nullopt,
-                                 std::nullopt, 1.0, false}) {}
+                                 std::nullopt, 1.0, false, "bf16-mixed", ctx.rank}) {}
 
 void Bf16True::declare_options(OptionSchema&) {}
 
-Bf16True::Bf16True(const Options& options, const RunContext&)
+Bf16True::Bf16True(const Options& options, const RunContext& ctx)
     : MixedPrecision(MixedConfig{options.context(), at::kBFloat16, at::kBFloat16, at::kBFloat16,
-                                 std::nullopt, 1.0, false}) {}
+                                 std::nullopt, 1.0, false, "bf16-true", ctx.rank}) {}
 
 void Fp16Mixed::declare_options(OptionSchema& s) {
   s.real("loss_scale", 0.0,

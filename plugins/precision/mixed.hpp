@@ -55,6 +55,11 @@ struct MixedConfig {
   std::optional<LossScalerOptions> dynamic;     ///< dynamic loss scaling, or none
   double static_scale = 1.0;                    ///< constant loss scale when not dynamic
   bool fp16_range_check = false;                ///< |g| > 65504 counts as overflow
+  /// bf16-mixed / bf16-true: the plugin name and this rank; rank 0 says at convert() when the
+  /// model is on a CPU without native bfloat16 (emulated: correct, slower). -1: say nothing
+  /// (`auto` says what it chose itself).
+  std::string plugin;
+  int rank = -1;
 };
 
 /// bf16-mixed, bf16-true and fp16-mixed: one class, configured by MixedConfig.
