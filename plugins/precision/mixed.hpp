@@ -130,6 +130,9 @@ class Fp16Mixed final : public MixedPrecision {
 /// `why` receives a short reason either way.
 bool cpu_has_native_bf16(std::string* why = nullptr);
 
+/// Whether /proc/cpuinfo's first `flags` line lists `flag` (e.g. "avx512f").
+bool cpu_has_flag(const std::string& flag);
+
 /// `auto`: bf16-mixed where supported (see the file comment), else fp32 (the fp32 component's
 /// behaviour: no autocast, no scaling, the finite check). Forwards every call to the choice.
 class AutoPrecision final : public v1::Precision,
