@@ -256,27 +256,14 @@ bool cpu_has_flag(const std::string& flag) {
 }
 
 bool cpu_has_native_bf16(std::string* why) {
-  std::ifstream f("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(f, line)) {
-    if (line.rfind("flags", 0) != 0) continue;
-    std::istringstream words(line.substr(line.find(':') + 1));
-    std::string w;
-    bool avx512 = false, amx = false;
-    while (words >> w) {
-      avx512 = avx512 || w == "avx512_bf16";
-      amx = amx || w == "amx_bf16";
-    }
-    if (why)
-      *why = amx && avx512 ? "this CPU has amx_bf16 and avx512_bf16"
-             : amx         ? "this CPU has amx_bf16"
-             : avx512      ? "this CPU has avx512_bf16"
-                           : "this CPU has no native bfloat16 instructions (avx512_bf16, "
-                             "amx_bf16), so bf16 compute would be emulated and slower";
-    return amx || avx512;
-  }
-  if (why) *why = "no CPU flags in /proc/cpuinfo";
-  return false;
+  const bool amx = cpu_has_flag("amx_bf16"), avx512 = cpu_has_flag("avx512_bf16");
+  if (why)
+    *why = amx && avx512 ? "this CPU has amx_bf16 and avx512_bf16"
+           : amx         ? "this CPU has amx_bf16"
+           : avx512      ? "this CPU has avx512_bf16"
+                         : "this CPU has no native bfloat16 instructions (avx512_bf16, "
+                           "amx_bf16), so bf16 compute would be emulated and slower";
+  return amx || avx512;
 }
 
 void AutoPrecision::declare_options(OptionSchema& s) {
