@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <iostream>
 
+#include "command_line.hpp"
 #include "commands.hpp"
 #include "trainrun/core/checkpoint.hpp"
 #include "trainrun/core/config.hpp"
@@ -21,28 +22,15 @@ int run_consolidate_command(int argc, char** argv) {
   opts.add_options()("help,h", "show this help")(
       "max-shard-size", po::value(&max_shard_text),
       "largest output shard: bytes, optionally with KB/MB/GB/KiB/MiB/GiB (default: one file)");
-  po::options_description hidden;
-  hidden.add_options()("args", po::value(&args)->composing());
-  po::options_description all;
-  all.add(opts).add(hidden);
-  po::positional_options_description pos;
-  pos.add("args", -1);
   po::variables_map vm;
-  try {
-    po::store(po::command_line_parser(argc - 1, argv + 1).options(all).positional(pos).run(), vm);
-    po::notify(vm);
-  } catch (const po::error& e) {
-    std::cerr << "trainrun consolidate: error: " << e.what() << " (see --help)" << std::endl;
-    return 2;
-  }
-  if (vm.count("help")) {
-    std::cout << "usage: trainrun consolidate <checkpoint dir> <out dir> [--max-shard-size 5GB]\n"
-                 "Writes <out>/model.safetensors (or model-0000k-of-0000n.safetensors and "
-                 "model.safetensors.index.json) from a checkpoint written at any world size, "
-                 "one output shard in memory at a time.\n\n"
-              << opts << std::endl;
-    return 0;
-  }
+  if (const auto done = parse_command_line(
+          argc, argv, "consolidate",
+          "usage: trainrun consolidate <checkpoint dir> <out dir> [--max-shard-size 5GB]\n"
+          "Writes <out>/model.safetensors (or model-0000k-of-0000n.safetensors and "
+          "model.safetensors.index.json) from a checkpoint written at any world size, one output "
+          "shard in memory at a time.",
+          opts, vm, &args))
+    return *done;
   int64_t max_shard = 0;
   if (vm.count("max-shard-size")) {
     // The job file's size syntax (core::parse_size), and a shard needs at least a byte.
@@ -67,15 +55,18 @@ int run_consolidate_command(int argc, char** argv) {
     namespace fs = std::filesystem;
     std::string src = args[0];
     if (!fs::exists(src)) {
-      std::cerr << "trainrun consolidate: error: " << src << ": no such checkpoint directory" << std::endl;
+      std::cerr << "trainrun consolidate: error: " << src << ": no such checkpoint directory"
+                << std::endl;
       return 2;
     }
     if (fs::is_regular_file(src) && fs::path(src).filename() == "latest")
       src = core::resolve_checkpoint("latest", fs::path(src).parent_path().string(), false);
-    else if (fs::is_directory(src) && !fs::exists(fs::path(src) / "meta.json") && fs::exists(fs::path(src) / "latest"))
+    else if (fs::is_directory(src) && !fs::exists(fs::path(src) / "meta.json") &&
+             fs::exists(fs::path(src) / "latest"))
       src = core::resolve_checkpoint("latest", src, false);
     const int64_t n = core::consolidate_checkpoint(src, args[1], max_shard);
-    std::cout << "consolidated " << n << " tensors from " << src << " into " << args[1] << std::endl;
+    std::cout << "consolidated " << n << " tensors from " << src << " into " << args[1]
+              << std::endl;
     return 0;
   } catch (const v1::Error& e) {
     // A missing, incomplete or corrupt checkpoint is bad input.

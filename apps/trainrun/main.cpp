@@ -175,23 +175,31 @@ core::LaunchSpec launch_spec(const core::JobConfig& job, int argc, char** argv) 
 namespace trainrun::app {
 const std::vector<Command>& subcommands() {
   static const std::vector<Command> table = {
-      {"consolidate", "consolidate <checkpoint dir> <out dir> [--max-shard-size 5GB]", run_consolidate_command},
-      {"export", "export CHECKPOINT --output DIR [--dtype bfloat16] [--max-shard-size 5GB] (an HF model directory)",
+      {"consolidate", "consolidate <checkpoint dir> <out dir> [--max-shard-size 5GB]",
+       run_consolidate_command},
+      {"export",
+       "export CHECKPOINT --output DIR [--dtype bfloat16] [--max-shard-size 5GB] (an HF model "
+       "directory)",
        run_export_command},
       {"merge-lora", "merge-lora --base MODEL --adapter DIR --output FILE [--max-shard-size 5GB]",
        run_merge_lora_command},
-      {"encode", "encode|decode --tokenizer DIR [--jsonl] (see trainrun encode --help)", run_encode_command},
+      {"encode", "encode|decode --tokenizer DIR [--jsonl] (see trainrun encode --help)",
+       run_encode_command},
       {"decode", "", run_decode_command},
-      {"tokenize", "tokenize --tokenizer DIR --output corpus.bin FILES... (see trainrun tokenize --help)",
+      {"tokenize",
+       "tokenize --tokenizer DIR --output corpus.bin FILES... (see trainrun tokenize --help)",
        run_tokenize_command},
       {"generate",
-       "generate --model HF_DIR [--adapter DIR] [--chat] --prompt TEXT --max-new-tokens N (see trainrun generate "
+       "generate --model HF_DIR [--adapter DIR] [--chat] --prompt TEXT --max-new-tokens N (see "
+       "trainrun generate "
        "--help)",
        run_generate_command},
       {"chat-template", "chat-template --tokenizer DIR [--add-generation-prompt] [--template NAME]",
        run_chat_template_command},
       {"report", "report RUN_DIR [--compare OTHER_RUN_DIR]... [--output FILE]", run_report_command},
-      {"bench", "bench collectives --backend gloo-cpu|mpi --nproc N [--verify] (see trainrun bench collectives --help)",
+      {"bench",
+       "bench collectives --backend gloo-cpu|mpi --nproc N [--verify] (see trainrun bench "
+       "collectives --help)",
        run_bench_command},
       // The child process of the BLAS kernel probe (core/runtime.hpp), not a user command.
       {"blas-probe", "", [](int, char**) { return core::blas_probe_main(); }, /*internal=*/true},
@@ -238,19 +246,20 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (vm.count("help")) {
-    std::cout << "usage: trainrun --config job.toml [--set key=value]...\n"
-                 "       trainrun check --config job.toml [--set key=value]... [--plugin-path P]...\n"
-                 "       trainrun plugins [NAME]\n";
+    std::cout
+        << "usage: trainrun --config job.toml [--set key=value]...\n"
+           "       trainrun check --config job.toml [--set key=value]... [--plugin-path P]...\n"
+           "       trainrun plugins [NAME]\n";
     for (const auto& c : app::subcommands()) {
       std::string usage = c.usage;
       for (size_t at = 0; !usage.empty() && at != std::string::npos;) {
         const size_t nl = usage.find('\n', at);
-        std::cout << "       trainrun " << usage.substr(at, nl == std::string::npos ? nl : nl - at) << "\n";
+        std::cout << "       trainrun " << usage.substr(at, nl == std::string::npos ? nl : nl - at)
+                  << "\n";
         at = nl == std::string::npos ? nl : nl + 1;
       }
     }
-    std::cout << "\n"
-              << opts << std::endl;
+    std::cout << "\n" << opts << std::endl;
     return 0;
   }
   if (vm.count("version")) {
@@ -290,7 +299,8 @@ int main(int argc, char** argv) {
     std::string names = "train, check, plugins";
     for (const auto& c : app::subcommands())
       if (!c.internal) names += std::string(", ") + c.name;
-    std::cerr << "trainrun: error: unknown command '" << command << "' (commands: " << names << ")" << std::endl;
+    std::cerr << "trainrun: error: unknown command '" << command << "' (commands: " << names << ")"
+              << std::endl;
     return 2;
   }
   try {
