@@ -369,7 +369,8 @@ struct BlockedCausalAttention : public torch::autograd::Function<BlockedCausalAt
     // The backward computes in its inputs' dtype with autocast off: a forward under autocast
     // would save bfloat16 probabilities beside float32 keys (issue 41).
     TORCH_CHECK(q.scalar_type() == torch::kFloat && k.scalar_type() == torch::kFloat &&
-                    v.scalar_type() == torch::kFloat && !v1::compat::autocast_enabled(q.device().type()),
+                    v.scalar_type() == torch::kFloat &&
+                    !v1::compat::autocast_enabled(q.device().type()),
                 "BlockedCausalAttention: float32 q/k/v with autocast off only");
     const int64_t B = q.size(0), nh = q.size(1), T = q.size(2), D = q.size(3), nkv = k.size(1), rep = nh / nkv;
     const torch::Tensor qg = q.reshape({B, nkv, rep, T, D});
@@ -477,9 +478,9 @@ class AttentionImpl : public torch::nn::Module {
     // backward (where autocast is off) meets them with float32 gradients. With LoRA under
     // bf16-mixed, q/k/v are float32 (an adapter's float32 output added to the bf16 base output),
     // so the dtype alone does not tell (issue 41); autocast's products go through attend().
-    if (T > kGradQueryBlock && k.size(2) == T && torch::GradMode::is_enabled() && q.scalar_type() == torch::kFloat &&
-        k.scalar_type() == torch::kFloat && v.scalar_type() == torch::kFloat &&
-        !v1::compat::autocast_enabled(q.device().type()) &&
+    if (T > kGradQueryBlock && k.size(2) == T && torch::GradMode::is_enabled() &&
+        q.scalar_type() == torch::kFloat && k.scalar_type() == torch::kFloat &&
+        v.scalar_type() == torch::kFloat && !v1::compat::autocast_enabled(q.device().type()) &&
         (q.requires_grad() || k.requires_grad() || v.requires_grad())) {
       const torch::Tensor y = BlockedCausalAttention::apply(q, k, v, blocked, 1.0 / std::sqrt(static_cast<double>(hd_)),
                                                             kGradQueryBlock);

@@ -89,7 +89,8 @@ MixedPrecision::MixedPrecision(MixedConfig config) : config_(std::move(config)) 
 }
 
 void MixedPrecision::convert(Model& model) {
-  if (config_.rank == 0 && (config_.cpu_autocast == at::kBFloat16 || config_.cast_weights == at::kBFloat16)) {
+  if (config_.rank == 0 &&
+      (config_.cpu_autocast == at::kBFloat16 || config_.cast_weights == at::kBFloat16)) {
     const auto params = model.named_parameters();
     std::string why;
     if (!params.empty() && params.front().tensor.device().is_cpu() && !cpu_has_native_bf16(&why)) {
@@ -97,8 +98,10 @@ void MixedPrecision::convert(Model& model) {
       // bf16 kernels need AVX-512): 1.4 against 24 GFLOPS for float32 on one AMD EPYC (Zen 3)
       // core, a [512, 576] x [576, 1536] product (issue 41).
       std::cerr << "[trainrun] precision " << config_.plugin << ": " << why
-                << (cpu_has_flag("avx512f") ? "" : "; without AVX-512 a bfloat16 product can be 10-20x slower than "
-                                                   "float32's")
+                << (cpu_has_flag("avx512f")
+                        ? ""
+                        : "; without AVX-512 a bfloat16 product can be 10-20x slower than "
+                          "float32's")
                 << " (`auto` picks fp32 here)" << std::endl;
     }
   }

@@ -46,9 +46,11 @@ constexpr double kCauseWindowS = 2.0;
 // Whether a failed rank's last lines say that a peer went away (connection reset or closed,
 // a collective whose peers did not arrive): then it failed because of another rank.
 inline bool looks_collateral(const std::deque<std::string>& tail) {
-  static const char* const kMarkers[] = {"reset by peer", "closed by peer", "connection closed",
-                                         "Connection closed", "Broken pipe", "the transport failed",
-                                         "not arrived:", "then went silent", "ECONNRESET", "EPIPE"};
+  static const char* const kMarkers[] = {"reset by peer",     "closed by peer",
+                                         "connection closed", "Connection closed",
+                                         "Broken pipe",       "the transport failed",
+                                         "not arrived:",      "then went silent",
+                                         "ECONNRESET",        "EPIPE"};
   for (const auto& line : tail)
     for (const char* m : kMarkers)
       if (line.find(m) != std::string::npos) return true;
@@ -87,8 +89,10 @@ struct AgentRecord {
     AgentRecord r;
     std::stringstream ss(s);
     std::string pid, nproc, nnodes;
-    std::getline(ss, r.host), std::getline(ss, pid), std::getline(ss, nproc), std::getline(ss, nnodes);
-    r.pid = std::atol(pid.c_str()), r.nproc = std::atoi(nproc.c_str()), r.nnodes = std::atoi(nnodes.c_str());
+    std::getline(ss, r.host), std::getline(ss, pid), std::getline(ss, nproc),
+        std::getline(ss, nnodes);
+    r.pid = std::atol(pid.c_str()), r.nproc = std::atoi(nproc.c_str()),
+    r.nnodes = std::atoi(nnodes.c_str());
     return r;
   }
   std::string who(int node) const {

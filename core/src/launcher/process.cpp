@@ -52,10 +52,18 @@ std::pair<std::string, int> describe_status(int status) {
 }
 
 std::vector<std::string> worker_env(const std::vector<std::pair<std::string, std::string>>& add) {
-  static const std::set<std::string> owned = {
-      "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
-      "MASTER_PORT", "TRAINRUN_AGENT_STORE", "TRAINRUN_RUN_DIR_READY", "TRAINRUN_TTY",
-      "TRAINRUN_RENDEZVOUS_TIMEOUT_S", "TRAINRUN_CONTROL_FD"};
+  static const std::set<std::string> owned = {"RANK",
+                                              "WORLD_SIZE",
+                                              "LOCAL_RANK",
+                                              "LOCAL_WORLD_SIZE",
+                                              "GROUP_RANK",
+                                              "MASTER_ADDR",
+                                              "MASTER_PORT",
+                                              "TRAINRUN_AGENT_STORE",
+                                              "TRAINRUN_RUN_DIR_READY",
+                                              "TRAINRUN_TTY",
+                                              "TRAINRUN_RENDEZVOUS_TIMEOUT_S",
+                                              "TRAINRUN_CONTROL_FD"};
   std::set<std::string> added;
   for (const auto& [k, v] : add) added.insert(k);
   std::vector<std::string> out;
@@ -68,14 +76,14 @@ std::vector<std::string> worker_env(const std::vector<std::pair<std::string, std
   return out;
 }
 
-
 namespace {
 
 void write_decimal(int fd, int v) {
   char buf[16];
   int i = sizeof buf;
   buf[--i] = '\n';
-  do buf[--i] = static_cast<char>('0' + v % 10); while ((v /= 10) > 0 && i > 0);
+  do buf[--i] = static_cast<char>('0' + v % 10);
+  while ((v /= 10) > 0 && i > 0);
   [[maybe_unused]] ssize_t n = write(fd, buf + i, sizeof buf - i);
 }
 
@@ -83,7 +91,8 @@ struct Pipe {
   int r = -1, w = -1;
   Pipe() {
     int fds[2];
-    if (pipe2(fds, O_CLOEXEC) != 0) throw v1::Error(std::string("launcher: pipe2: ") + std::strerror(errno));
+    if (pipe2(fds, O_CLOEXEC) != 0)
+      throw v1::Error(std::string("launcher: pipe2: ") + std::strerror(errno));
     r = fds[0], w = fds[1];
   }
 };
@@ -113,8 +122,10 @@ pid_t spawn(ExecImage& image, int* out, int* err, int* control) {
     dup2(pe.w, STDERR_FILENO);
     if (pc) {
       // dup2 onto itself keeps FD_CLOEXEC, so that case clears it by hand.
-      if (pc->w == kControlFd) fcntl(kControlFd, F_SETFD, 0);
-      else dup2(pc->w, kControlFd);
+      if (pc->w == kControlFd)
+        fcntl(kControlFd, F_SETFD, 0);
+      else
+        dup2(pc->w, kControlFd);
     }
     syscall(SYS_close_range, pc ? 4U : 3U, ~0U, 0U);
     struct sigaction dfl {};
@@ -126,7 +137,8 @@ pid_t spawn(ExecImage& image, int* out, int* err, int* control) {
     sigprocmask(SIG_SETMASK, &none, nullptr);
     execvpe(image.argv[0], image.argv.data(), image.envp.data());
     const int e = errno;
-    [[maybe_unused]] ssize_t n = write(STDERR_FILENO, image.exec_error.data(), image.exec_error.size());
+    [[maybe_unused]] ssize_t n =
+        write(STDERR_FILENO, image.exec_error.data(), image.exec_error.size());
     write_decimal(STDERR_FILENO, e);
     _exit(127);
   }

@@ -48,11 +48,14 @@ void Agent::open_store() {
                     std::to_string(spec_.master_port) +
                     " is in use by another process ([launch] master_port); choose another "
                     "port, or master_port = 0 for a free one (single node only)");
-      throw Error("cannot serve the rendezvous store on " + at + " ([launch] master_addr, "
-                  "master_port): " + msg);
+      throw Error("cannot serve the rendezvous store on " + at +
+                  " ([launch] master_addr, "
+                  "master_port): " +
+                  msg);
     }
     port_ = store_->getPort();
-    store_->setTimeout(std::chrono::milliseconds(static_cast<int64_t>(spec_.rendezvous_timeout_s * 1000)));
+    store_->setTimeout(
+        std::chrono::milliseconds(static_cast<int64_t>(spec_.rendezvous_timeout_s * 1000)));
     if (elastic()) session_.server = std::move(own_store_);
     return;
   }
@@ -67,10 +70,13 @@ void Agent::open_store() {
     own_store_ = std::make_unique<c10d::TCPStore>(spec_.master_addr, o);
     store_ = own_store_.get();
   } catch (const std::exception& e) {
-    throw Error("node " + std::to_string(spec_.node_rank) + ": could not reach node 0's "
-                "rendezvous store at " + where() + " within " + fixed1(spec_.rendezvous_timeout_s) +
+    throw Error("node " + std::to_string(spec_.node_rank) +
+                ": could not reach node 0's "
+                "rendezvous store at " +
+                where() + " within " + fixed1(spec_.rendezvous_timeout_s) +
                 " s ([launch] rendezvous_timeout_s); is trainrun running on node 0 with the same "
-                "master_addr and master_port? (" + v1::what_of(e) + ")");
+                "master_addr and master_port? (" +
+                v1::what_of(e) + ")");
   }
 }
 
@@ -101,11 +107,14 @@ bool Agent::rendezvous() {
 bool Agent::join_round() {
   AgentRecord me{host_name(), static_cast<long>(getpid()), spec_.nproc_per_node, spec_.nnodes};
   const std::string mine = me.encode();
-  const auto deadline = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(spec_.rendezvous_timeout_s * 1000));
+  const auto deadline = Clock::now() + std::chrono::milliseconds(
+                                           static_cast<int64_t>(spec_.rendezvous_timeout_s * 1000));
   // The round node 0 serves now, once it is at least the one this agent is to join (after a
   // failed round, node 0 opens the next one only when its own workers have stopped).
   auto wait_for_round = [&](int at_least) {
-    auto current = [&] { return store_->check({kRoundKey}) ? std::atoi(text(store_->get(kRoundKey)).c_str()) : 0; };
+    auto current = [&] {
+      return store_->check({kRoundKey}) ? std::atoi(text(store_->get(kRoundKey)).c_str()) : 0;
+    };
     for (round_ = current(); round_ < at_least; round_ = current()) {
       if (stop_signals()) return false;
       if (Clock::now() >= deadline)
@@ -119,7 +128,8 @@ bool Agent::join_round() {
     return true;
   };
   if (elastic() && spec_.node_rank != 0 && !wait_for_round(session_.round)) {
-    say("interrupted while waiting for round " + std::to_string(session_.round) + "; no worker was started");
+    say("interrupted while waiting for round " + std::to_string(session_.round) +
+        "; no worker was started");
     return false;
   }
   for (;;) {
@@ -127,8 +137,8 @@ bool Agent::join_round() {
     if (got == mine) return true;
     const std::string earlier = AgentRecord::decode(got).who(spec_.node_rank);
     if (!elastic() || spec_.node_rank == 0 || !store_->check({key("rendezvous/result")})) {
-      const std::string msg = "two agents claim node_rank " + std::to_string(spec_.node_rank) + ": " +
-                              earlier + " and " + me.who(spec_.node_rank) +
+      const std::string msg = "two agents claim node_rank " + std::to_string(spec_.node_rank) +
+                              ": " + earlier + " and " + me.who(spec_.node_rank) +
                               "; give every node its own [launch] node_rank (--node-rank)";
       store_->compareSet(key("rendezvous/duplicate"), {}, bytes(msg));
       throw Error(msg);
@@ -173,7 +183,8 @@ void Agent::fail_rendezvous(const std::string& msg) {
 }
 
 bool Agent::wait_for_agents() {
-  const auto deadline = t0_ + std::chrono::milliseconds(static_cast<int64_t>(spec_.rendezvous_timeout_s * 1000));
+  const auto deadline =
+      t0_ + std::chrono::milliseconds(static_cast<int64_t>(spec_.rendezvous_timeout_s * 1000));
   std::vector<std::string> keys;
   for (int n = 0; n < spec_.nnodes; ++n) keys.push_back(agent_key(n));
   say("rendezvous at " + where() + ": waiting for " + std::to_string(spec_.nnodes - 1) +
@@ -181,22 +192,27 @@ bool Agent::wait_for_agents() {
   while (!store_->check(keys)) {
     if (stop_signals()) {
       say("interrupted during the rendezvous; no worker was started");
-      store_->set(key("rendezvous/result"), bytes("error\nnode 0 was interrupted during the rendezvous"));
+      store_->set(key("rendezvous/result"),
+                  bytes("error\nnode 0 was interrupted during the rendezvous"));
       return false;
     }
-    if (store_->check({key("rendezvous/duplicate")})) fail_rendezvous(text(store_->get(key("rendezvous/duplicate"))));
+    if (store_->check({key("rendezvous/duplicate")}))
+      fail_rendezvous(text(store_->get(key("rendezvous/duplicate"))));
     if (Clock::now() >= deadline) {
       std::string missing, arrived;
       for (int n = 0; n < spec_.nnodes; ++n) {
         if (store_->check({agent_key(n)}))
-          arrived += (arrived.empty() ? "" : ", ") + AgentRecord::decode(text(store_->get(agent_key(n)))).who(n);
+          arrived += (arrived.empty() ? "" : ", ") +
+                     AgentRecord::decode(text(store_->get(agent_key(n)))).who(n);
         else
           missing += (missing.empty() ? "" : ", ") + std::to_string(n);
       }
       fail_rendezvous("rendezvous at " + where() + ": node(s) " + missing + " of " +
                       std::to_string(spec_.nnodes) + " did not arrive within " +
-                      fixed1(spec_.rendezvous_timeout_s) + " s ([launch] rendezvous_timeout_s); "
-                      "arrived: " + arrived);
+                      fixed1(spec_.rendezvous_timeout_s) +
+                      " s ([launch] rendezvous_timeout_s); "
+                      "arrived: " +
+                      arrived);
     }
     pollfd p{signals_.fd(), POLLIN, 0};
     ::poll(&p, 1, kTickMs);
@@ -212,14 +228,17 @@ bool Agent::wait_for_agents() {
                       "; every node must use the same [launch] layout");
   }
   // "ok", or in a later round "ok\n<port of the workers' store>".
-  store_->set(key("rendezvous/result"), bytes(worker_port_ ? "ok\n" + std::to_string(worker_port_) : "ok"));
+  store_->set(key("rendezvous/result"),
+              bytes(worker_port_ ? "ok\n" + std::to_string(worker_port_) : "ok"));
   return true;
 }
 
 bool Agent::wait_for_result() {
   // Node 0 may have started up to a whole timeout after this node connected, and then waits a
   // timeout of its own.
-  const auto deadline = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(spec_.rendezvous_timeout_s * 1000) + 5000);
+  const auto deadline =
+      Clock::now() +
+      std::chrono::milliseconds(static_cast<int64_t>(spec_.rendezvous_timeout_s * 1000) + 5000);
   for (;;) {
     bool ready = false;
     try {

@@ -23,7 +23,8 @@ namespace {
 std::atomic<const sockaddr_storage*> g_store_bind{nullptr};
 }  // namespace
 
-extern "C" __attribute__((visibility("default"))) int bind(int fd, const struct sockaddr* addr, socklen_t len) {
+extern "C" __attribute__((visibility("default"))) int bind(int fd, const struct sockaddr* addr,
+                                                           socklen_t len) {
   using Real = int (*)(int, const struct sockaddr*, socklen_t);
   static const Real real = reinterpret_cast<Real>(dlsym(RTLD_NEXT, "bind"));
   const sockaddr_storage* want = g_store_bind.load();
@@ -55,8 +56,8 @@ StoreBindScope::StoreBindScope(const std::string& host) {
   addrinfo* res = nullptr;
   const int rc = getaddrinfo(host.c_str(), nullptr, &hints, &res);
   if (rc != 0 || res == nullptr)
-    throw v1::ConfigError("[launch] master_addr = \"" + host + "\": cannot resolve it (" + gai_strerror(rc) +
-                          "); the rendezvous store listens on this address");
+    throw v1::ConfigError("[launch] master_addr = \"" + host + "\": cannot resolve it (" +
+                          gai_strerror(rc) + "); the rendezvous store listens on this address");
   std::memcpy(&addr_, res->ai_addr, res->ai_addrlen);
   freeaddrinfo(res);
   g_store_bind.store(&addr_);
