@@ -5,6 +5,7 @@
 #include "trainrun/core/config.hpp"
 #include "trainrun/core/launcher.hpp"
 #include "trainrun/core/runtime.hpp"
+#include "trainrun/core/sampler.hpp"
 #include "trainrun/core/spelling.hpp"
 
 // The resolved job prints floats as the shortest text that reads back to the same double
@@ -114,19 +115,6 @@ double parse_duration(const std::string& text_in) {
   }
   if (!(total >= 0)) throw std::invalid_argument("'" + text_in + "' is negative");
   return total;
-}
-
-std::string batch_layout_error(int64_t global, int64_t micro, int64_t world) {
-  if (micro == 0 && global % world != 0)
-    return "[trainer] global_batch_size " + std::to_string(global) +
-           " is not divisible by world_size " + std::to_string(world) +
-           " ([launch] nproc_per_node x nnodes)";
-  if (micro > 0 && global % (micro * world) != 0)
-    return "[trainer] global_batch_size " + std::to_string(global) +
-           " is not divisible by micro_batch_size " + std::to_string(micro) + " x world_size " +
-           std::to_string(world) + " (the gradient-accumulation step count must be a whole number; "
-           "micro_batch_size = 0 derives it as global_batch_size / world_size)";
-  return "";
 }
 
 std::string range_text(const OptionSpec& s) {
