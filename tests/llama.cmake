@@ -29,3 +29,25 @@ add_test(NAME llama.smollm2
           ${CMAKE_BINARY_DIR}/cache ${CMAKE_CURRENT_BINARY_DIR}/work/llama-smollm2 ${CMAKE_SOURCE_DIR}/scripts)
 set_tests_properties(llama.smollm2 PROPERTIES TIMEOUT 600 LABELS llama
   ENVIRONMENT "OMP_NUM_THREADS=2;OPENBLAS_NUM_THREADS=2")
+
+# The llama precision matrix (issue 41): every precision plugin x adapter (none, LoRA) x rows
+# (one attention block, several blocks, packed conversations) on a tiny random Llama, 3 steps a
+# cell, losses against the same strategy's fp32 cell, each LoRA adapter through PEFT
+# (tests/e2e/llama_precision_matrix.py). In CI: the whole grid on one process and a subset on
+# each distributed strategy (bf16 and the quantized bases, LoRA, past one attention block); the
+# whole grid on every strategy is in the long suite (label `long`, `scripts/test --long`).
+function(llama_precision_matrix name strategy timeout)
+  add_test(NAME llama.precision_matrix.${name}
+    COMMAND ${TRAINRUN_REF_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/e2e/llama_precision_matrix.py $<TARGET_FILE:trainrun>
+            $<TARGET_FILE:llama_logits> ${CMAKE_CURRENT_BINARY_DIR}/work/llama-precision-${name} ${strategy} ${ARGN})
+  set_tests_properties(llama.precision_matrix.${name} PROPERTIES TIMEOUT ${timeout} LABELS "llama;precision_matrix"
+    ENVIRONMENT "OMP_NUM_THREADS=1;OPENBLAS_NUM_THREADS=1;TOKENIZERS_PARALLELISM=false")
+endfunction()
+llama_precision_matrix(single single 600)
+llama_precision_matrix(ddp ddp 300 --precisions bf16-mixed,quant-nf4 --adapters lora --seqs blocks,packed)
+llama_precision_matrix(fsdp fsdp 300 --precisions bf16-mixed,bf16-true,quant-nf4 --seqs blocks)
+llama_precision_matrix(zero3 zero3 300 --precisions bf16-mixed,quant-int8 --adapters lora --seqs blocks,packed)
+foreach(s ddp fsdp zero3)
+  llama_precision_matrix(${s}.full ${s} 1500)
+  set_tests_properties(llama.precision_matrix.${s}.full PROPERTIES LABELS "llama;precision_matrix;long")
+endforeach()

@@ -5,6 +5,7 @@
 // goes to its FinalStateDictConsumer, which writes <run_dir>/hf/ as at the end of training; that
 // directory is then renamed to --output. Nothing is left behind on failure.
 #include "export_cli.hpp"
+#include "command_line.hpp"
 
 #include <boost/program_options.hpp>
 
@@ -54,38 +55,27 @@ int run_export_command(int argc, char** argv) {
   po::options_description opts("trainrun export options");
   opts.add_options()("help,h", "show this help")(
       "output,o", po::value(&output), "HF model directory to write (must not exist or be empty)")(
-      "dtype", po::value(&dtype), "weights' dtype: auto (as trained: the input model's), float32, bfloat16, float16")(
-      "max-shard-size", po::value(&max_shard), "largest weight file before sharding, as transformers' "
-      "max_shard_size (default 5GB)")(
-      "plugin-path", po::value(&plugin_paths)->composing(), "plugin directory or file, searched first (repeatable)");
-  po::options_description hidden;
-  hidden.add_options()("checkpoint", po::value(&positional)->composing());
-  po::options_description all;
-  all.add(opts).add(hidden);
-  po::positional_options_description pos;
-  pos.add("checkpoint", -1);
+      "dtype", po::value(&dtype),
+      "weights' dtype: auto (as trained: the input model's), float32, bfloat16, float16")(
+      "max-shard-size", po::value(&max_shard),
+      "largest weight file before sharding, as transformers' "
+      "max_shard_size (default 5GB)")("plugin-path", po::value(&plugin_paths)->composing(),
+                                      "plugin directory or file, searched first (repeatable)");
   po::variables_map vm;
   auto bad = [](const std::string& m) {
     std::cerr << "trainrun export: error: " << m << std::endl;
     return 2;
   };
-  try {
-    po::store(po::command_line_parser(argc - 1, argv + 1).options(all).positional(pos).run(), vm);
-    po::notify(vm);
-  } catch (const po::error& e) {
-    std::cerr << "trainrun export: error: " << e.what() << "\n" << opts << std::endl;
-    return 2;
-  }
-  if (vm.count("help")) {
-    std::cout << "usage: trainrun export CHECKPOINT --output DIR [--dtype auto|float32|bfloat16|float16] "
-                 "[--max-shard-size 5GB]\n"
-                 "Writes a Hugging Face model directory (config.json, generation_config.json, "
-                 "model.safetensors or shards + model.safetensors.index.json, tokenizer files) from a "
-                 "checkpoint of any world size. CHECKPOINT: a checkpoint directory, a checkpoints "
-                 "directory or its `latest` file.\n\n"
-              << opts << std::endl;
-    return 0;
-  }
+  if (const auto done = parse_command_line(
+          argc, argv, "export",
+          "usage: trainrun export CHECKPOINT --output DIR [--dtype auto|float32|bfloat16|float16] "
+          "[--max-shard-size 5GB]\n"
+          "Writes a Hugging Face model directory (config.json, generation_config.json, "
+          "model.safetensors or shards + model.safetensors.index.json, tokenizer files) from a "
+          "checkpoint of any world size. CHECKPOINT: a checkpoint directory, a checkpoints "
+          "directory or its `latest` file.",
+          opts, vm, &positional))
+    return *done;
   if (positional.size() != 1) return bad("give one CHECKPOINT (see --help)");
   if (output.empty()) return bad("--output DIR is required");
   if (dtype != "auto" && dtype != "float32" && dtype != "bfloat16" && dtype != "float16")

@@ -5,6 +5,7 @@
 // config.json / the tokenizer, or after --max-new-tokens. An adapter directory (PEFT layout) is
 // merged into the weights in memory (W + scaling x B A, as `trainrun merge-lora`).
 #include "generate_cli.hpp"
+#include "command_line.hpp"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -225,20 +226,15 @@ int run_generate_command(int argc, char** argv) {
       "model-plugin", po::value(&model_plugin), "model component to load the directory with (default llama)")(
       "plugin-path", po::value(&plugin_paths)->composing(), "plugin directory or file, searched first (repeatable)");
   po::variables_map vm;
-  try {
-    po::store(po::command_line_parser(argc - 1, argv + 1).options(opts).run(), vm);
-    po::notify(vm);
-  } catch (const po::error& e) {
-    std::cerr << "trainrun generate: error: " << e.what() << "\n" << opts << std::endl;
-    return 2;
-  }
-  if (vm.count("help")) {
-    std::cout << "usage: trainrun generate --model DIR [--adapter DIR] [--chat] --prompt TEXT [--prompt TEXT]...\n"
-                 "                         --max-new-tokens N [--temperature T --top-p P --seed S] [--jsonl]\n"
-                 "       trainrun generate --model DIR --prompts-file prompts.jsonl --max-new-tokens N ...\n\n"
-              << opts << std::endl;
-    return 0;
-  }
+  if (const auto done = parse_command_line(argc, argv, "generate",
+                                           "usage: trainrun generate --model DIR [--adapter DIR] "
+                                           "[--chat] --prompt TEXT [--prompt TEXT]...\n"
+                                           "                         --max-new-tokens N "
+                                           "[--temperature T --top-p P --seed S] [--jsonl]\n"
+                                           "       trainrun generate --model DIR --prompts-file "
+                                           "prompts.jsonl --max-new-tokens N ...",
+                                           opts, vm))
+    return *done;
   auto bad = [&](const std::string& m) {
     std::cerr << "trainrun generate: error: " << m << std::endl;
     return 2;

@@ -2,7 +2,7 @@
 //   trainrun --config job.toml [--set key=value]... [--plugin-path P]...   train
 //   trainrun check --config job.toml [--set ...]                           validate, print the job
 //   trainrun plugins [NAME]                                                list plugins / options
-//   trainrun bench collectives --backend B --nproc N [--verify]            collective bandwidth
+//   trainrun <subcommand> ...                                              the table subcommands()
 // Exit codes: 0 success, 1 failure while training, 2 bad input (job file, option, plugin),
 // 130 interrupted. A job whose [launch] asks for more than one process is launched: this process
 // becomes the node agent and runs its own command line again once per worker (core/launcher).
@@ -17,6 +17,7 @@
 #include "build_info.hpp"
 #include "chat_cli.hpp"
 #include "collectives.hpp"
+#include "commands.hpp"
 #include "export_cli.hpp"
 #include "generate_cli.hpp"
 #include "merge_lora.hpp"
@@ -171,83 +172,51 @@ core::LaunchSpec launch_spec(const core::JobConfig& job, int argc, char** argv) 
 
 }  // namespace
 
+namespace trainrun::app {
+const std::vector<Command>& subcommands() {
+  static const std::vector<Command> table = {
+      {"consolidate", "consolidate <checkpoint dir> <out dir> [--max-shard-size 5GB]",
+       run_consolidate_command},
+      {"export",
+       "export CHECKPOINT --output DIR [--dtype bfloat16] [--max-shard-size 5GB] (an HF model "
+       "directory)",
+       run_export_command},
+      {"merge-lora", "merge-lora --base MODEL --adapter DIR --output FILE [--max-shard-size 5GB]",
+       run_merge_lora_command},
+      {"encode", "encode|decode --tokenizer DIR [--jsonl] (see trainrun encode --help)",
+       run_encode_command},
+      {"decode", "", run_decode_command},
+      {"tokenize",
+       "tokenize --tokenizer DIR --output corpus.bin FILES... (see trainrun tokenize --help)",
+       run_tokenize_command},
+      {"generate",
+       "generate --model HF_DIR [--adapter DIR] [--chat] --prompt TEXT --max-new-tokens N (see "
+       "trainrun generate "
+       "--help)",
+       run_generate_command},
+      {"chat-template", "chat-template --tokenizer DIR [--add-generation-prompt] [--template NAME]",
+       run_chat_template_command},
+      {"report", "report RUN_DIR [--compare OTHER_RUN_DIR]... [--output FILE]", run_report_command},
+      {"bench",
+       "bench collectives --backend gloo-cpu|mpi --nproc N [--verify] (see trainrun bench "
+       "collectives --help)",
+       run_bench_command},
+      // The child process of the BLAS kernel probe (core/runtime.hpp), not a user command.
+      {"blas-probe", "", [](int, char**) { return core::blas_probe_main(); }, /*internal=*/true},
+  };
+  return table;
+}
+}  // namespace trainrun::app
+
 int main(int argc, char** argv) {
   // Before anything allocates: every rank's CPU bytes are counted from here on (the metrics'
   // mem_* fields, Accelerator::memory_stats, trainrun/runtime/memory.hpp).
   core::install_memory_tracker();
-  // `bench` has its own flags (Boost.PO rejects unknown ones), so it is dispatched first.
-  if (argc > 1 && std::string(argv[1]) == "bench") return trainrun::app::run_bench_command(argc, argv);
-  if (argc > 1 && std::string(argv[1]) == "merge-lora") return trainrun::app::run_merge_lora_command(argc, argv);
-  if (argc > 1 && std::string(argv[1]) == "encode") return trainrun::app::run_encode_command(argc, argv);
-  if (argc > 1 && std::string(argv[1]) == "decode") return trainrun::app::run_decode_command(argc, argv);
-  if (argc > 1 && std::string(argv[1]) == "tokenize") return trainrun::app::run_tokenize_command(argc, argv);
-  if (argc > 1 && std::string(argv[1]) == "generate") return trainrun::app::run_generate_command(argc, argv);
-  if (argc > 1 && std::string(argv[1]) == "chat-template") return trainrun::app::run_chat_template_command(argc, argv);
-  if (argc > 1 && std::string(argv[1]) == "report") return trainrun::app::run_report_command(argc, argv);
-  if (argc > 1 && std::string(argv[1]) == "export") return trainrun::app::run_export_command(argc, argv);
-  // `consolidate <checkpoint> <out> [--max-shard-size BYTES]`: one full model from the pieces.
-  if (argc > 1 && std::string(argv[1]) == "consolidate") {
-    std::vector<std::string> args;
-    int64_t max_shard = 0;
-    for (int i = 2; i < argc; ++i) {
-      const std::string a = argv[i];
-      if (a == "--max-shard-size" && i + 1 < argc) {
-        const std::string v = argv[++i];
-        // The job file's size syntax (core::parse_size), and a shard needs at least a byte.
-        int64_t n = 0;
-        try {
-          n = core::parse_size(v);
-        } catch (const std::invalid_argument&) {
-          n = 0;
-        }
-        if (n <= 0) {
-          std::cerr << "trainrun consolidate: --max-shard-size '" << v
-                    << "': give bytes, optionally with KB/MB/GB/KiB/MiB/GiB" << std::endl;
-          return 2;
-        }
-        max_shard = n;
-      } else if (a == "-h" || a == "--help") {
-        std::cout << "usage: trainrun consolidate <checkpoint dir> <out dir> [--max-shard-size 5GB]\n"
-                     "Writes <out>/model.safetensors (or model-0000k-of-0000n.safetensors and "
-                     "model.safetensors.index.json) from a checkpoint written at any world size, "
-                     "one output shard in memory at a time." << std::endl;
-        return 0;
-      } else {
-        args.push_back(a);
-      }
-    }
-    if (args.size() != 2) {
-      std::cerr << "trainrun consolidate: give <checkpoint dir> <out dir> (see --help)" << std::endl;
-      return 2;
-    }
-    try {
-      // The checkpoints directory, or its `latest` pointer file, names the newest complete
-      // checkpoint: take that one rather than calling the pointer an incomplete checkpoint.
-      namespace fs = std::filesystem;
-      std::string src = args[0];
-      if (!fs::exists(src)) {
-        std::cerr << "trainrun consolidate: error: " << src << ": no such checkpoint directory" << std::endl;
-        return 2;
-      }
-      if (fs::is_regular_file(src) && fs::path(src).filename() == "latest")
-        src = core::resolve_checkpoint("latest", fs::path(src).parent_path().string(), false);
-      else if (fs::is_directory(src) && !fs::exists(fs::path(src) / "meta.json") &&
-               fs::exists(fs::path(src) / "latest"))
-        src = core::resolve_checkpoint("latest", src, false);
-      const int64_t n = core::consolidate_checkpoint(src, args[1], max_shard);
-      std::cout << "consolidated " << n << " tensors from " << src << " into " << args[1] << std::endl;
-      return 0;
-    } catch (const v1::Error& e) {
-      // A missing, incomplete or corrupt checkpoint is bad input.
-      std::cerr << "trainrun consolidate: error: " << e.what() << std::endl;
-      return 2;
-    } catch (const std::exception& e) {
-      std::cerr << "trainrun consolidate: error: " << e.what() << std::endl;
-      return 1;
-    }
-  }
-  // The child process of the BLAS kernel probe (core/runtime.hpp), not a user command.
-  if (argc > 1 && std::string(argv[1]) == "blas-probe") return core::blas_probe_main();
+  // Each subcommand parses its own flags (Boost.PO rejects flags it does not know), so the
+  // table is consulted before main()'s own parser.
+  if (argc > 1)
+    for (const auto& c : app::subcommands())
+      if (argv[1] == std::string(c.name)) return c.run(argc, argv);
   po::options_description opts("trainrun options");
   std::string config, command, name;
   std::vector<std::string> overrides, plugin_paths;
@@ -277,22 +246,20 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (vm.count("help")) {
-    std::cout << "usage: trainrun --config job.toml [--set key=value]...\n"
-                 "       trainrun check --config job.toml [--set key=value]... [--plugin-path P]...\n"
-                 "       trainrun plugins [NAME]\n"
-                 "       trainrun consolidate <checkpoint dir> <out dir> [--max-shard-size 5GB]\n"
-                 "       trainrun export CHECKPOINT --output DIR [--dtype bfloat16] [--max-shard-size 5GB]"
-                 " (an HF model directory)\n"
-                 "       trainrun merge-lora --base MODEL --adapter DIR --output FILE [--max-shard-size 5GB]\n"
-                 "       trainrun encode|decode --tokenizer DIR [--jsonl] (see trainrun encode --help)\n"
-                 "       trainrun tokenize --tokenizer DIR --output corpus.bin FILES... (see trainrun tokenize --help)\n"
-                 "       trainrun generate --model HF_DIR [--adapter DIR] [--chat] --prompt TEXT --max-new-tokens N "
-                 "(see trainrun generate --help)\n"
-                 "       trainrun chat-template --tokenizer DIR [--add-generation-prompt] [--template NAME]\n"
-                 "       trainrun report RUN_DIR [--compare OTHER_RUN_DIR]... [--output FILE]\n"
-                 "       trainrun bench collectives --backend gloo-cpu|mpi --nproc N [--verify] "
-                 "(see trainrun bench collectives --help)\n\n"
-              << opts << std::endl;
+    std::cout
+        << "usage: trainrun --config job.toml [--set key=value]...\n"
+           "       trainrun check --config job.toml [--set key=value]... [--plugin-path P]...\n"
+           "       trainrun plugins [NAME]\n";
+    for (const auto& c : app::subcommands()) {
+      std::string usage = c.usage;
+      for (size_t at = 0; !usage.empty() && at != std::string::npos;) {
+        const size_t nl = usage.find('\n', at);
+        std::cout << "       trainrun " << usage.substr(at, nl == std::string::npos ? nl : nl - at)
+                  << "\n";
+        at = nl == std::string::npos ? nl : nl + 1;
+      }
+    }
+    std::cout << "\n" << opts << std::endl;
     return 0;
   }
   if (vm.count("version")) {
@@ -329,8 +296,11 @@ int main(int argc, char** argv) {
     if (!value->empty()) overrides.push_back(std::string("launch.") + key + "=" + *value);
   if (command.empty()) command = "train";
   if (command != "train" && command != "check" && command != "plugins") {
-    std::cerr << "trainrun: error: unknown command '" << command
-              << "' (commands: train, check, plugins, bench)" << std::endl;
+    std::string names = "train, check, plugins";
+    for (const auto& c : app::subcommands())
+      if (!c.internal) names += std::string(", ") + c.name;
+    std::cerr << "trainrun: error: unknown command '" << command << "' (commands: " << names << ")"
+              << std::endl;
     return 2;
   }
   try {

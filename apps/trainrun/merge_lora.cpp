@@ -12,6 +12,7 @@
 // which reproduces the trained model; --plain-base adds BA to the full-precision weight instead
 // (a different model; the size of the difference is printed).
 #include "merge_lora.hpp"
+#include "command_line.hpp"
 
 #include <boost/program_options.hpp>
 
@@ -267,20 +268,13 @@ int run_merge_lora_command(int argc, char** argv) {
       "training quantized it (the default, which reproduces the trained model); the result is "
       "a different model");
   po::variables_map vm;
-  try {
-    // argv[1] is "merge-lora".
-    po::store(po::command_line_parser(argc - 1, argv + 1).options(opts).run(), vm);
-    po::notify(vm);
-  } catch (const po::error& e) {
-    std::cerr << "trainrun merge-lora: error: " << e.what() << "\n" << opts << std::endl;
-    return 2;
-  }
-  if (vm.count("help")) {
-    std::cout << "usage: trainrun merge-lora --base model.safetensors --adapter DIR --output merged.safetensors\n"
-              << "       trainrun merge-lora --base HF_MODEL_DIR --adapter DIR --output MERGED_DIR\n\n"
-              << opts << std::endl;
-    return 0;
-  }
+  if (const auto done = parse_command_line(
+          argc, argv, "merge-lora",
+          "usage: trainrun merge-lora --base model.safetensors --adapter DIR --output "
+          "merged.safetensors\n"
+          "       trainrun merge-lora --base HF_MODEL_DIR --adapter DIR --output MERGED_DIR",
+          opts, vm))
+    return *done;
   if (base.empty() || adapter.empty() || output.empty()) {
     std::cerr << "trainrun merge-lora: error: --base, --adapter and --output are required\n" << opts << std::endl;
     return 2;

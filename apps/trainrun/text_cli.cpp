@@ -2,6 +2,7 @@
 // bytes exactly: a trailing newline is encoded too) or one JSON array of ids; --jsonl reads one
 // {"text": ...} / {"ids": [...]} object per line and writes one object per line, in order.
 #include "text_cli.hpp"
+#include "command_line.hpp"
 
 #include <boost/program_options.hpp>
 
@@ -42,18 +43,10 @@ int parse(int argc, char** argv, const char* cmd, const char* special_flag, cons
     opts.add_options()("threads", po::value<int>(&o.threads)->default_value(0), "encoding threads (0: all cores)")
         ("stats", po::bool_switch(&o.stats), "print texts, bytes, tokens and throughput to stderr");
   po::variables_map vm;
-  try {
-    po::store(po::command_line_parser(argc - 1, argv + 1).options(opts).run(), vm);
-    po::notify(vm);
-  } catch (const po::error& e) {
-    std::cerr << "trainrun " << cmd << ": error: " << e.what() << "\n" << opts << std::endl;
-    return 2;
-  }
-  if (vm.count("help")) {
-    std::cout << "usage: trainrun " << cmd << " --tokenizer DIR [--" << special_flag << "] [--jsonl]"
-              << (with_threads ? " [--threads N] [--stats]" : "") << " < input\n\n" << opts << std::endl;
-    return 0;
-  }
+  const std::string usage = std::string("usage: trainrun ") + cmd + " --tokenizer DIR [--" +
+                            special_flag + "] [--jsonl]" +
+                            (with_threads ? " [--threads N] [--stats]" : "") + " < input";
+  if (const auto done = parse_command_line(argc, argv, cmd, usage, opts, vm)) return *done;
   if (o.tokenizer.empty()) {
     std::cerr << "trainrun " << cmd << ": error: --tokenizer DIR is required (see --help)" << std::endl;
     return 2;

@@ -7,6 +7,7 @@
 // under its name only when complete (written as NAME.tmp, then renamed), followed by the
 // sidecar NAME.json that names the dtype, tokenizer and counts.
 #include "tokenize_cli.hpp"
+#include "command_line.hpp"
 
 #include <unistd.h>
 
@@ -125,34 +126,27 @@ int run_tokenize_command(int argc, char** argv) {
   int threads = 0;
   po::options_description opts("trainrun tokenize options");
   opts.add_options()("help,h", "show this help")(
-      "tokenizer", po::value(&tokenizer), "model directory with tokenizer.json (or tokenizer.model)")(
+      "tokenizer", po::value(&tokenizer),
+      "model directory with tokenizer.json (or tokenizer.model)")(
       "output,o", po::value(&output), "token file to write (its sidecar: OUTPUT.json)")(
-      "dtype", po::value(&dtype), "auto (default: uint16 when every id fits, else uint32), uint16 or uint32")(
-      "eos-token", po::value(&eos_token), "token that ends every document (default: the tokenizer's eos_token)")(
-      "text-key", po::value(&text_key), "JSONL files: the field holding a document's text (default \"text\")")(
+      "dtype", po::value(&dtype),
+      "auto (default: uint16 when every id fits, else uint32), uint16 or uint32")(
+      "eos-token", po::value(&eos_token),
+      "token that ends every document (default: the tokenizer's eos_token)")(
+      "text-key", po::value(&text_key),
+      "JSONL files: the field holding a document's text (default \"text\")")(
       "threads", po::value(&threads), "encoding threads (default 0: all cores)");
-  po::options_description hidden;
-  hidden.add_options()("files", po::value(&files)->composing());
-  po::options_description all;
-  all.add(opts).add(hidden);
-  po::positional_options_description pos;
-  pos.add("files", -1);
   po::variables_map vm;
-  try {
-    po::store(po::command_line_parser(argc - 1, argv + 1).options(all).positional(pos).run(), vm);
-    po::notify(vm);
-  } catch (const po::error& e) {
-    std::cerr << "trainrun tokenize: error: " << e.what() << "\n" << opts << std::endl;
-    return 2;
-  }
-  if (vm.count("help")) {
-    std::cout << "usage: trainrun tokenize --tokenizer DIR --output corpus.bin [--threads N] FILES...\n"
-                 "  FILES: text files (one document each) and .jsonl files (one document per line, its \"text\").\n"
-                 "  Writes the ids of every document followed by EOS, little-endian uint16 or uint32,\n"
-                 "  and OUTPUT.json naming the dtype, tokenizer and counts (the text dataset's format = \"auto\").\n\n"
-              << opts << std::endl;
-    return 0;
-  }
+  if (const auto done = parse_command_line(
+          argc, argv, "tokenize",
+          "usage: trainrun tokenize --tokenizer DIR --output corpus.bin [--threads N] FILES...\n"
+          "  FILES: text files (one document each) and .jsonl files (one document per line, its "
+          "\"text\").\n"
+          "  Writes the ids of every document followed by EOS, little-endian uint16 or uint32,\n"
+          "  and OUTPUT.json naming the dtype, tokenizer and counts (the text dataset's format = "
+          "\"auto\").",
+          opts, vm, &files))
+    return *done;
   auto bad = [](const std::string& m) {
     std::cerr << "trainrun tokenize: error: " << m << std::endl;
     return 2;

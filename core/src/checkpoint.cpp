@@ -262,6 +262,59 @@ void merge_index(Json& into, const Json& from) {
   }
 }
 
+// Rank 0's meta.json: the step and layout, the job, and every rank's index, file checksums and
+// RNG state merged from the sidecars the ranks wrote into `tmp`.
+Json checkpoint_meta(const CheckpointSaveRequest& req, const fs::path& tmp) {
+  Json meta;
+  meta["format"] = "trainrun-checkpoint";
+  meta["format_version"] = kCheckpointFormatVersion;
+  meta["step"] = req.step;
+  meta["epoch"] = req.step / std::max<int64_t>(1, req.steps_per_epoch);
+  meta["step_in_epoch"] = req.step % std::max<int64_t>(1, req.steps_per_epoch);
+  meta["steps_per_epoch"] = req.steps_per_epoch;
+  meta["global_batch_size"] = req.global_batch_size;
+  meta["samples_seen"] = req.step * req.global_batch_size;
+  meta["total_steps"] = req.total_steps;
+  meta["world_size"] = req.world_size;
+  meta["reason"] = req.reason;
+  meta["job"] = req.job;
+  meta["trainer_state"] = req.trainer_state;
+  meta["component_state"] = req.component_state;
+  Json index = {{"model", Json::object()}, {"optimizer", Json::object()}};
+  Json files = Json::object();
+  Json rngs = Json::array();
+  for (int r = 0; r < req.world_size; ++r) {
+    const fs::path sp = tmp / ("rank-" + std::to_string(r) + ".json");
+    std::ifstream f(sp);
+    TR_CHECK(f.good(), "checkpoint: rank ", r, " wrote no ", sp.string(),
+             " (is the checkpoint directory on a file system every rank shares?)");
+    const Json s = Json::parse(f);
+    merge_index(index["model"], s["index"]["model"]);
+    merge_index(index["optimizer"], s["index"]["optimizer"]);
+    for (const auto& [fname, info] : s["files"].items()) files[fname] = info;
+    rngs.push_back(s["rng"]);
+  }
+  meta["rng"] = rngs;
+  meta["files"] = files;
+  meta["tensors"] = index;
+  return meta;
+}
+
+// Keeps the newest `keep_last` complete checkpoints under `root`, and always `name` (just written).
+void prune_checkpoints(const fs::path& root, const std::string& name, int64_t keep_last) {
+  std::error_code ec;
+  std::vector<std::string> done;
+  for (const auto& e : fs::directory_iterator(root)) {
+    const std::string n = e.path().filename().string();
+    if (e.is_directory() && n.rfind("step-", 0) == 0 && n.find('.') == std::string::npos &&
+        fs::exists(e.path() / "meta.json"))
+      done.push_back(n);
+  }
+  std::sort(done.begin(), done.end());
+  for (size_t i = 0; i + static_cast<size_t>(keep_last) < done.size(); ++i)
+    if (done[i] != name) fs::remove_all(root / done[i], ec);
+}
+
 }  // namespace
 
 std::string checkpoint_name(int64_t step) {
@@ -310,38 +363,7 @@ std::string save_checkpoint(const CheckpointSaveRequest& req, v1::Communicator* 
   barrier(comm);
   std::string final_path = (root / name).string();
   if (req.rank == 0) {
-    Json meta;
-    meta["format"] = "trainrun-checkpoint";
-    meta["format_version"] = kCheckpointFormatVersion;
-    meta["step"] = req.step;
-    meta["epoch"] = req.step / std::max<int64_t>(1, req.steps_per_epoch);
-    meta["step_in_epoch"] = req.step % std::max<int64_t>(1, req.steps_per_epoch);
-    meta["steps_per_epoch"] = req.steps_per_epoch;
-    meta["global_batch_size"] = req.global_batch_size;
-    meta["samples_seen"] = req.step * req.global_batch_size;
-    meta["total_steps"] = req.total_steps;
-    meta["world_size"] = req.world_size;
-    meta["reason"] = req.reason;
-    meta["job"] = req.job;
-    meta["trainer_state"] = req.trainer_state;
-    meta["component_state"] = req.component_state;
-    Json index = {{"model", Json::object()}, {"optimizer", Json::object()}};
-    Json files = Json::object();
-    Json rngs = Json::array();
-    for (int r = 0; r < req.world_size; ++r) {
-      const fs::path sp = tmp / ("rank-" + std::to_string(r) + ".json");
-      std::ifstream f(sp);
-      TR_CHECK(f.good(), "checkpoint: rank ", r, " wrote no ", sp.string(),
-               " (is the checkpoint directory on a file system every rank shares?)");
-      const Json s = Json::parse(f);
-      merge_index(index["model"], s["index"]["model"]);
-      merge_index(index["optimizer"], s["index"]["optimizer"]);
-      for (const auto& [fname, info] : s["files"].items()) files[fname] = info;
-      rngs.push_back(s["rng"]);
-    }
-    meta["rng"] = rngs;
-    meta["files"] = files;
-    meta["tensors"] = index;
+    const Json meta = checkpoint_meta(req, tmp);
     crash_point("before-meta", req.step, req.rank);
     write_file_synced(tmp / "meta.json", meta.dump(1));
     for (int r = 0; r < req.world_size; ++r) fs::remove(tmp / ("rank-" + std::to_string(r) + ".json"));
@@ -365,18 +387,7 @@ std::string save_checkpoint(const CheckpointSaveRequest& req, v1::Communicator* 
     fs::rename(latest_tmp, root / "latest");
     fsync_path(root, true);
     crash_point("before-prune", req.step, req.rank);
-    if (req.keep_last > 0) {
-      std::vector<std::string> done;
-      for (const auto& e : fs::directory_iterator(root)) {
-        const std::string n = e.path().filename().string();
-        if (e.is_directory() && n.rfind("step-", 0) == 0 && n.find('.') == std::string::npos &&
-            fs::exists(e.path() / "meta.json"))
-          done.push_back(n);
-      }
-      std::sort(done.begin(), done.end());
-      for (size_t i = 0; i + static_cast<size_t>(req.keep_last) < done.size(); ++i)
-        if (done[i] != name) fs::remove_all(root / done[i], ec);
-    }
+    if (req.keep_last > 0) prune_checkpoints(root, name, req.keep_last);
   }
   barrier(comm);
   return final_path;

@@ -5,6 +5,7 @@
 #include "trainrun/core/config.hpp"
 #include "trainrun/core/launcher.hpp"
 #include "trainrun/core/runtime.hpp"
+#include "trainrun/core/sampler.hpp"
 #include "trainrun/core/spelling.hpp"
 
 // The resolved job prints floats as the shortest text that reads back to the same double
@@ -32,6 +33,7 @@
 #include <toml++/toml.h>
 
 #include <algorithm>
+#include <array>
 #include <cctype>
 #include <cmath>
 #include <filesystem>
@@ -113,19 +115,6 @@ double parse_duration(const std::string& text_in) {
   }
   if (!(total >= 0)) throw std::invalid_argument("'" + text_in + "' is negative");
   return total;
-}
-
-std::string batch_layout_error(int64_t global, int64_t micro, int64_t world) {
-  if (micro == 0 && global % world != 0)
-    return "[trainer] global_batch_size " + std::to_string(global) +
-           " is not divisible by world_size " + std::to_string(world) +
-           " ([launch] nproc_per_node x nnodes)";
-  if (micro > 0 && global % (micro * world) != 0)
-    return "[trainer] global_batch_size " + std::to_string(global) +
-           " is not divisible by micro_batch_size " + std::to_string(micro) + " x world_size " +
-           std::to_string(world) + " (the gradient-accumulation step count must be a whole number; "
-           "micro_batch_size = 0 derives it as global_batch_size / world_size)";
-  return "";
 }
 
 std::string range_text(const OptionSpec& s) {
@@ -296,27 +285,36 @@ std::string describe_node(const toml::node& n) {
   return os.str();
 }
 
+// `what` is "<file:line:col>: <section> <key>", the start of every message about the value.
+void check_in_range(const OptionSpec& spec, const std::string& what, double v, const std::string& shown) {
+  // NaN compares false with any bound, so it would pass every range; an infinity passes an
+  // open one. Neither is a setting (gradient_clip_val = nan would turn clipping off): a
+  // schema accepts an infinity only by naming it as its bound (max = +inf, min = -inf).
+  if (std::isnan(v))
+    throw ConfigError(what + ": NaN is not a valid value (range " + range_text(spec) + ")");
+  if (std::isinf(v) && !((v > 0 && spec.max && std::isinf(*spec.max)) || (v < 0 && spec.min && std::isinf(*spec.min))))
+    throw ConfigError(what + ": " + shown + " is not a valid value (a finite number in " +
+                      range_text(spec) + ")");
+  if ((spec.min && v < *spec.min) || (spec.max && v > *spec.max))
+    throw ConfigError(what + ": " + shown + " is out of range " + range_text(spec));
+}
+
+[[noreturn]] void throw_bad_choice(const OptionSpec& spec, const std::string& what, const std::string& v) {
+  std::string list;
+  for (const auto& c : spec.choices) list += (list.empty() ? "" : ", ") + c;
+  std::string hint = closest(v, spec.choices);
+  throw ConfigError(what + ": '" + v + "' is not one of: " + list +
+                    (hint.empty() ? "" : " (did you mean '" + hint + "'?)"));
+}
+
 // Converts one TOML value to the option's type, or throws ConfigError naming the location.
 OptionValue convert(const toml::node& node, const OptionSpec& spec, const std::string& loc,
                     const std::string& section) {
+  const std::string what = loc + ": " + section + " " + spec.name;
   auto bad_type = [&]() -> ConfigError {
-    return ConfigError(loc + ": " + section + " " + spec.name + ": expected " +
-                       v1::type_name(spec.type) + ", got " + describe_node(node));
+    return ConfigError(what + ": expected " + v1::type_name(spec.type) + ", got " + describe_node(node));
   };
-  auto check_range = [&](double v, const std::string& shown) {
-    // NaN compares false with any bound, so it would pass every range; an infinity passes an
-    // open one. Neither is a setting (gradient_clip_val = nan would turn clipping off): a
-    // schema accepts an infinity only by naming it as its bound (max = +inf, min = -inf).
-    if (std::isnan(v))
-      throw ConfigError(loc + ": " + section + " " + spec.name + ": NaN is not a valid value (range " +
-                        range_text(spec) + ")");
-    if (std::isinf(v) && !((v > 0 && spec.max && std::isinf(*spec.max)) || (v < 0 && spec.min && std::isinf(*spec.min))))
-      throw ConfigError(loc + ": " + section + " " + spec.name + ": " + shown +
-                        " is not a valid value (a finite number in " + range_text(spec) + ")");
-    if ((spec.min && v < *spec.min) || (spec.max && v > *spec.max))
-      throw ConfigError(loc + ": " + section + " " + spec.name + ": " + shown +
-                        " is out of range " + range_text(spec));
-  };
+  auto check_range = [&](double v, const std::string& shown) { check_in_range(spec, what, v, shown); };
   switch (spec.type) {
     case OptionType::Bool:
       if (auto v = node.value_exact<bool>()) return *v;
@@ -334,7 +332,7 @@ OptionValue convert(const toml::node& node, const OptionSpec& spec, const std::s
       }
       if (auto v = node.value_exact<std::string>()) {
         if (*v == "auto") return v1::kAuto;
-        throw ConfigError(loc + ": " + section + " " + spec.name + ": expected integer or \"auto\", got string \"" + *v + "\"");
+        throw ConfigError(what + ": expected integer or \"auto\", got string \"" + *v + "\"");
       }
       throw bad_type();
     case OptionType::Float:
@@ -352,12 +350,7 @@ OptionValue convert(const toml::node& node, const OptionSpec& spec, const std::s
     case OptionType::Choice:
       if (auto v = node.value_exact<std::string>()) {
         if (std::find(spec.choices.begin(), spec.choices.end(), *v) != spec.choices.end()) return *v;
-        std::string list;
-        for (const auto& c : spec.choices) list += (list.empty() ? "" : ", ") + c;
-        std::string hint = closest(*v, spec.choices);
-        throw ConfigError(loc + ": " + section + " " + spec.name + ": '" + *v +
-                          "' is not one of: " + list +
-                          (hint.empty() ? "" : " (did you mean '" + hint + "'?)"));
+        throw_bad_choice(spec, what, *v);
       }
       throw bad_type();
     case OptionType::Size: {
@@ -367,7 +360,7 @@ OptionValue convert(const toml::node& node, const OptionSpec& spec, const std::s
         try {
           bytes = parse_size(*s);
         } catch (const std::invalid_argument& e) {
-          throw ConfigError(loc + ": " + section + " " + spec.name + ": " + e.what());
+          throw ConfigError(what + ": " + e.what());
         }
       } else throw bad_type();
       check_range(static_cast<double>(bytes), std::to_string(bytes) + " bytes");
@@ -380,7 +373,7 @@ OptionValue convert(const toml::node& node, const OptionSpec& spec, const std::s
         try {
           secs = parse_duration(*s);
         } catch (const std::invalid_argument& e) {
-          throw ConfigError(loc + ": " + section + " " + spec.name + ": " + e.what());
+          throw ConfigError(what + ": " + e.what());
         }
       } else throw bad_type();
       std::ostringstream os;
@@ -589,14 +582,7 @@ void check_blas_coretype(const std::string& k, const toml::table& root, const st
                     (hint.empty() ? "" : " (did you mean '" + hint + "'?)") +
                     "; use \"auto\", \"off\" or one of: " + known_kernels());
 }
-}  // namespace
-
-JobConfig JobFile::validate(const Registry& registry) const {
-  const auto& root = impl_->root;
-  const std::string& file = impl_->path;
-  JobConfig job;
-  job.file = file;
-
+void check_top_level(const toml::table& root, const std::string& file) {
   std::vector<std::string> top = {"trainer", "launch", "plugins", "callbacks"};
   for (const auto& s : kSections) top.push_back(s.key);
   for (const auto& [key, node] : root) {
@@ -612,6 +598,103 @@ JobConfig JobFile::validate(const Registry& registry) const {
     throw ConfigError(where(key.source(), file) + ": unknown table '" + k + "'" +
                       (hint.empty() ? "" : "; did you mean '" + hint + "'?"));
   }
+}
+
+// The batch layout depends only on the job, so `trainrun check` catches a bad one too.
+void check_batch_layout(const JobConfig& job, const toml::table& root, const std::string& file) {
+  const int64_t world = job.launch.get_int("nproc_per_node") * job.launch.get_int("nnodes");
+  const int64_t micro = job.trainer.get_int("micro_batch_size");
+  const std::string error = batch_layout_error(job.trainer.get_int("global_batch_size"), micro, world);
+  if (error.empty()) return;
+  const auto* trainer_table = root.get_as<toml::table>("trainer");
+  const toml::node* n = trainer_table ? trainer_table->get(micro == 0 ? "global_batch_size" : "micro_batch_size") : nullptr;
+  throw ConfigError((n ? where(n->source(), file) : file) + ": " + error);
+}
+
+ComponentConfig validate_component(const Registry& registry, const std::string& file,
+                                   const toml::table& t, ComponentKind kind,
+                                   const std::string& section, const char* default_plugin) {
+  ComponentConfig c;
+  c.kind = kind;
+  c.section = section;
+  const toml::node* pn = t.get("plugin");
+  if (pn) {
+    auto v = pn->value_exact<std::string>();
+    if (!v)
+      throw ConfigError(where(pn->source(), file) + ": " + section +
+                        " plugin: expected string, got " + describe_node(*pn));
+    c.plugin = *v;
+  } else if (default_plugin) {
+    c.plugin = default_plugin;
+  } else {
+    std::string w = t.source().begin.line ? where(t.source(), file) : file;
+    std::string found;
+    for (const auto* ci : registry.components(kind)) found += (found.empty() ? "" : ", ") + ci->name;
+    throw ConfigError(w + ": " + section + " needs a key 'plugin' (" + v1::kind_name(kind) +
+                      " plugins found: " + (found.empty() ? "none" : found) + ")");
+  }
+  std::string loc = pn ? where(pn->source(), file) : (t.source().begin.line ? where(t.source(), file) : file);
+  c.info = &registry.require(kind, c.plugin, loc + ": " + section);
+  c.options = validate_table(t, c.info->schema, section, file, " (plugin '" + c.plugin + "')",
+                             {"plugin"});
+  return c;
+}
+
+// The job's component tables in kSections' order.
+std::array<ComponentConfig*, 6> component_slots(JobConfig& job) {
+  static_assert(std::size(kSections) == 6, "one slot per section");
+  return {&job.model, &job.data, &job.strategy, &job.accelerator, &job.precision, &job.optimizer};
+}
+
+// The node layout, with the launcher's own checks (launch_layout_problem), so `trainrun check`
+// reports what a launch would refuse, at the key's place in the file. After the components:
+// the launcher depends on the accelerator (launcher_of).
+void check_launch_layout(const JobConfig& job, const toml::table& root, const std::string& file) {
+  LaunchSpec layout;
+  layout.nproc_per_node = static_cast<int>(job.launch.get_int("nproc_per_node"));
+  layout.nnodes = static_cast<int>(job.launch.get_int("nnodes"));
+  layout.node_rank = static_cast<int>(job.launch.get_int("node_rank"));
+  layout.master_port = static_cast<int>(job.launch.get_int("master_port"));
+  layout.rendezvous_timeout_s = job.launch.get_seconds("rendezvous_timeout_s");
+  layout.grace_s = job.launch.get_seconds("stop_grace_s");
+  layout.save_timeout_s = job.launch.get_seconds("stop_save_timeout_s");
+  layout.mpiexec = launcher_of(job) == "mpiexec";
+  layout.max_restarts = static_cast<int>(job.launch.get_int("max_restarts"));
+  if (const auto problem = launch_layout_problem(layout)) {
+    const auto* launch_table = root.get_as<toml::table>("launch");
+    const toml::node* n = launch_table ? launch_table->get(problem->key) : nullptr;
+    throw ConfigError((n ? where(n->source(), file) : file) + ": " + problem->message);
+  }
+}
+
+// Resolved job: every table with its defaults, for the run directory and `trainrun check`.
+std::string resolved_job_toml(JobConfig& job) {
+  toml::table out;
+  const v1::OptionSchema trainer_s = trainer_schema(), launch_s = launch_schema();
+  out.insert("trainer", to_toml(job.trainer, "", &trainer_s));
+  out.insert("launch", to_toml(job.launch, "", &launch_s));
+  const auto slots = component_slots(job);
+  for (size_t i = 0; i < std::size(kSections); ++i)
+    out.insert(kSections[i].key, to_toml(slots[i]->options, slots[i]->plugin,
+                                         slots[i]->info ? &slots[i]->info->schema : nullptr));
+  if (!job.callbacks.empty()) {
+    toml::array cbs;
+    for (const auto& c : job.callbacks)
+      cbs.push_back(to_toml(c.options, c.plugin, c.info ? &c.info->schema : nullptr));
+    out.insert("callbacks", std::move(cbs));
+  }
+  std::ostringstream os;
+  os << toml::toml_formatter(out) << "\n";
+  return os.str();
+}
+}  // namespace
+
+JobConfig JobFile::validate(const Registry& registry) const {
+  const auto& root = impl_->root;
+  const std::string& file = impl_->path;
+  JobConfig job;
+  job.file = file;
+  check_top_level(root, file);
 
   static const toml::table empty;
   auto table_or_empty = [&](const char* k) -> const toml::table& {
@@ -622,60 +705,19 @@ JobConfig JobFile::validate(const Registry& registry) const {
   job.launch = validate_table(table_or_empty("launch"), launch_schema(), "[launch]", file, "");
   check_blas_coretype(job.launch.get_string("blas_coretype"), root, file);
   validate_table(table_or_empty("plugins"), plugins_schema(), "[plugins]", file, "");
-
-  // The batch layout depends only on the job, so `trainrun check` catches a bad one too.
-  {
-    const int64_t world = job.launch.get_int("nproc_per_node") * job.launch.get_int("nnodes");
-    const int64_t global = job.trainer.get_int("global_batch_size");
-    const int64_t micro = job.trainer.get_int("micro_batch_size");
-    const auto* trainer_table = root.get_as<toml::table>("trainer");
-    auto loc_of = [&](const char* key) {
-      const toml::node* n = trainer_table ? trainer_table->get(key) : nullptr;
-      return n ? where(n->source(), file) : file;
-    };
-    const std::string error = batch_layout_error(global, micro, world);
-    if (!error.empty())
-      throw ConfigError(loc_of(micro == 0 ? "global_batch_size" : "micro_batch_size") + ": " +
-                        error);
-  }
+  check_batch_layout(job, root, file);
 
   auto component = [&](const toml::table& t, ComponentKind kind, const std::string& section,
                        const char* default_plugin) {
-    ComponentConfig c;
-    c.kind = kind;
-    c.section = section;
-    const toml::node* pn = t.get("plugin");
-    if (pn) {
-      auto v = pn->value_exact<std::string>();
-      if (!v)
-        throw ConfigError(where(pn->source(), file) + ": " + section +
-                          " plugin: expected string, got " + describe_node(*pn));
-      c.plugin = *v;
-    } else if (default_plugin) {
-      c.plugin = default_plugin;
-    } else {
-      std::string w = t.source().begin.line ? where(t.source(), file) : file;
-      std::string found;
-      for (const auto* ci : registry.components(kind)) found += (found.empty() ? "" : ", ") + ci->name;
-      throw ConfigError(w + ": " + section + " needs a key 'plugin' (" + v1::kind_name(kind) +
-                        " plugins found: " + (found.empty() ? "none" : found) + ")");
-    }
-    std::string loc = pn ? where(pn->source(), file) : (t.source().begin.line ? where(t.source(), file) : file);
-    c.info = &registry.require(kind, c.plugin, loc + ": " + section);
-    c.options = validate_table(t, c.info->schema, section, file, " (plugin '" + c.plugin + "')",
-                               {"plugin"});
-    return c;
+    return validate_component(registry, file, t, kind, section, default_plugin);
   };
-
-  ComponentConfig* slots[] = {&job.model,       &job.data,      &job.strategy,
-                              &job.accelerator, &job.precision, &job.optimizer};
   for (size_t i = 0; i < std::size(kSections); ++i) {
     const auto& s = kSections[i];
     if (!root.contains(s.key) && !s.default_plugin)
       throw ConfigError(file + ": missing table [" + s.key + "] (it must name a plugin, e.g. plugin = \"" +
                         (s.kind == ComponentKind::Model ? "cnn" : "idx") + "\")");
-    *slots[i] = component(table_or_empty(s.key), s.kind, std::string("[") + s.key + "]",
-                          s.default_plugin);
+    *component_slots(job)[i] = component(table_or_empty(s.key), s.kind,
+                                          std::string("[") + s.key + "]", s.default_plugin);
   }
   if (const auto* arr = root.get_as<toml::array>("callbacks")) {
     // Numbered from 0, as `--set callbacks.0.key=...` addresses them.
@@ -697,45 +739,8 @@ JobConfig JobFile::validate(const Registry& registry) const {
       job.callbacks.push_back(component(toml::table{}, ComponentKind::Callback,
                                         "[[callbacks]] " + name + " (default)", d.plugin));
   }
-
-  // The node layout, with the launcher's own checks (launch_layout_problem), so `trainrun check`
-  // reports what a launch would refuse, at the key's place in the file. After the components:
-  // the launcher depends on the accelerator (launcher_of).
-  {
-    LaunchSpec layout;
-    layout.nproc_per_node = static_cast<int>(job.launch.get_int("nproc_per_node"));
-    layout.nnodes = static_cast<int>(job.launch.get_int("nnodes"));
-    layout.node_rank = static_cast<int>(job.launch.get_int("node_rank"));
-    layout.master_port = static_cast<int>(job.launch.get_int("master_port"));
-    layout.rendezvous_timeout_s = job.launch.get_seconds("rendezvous_timeout_s");
-    layout.grace_s = job.launch.get_seconds("stop_grace_s");
-    layout.save_timeout_s = job.launch.get_seconds("stop_save_timeout_s");
-    layout.mpiexec = launcher_of(job) == "mpiexec";
-    layout.max_restarts = static_cast<int>(job.launch.get_int("max_restarts"));
-    if (const auto problem = launch_layout_problem(layout)) {
-      const auto* launch_table = root.get_as<toml::table>("launch");
-      const toml::node* n = launch_table ? launch_table->get(problem->key) : nullptr;
-      throw ConfigError((n ? where(n->source(), file) : file) + ": " + problem->message);
-    }
-  }
-
-  // Resolved job: every table with its defaults, for the run directory and `trainrun check`.
-  toml::table out;
-  const v1::OptionSchema trainer_s = trainer_schema(), launch_s = launch_schema();
-  out.insert("trainer", to_toml(job.trainer, "", &trainer_s));
-  out.insert("launch", to_toml(job.launch, "", &launch_s));
-  for (size_t i = 0; i < std::size(kSections); ++i)
-    out.insert(kSections[i].key, to_toml(slots[i]->options, slots[i]->plugin,
-                                         slots[i]->info ? &slots[i]->info->schema : nullptr));
-  if (!job.callbacks.empty()) {
-    toml::array cbs;
-    for (const auto& c : job.callbacks)
-      cbs.push_back(to_toml(c.options, c.plugin, c.info ? &c.info->schema : nullptr));
-    out.insert("callbacks", std::move(cbs));
-  }
-  std::ostringstream os;
-  os << toml::toml_formatter(out) << "\n";
-  job.resolved_toml = os.str();
+  check_launch_layout(job, root, file);
+  job.resolved_toml = resolved_job_toml(job);
   return job;
 }
 

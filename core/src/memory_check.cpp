@@ -10,7 +10,7 @@
 #include <trainrun/strategy/memory_estimate.hpp>
 
 #include "trainrun/core/memory.hpp"
-#include "trainrun/core/trainer.hpp"
+#include "trainrun/core/run_dir.hpp"
 
 namespace trainrun::core {
 
@@ -31,6 +31,41 @@ v1::MemoryInputs memory_inputs(const v1::Precision* precision, const v1::Optimiz
       accelerator_total_bytes > 0 ? accelerator_total_bytes / mi.local_world_size : -1;
   return mi;
 }
+
+namespace {
+
+// Psi: trainable parameters, a tied tensor once. The largest unit bounds what stage 3 gathers
+// at once; parameters outside every unit form one more group (the whole model without units).
+struct TrainableParameters {
+  int64_t psi = 0, largest_unit = 0;
+  size_t units = 0;
+  std::vector<at::Tensor> tensors;
+};
+
+TrainableParameters count_trainable(v1::Model& model, const std::string& label) {
+  TrainableParameters c;
+  for (const auto& p : guarded(label, "named_parameters", [&] { return model.named_parameters(); })) {
+    const bool seen = std::any_of(c.tensors.begin(), c.tensors.end(),
+                                  [&](const at::Tensor& t) { return t.is_same(p.tensor); });
+    if (!p.tensor.requires_grad() || seen) continue;
+    c.tensors.push_back(p.tensor);
+    c.psi += p.tensor.numel();
+  }
+  const auto units = guarded(label, "units", [&] { return model.units(); });
+  int64_t in_units = 0;
+  for (v1::Unit* u : units) {
+    int64_t n = 0;
+    for (const auto& t : u->module().parameters())
+      if (t.requires_grad()) n += t.numel();
+    in_units += n;
+    c.largest_unit = std::max(c.largest_unit, n);
+  }
+  c.largest_unit = std::max(c.largest_unit, c.psi - std::min(c.psi, in_units));
+  c.units = units.size();
+  return c;
+}
+
+}  // namespace
 
 MemoryCheck check_memory(const JobConfig& job, const Registry& registry) {
   const int nproc = static_cast<int>(job.launch.get_int("nproc_per_node"));
@@ -53,26 +88,9 @@ MemoryCheck check_memory(const JobConfig& job, const Registry& registry) {
   auto precision = registry.create<v1::Precision>(*job.precision.info, job.precision.options, ctx);
   auto optimizer = registry.create<v1::Optimizer>(*job.optimizer.info, job.optimizer.options, ctx);
 
-  // Psi: trainable parameters, a tied tensor once. The largest unit bounds what stage 3 gathers
-  // at once; parameters outside every unit form one more group (the whole model without units).
-  int64_t psi = 0, in_units = 0, largest = 0;
-  std::vector<at::Tensor> trainable;
-  for (const auto& p : guarded(model_label, "named_parameters", [&] { return model->named_parameters(); })) {
-    const bool seen = std::any_of(trainable.begin(), trainable.end(),
-                                  [&](const at::Tensor& t) { return t.is_same(p.tensor); });
-    if (!p.tensor.requires_grad() || seen) continue;
-    trainable.push_back(p.tensor);
-    psi += p.tensor.numel();
-  }
-  const auto units = guarded(model_label, "units", [&] { return model->units(); });
-  for (v1::Unit* u : units) {
-    int64_t n = 0;
-    for (const auto& t : u->module().parameters())
-      if (t.requires_grad()) n += t.numel();
-    in_units += n;
-    largest = std::max(largest, n);
-  }
-  largest = std::max(largest, psi - std::min(psi, in_units));
+  const TrainableParameters counted = count_trainable(*model, model_label);
+  const int64_t psi = counted.psi, largest = counted.largest_unit;
+  const std::vector<at::Tensor>& trainable = counted.tensors;
 
   const v1::MemoryInputs mi =
       memory_inputs(precision.get(), optimizer.get(), v1::memory::physical_memory_bytes(), nproc, world);
@@ -112,7 +130,7 @@ MemoryCheck check_memory(const JobConfig& job, const Registry& registry) {
   std::vector<std::string> lines;
   std::ostringstream os;
   os << "model " << job.model.plugin << ": " << psi << " trainable parameters, largest unit "
-     << largest << " (" << (units.empty() ? 1 : units.size()) << " unit(s)); world " << world
+     << largest << " (" << std::max<size_t>(1, counted.units) << " unit(s)); world " << world
      << " = " << nnodes << " node(s) x " << nproc << " process(es)";
   lines.push_back(os.str());
   os.str("");

@@ -117,6 +117,75 @@ std::string probe_entry_symbol(const std::string& file) {
            "' symbol";
   return "";
 }
+
+// Step 2 of Registry::load: load `file` and call its entry point. Returns the descriptor, or
+// nullptr with the reason in `why`.
+const trainrun_plugin_descriptor_v1* open_plugin(boost::dll::shared_library& lib,
+                                                 const std::string& file, std::string& why) {
+  auto refuse = [](std::string& out, std::string reason) -> const trainrun_plugin_descriptor_v1* {
+    out = std::move(reason);
+    return nullptr;
+  };
+  // RTLD_LOCAL keeps each plugin's symbols to itself; RTLD_NOW reports a missing
+  // dependency here rather than at the first call. LibTorch 2.x (the PyPI wheel) carries its own
+  // Gloo and exports its symbols: without RTLD_DEEPBIND a plugin linking the system's libgloo
+  // (gloo-cpu, cuda) would have its Gloo calls bound to LibTorch's copy, of another version,
+  // and crash. DEEPBIND makes a plugin and the libraries it brings resolve among themselves
+  // first; LibTorch itself is the copy already loaded either way.
+  auto mode = boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local;
+#if TORCH_VERSION_MAJOR >= 2
+  mode = mode | boost::dll::load_mode::rtld_deepbind;
+#endif
+  try {
+    lib.load(fs::path(file), mode);
+  } catch (const std::exception& e) {
+    return refuse(why, std::string("could not be loaded: ") + e.what());
+  }
+  if (!lib.has(TRAINRUN_PLUGIN_ENTRY_NAME))
+    return refuse(why, std::string("not a trainrun plugin: no '") + TRAINRUN_PLUGIN_ENTRY_NAME +
+                "' symbol after loading");
+  auto entry = lib.get<const trainrun_plugin_descriptor_v1*()>(TRAINRUN_PLUGIN_ENTRY_NAME);
+  const trainrun_plugin_descriptor_v1* d = nullptr;
+  try {
+    d = entry();
+  } catch (const std::exception& e) {
+    return refuse(why, std::string("entry point threw: ") + e.what());
+  } catch (...) {
+    return refuse(why, "entry point threw an exception that is not a std::exception");
+  }
+  if (!d) why = "entry point returned no descriptor";
+  return d;
+}
+
+// Step 3 of Registry::load, once the major matched and the component list is readable: a newer
+// minor, another LibTorch, another C++ ABI, another copy of LibTorch. "" when none.
+std::string build_mismatch(const trainrun_plugin_descriptor_v1& d, const std::string& abi_mismatch) {
+  if (d.abi_minor > v1::kAbiMinor) return abi_mismatch;
+  const std::string torch_version = d.torch_version ? d.torch_version : "(none)";
+  if (torch_version != TRAINRUN_BUILD_TORCH_VERSION)
+    return "built for LibTorch " + torch_version + ", this trainrun uses LibTorch " +
+           TRAINRUN_BUILD_TORCH_VERSION;
+  if (d.cxx11_abi != _GLIBCXX_USE_CXX11_ABI)
+    return "built with _GLIBCXX_USE_CXX11_ABI=" + std::to_string(d.cxx11_abi) +
+           ", this trainrun uses _GLIBCXX_USE_CXX11_ABI=" + std::to_string(_GLIBCXX_USE_CXX11_ABI);
+  if (d.torch_anchor != reinterpret_cast<const void*>(&c10::GetCPUAllocator))
+    return "resolves LibTorch to a different copy than this trainrun (two LibTorch "
+           "libraries in one process); rebuild it against the same LibTorch";
+  return "";
+}
+
+std::unique_ptr<ComponentInfo> component_info(const trainrun_component_v1& c,
+                                              const PluginInfo& plugin, const std::string& file) {
+  auto info = std::make_unique<ComponentInfo>();
+  info->kind = static_cast<ComponentKind>(c.kind);
+  info->name = c.name;
+  info->summary = c.summary ? c.summary : "";
+  info->plugin_name = plugin.name;
+  info->plugin_version = plugin.version;
+  info->file = file;
+  info->descriptor = &c;
+  return info;
+}
 }  // namespace
 
 void Registry::load_file(const std::string& file) { load(file, true); }
@@ -142,34 +211,10 @@ void Registry::load(const std::string& file_in, bool explicit_file) {
   // 1. The entry symbol, read from the ELF tables without loading (or running) the file.
   if (const std::string why = probe_entry_symbol(file); !why.empty()) return fail(why);
 
-  // 2. Load. RTLD_LOCAL keeps each plugin's symbols to itself; RTLD_NOW reports a missing
-  // dependency here rather than at the first call. LibTorch 2.x (the PyPI wheel) carries its own
-  // Gloo and exports its symbols: without RTLD_DEEPBIND a plugin linking the system's libgloo
-  // (gloo-cpu, cuda) would have its Gloo calls bound to LibTorch's copy, of another version,
-  // and crash. DEEPBIND makes a plugin and the libraries it brings resolve among themselves
-  // first; LibTorch itself is the copy already loaded either way.
-  auto mode = boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local;
-#if TORCH_VERSION_MAJOR >= 2
-  mode = mode | boost::dll::load_mode::rtld_deepbind;
-#endif
-  try {
-    lib.load(fs::path(file), mode);
-  } catch (const std::exception& e) {
-    return fail(std::string("could not be loaded: ") + e.what());
-  }
-  if (!lib.has(TRAINRUN_PLUGIN_ENTRY_NAME))
-    return fail(std::string("not a trainrun plugin: no '") + TRAINRUN_PLUGIN_ENTRY_NAME +
-                "' symbol after loading");
-  auto entry = lib.get<const trainrun_plugin_descriptor_v1*()>(TRAINRUN_PLUGIN_ENTRY_NAME);
-  const trainrun_plugin_descriptor_v1* d = nullptr;
-  try {
-    d = entry();
-  } catch (const std::exception& e) {
-    return fail(std::string("entry point threw: ") + e.what());
-  } catch (...) {
-    return fail("entry point threw an exception that is not a std::exception");
-  }
-  if (!d) return fail("entry point returned no descriptor");
+  // 2. Load, and ask the entry point for the descriptor.
+  std::string why;
+  const trainrun_plugin_descriptor_v1* d = open_plugin(lib, file, why);
+  if (!d) return fail(why);
 
   // 3. Descriptor checks, in docs/design.md's order. Only struct_size, abi_major and abi_minor are
   // common to every ABI major: nothing after them is read before the major matches.
@@ -191,27 +236,11 @@ void Registry::load(const std::string& file_in, bool explicit_file) {
         skip.components.emplace_back(static_cast<ComponentKind>(d->components[i].kind),
                                      d->components[i].name);
   };
-  if (d->abi_minor > v1::kAbiMinor) {
+  if (const std::string mismatch = build_mismatch(*d, abi_mismatch); !mismatch.empty()) {
     remember_components();
-    return fail(abi_mismatch);
+    return fail(mismatch);
   }
   const std::string torch_version = d->torch_version ? d->torch_version : "(none)";
-  if (torch_version != TRAINRUN_BUILD_TORCH_VERSION) {
-    remember_components();
-    return fail("built for LibTorch " + torch_version + ", this trainrun uses LibTorch " +
-                TRAINRUN_BUILD_TORCH_VERSION);
-  }
-  if (d->cxx11_abi != _GLIBCXX_USE_CXX11_ABI) {
-    remember_components();
-    return fail("built with _GLIBCXX_USE_CXX11_ABI=" + std::to_string(d->cxx11_abi) +
-                ", this trainrun uses _GLIBCXX_USE_CXX11_ABI=" +
-                std::to_string(_GLIBCXX_USE_CXX11_ABI));
-  }
-  if (d->torch_anchor != reinterpret_cast<const void*>(&c10::GetCPUAllocator)) {
-    remember_components();
-    return fail("resolves LibTorch to a different copy than this trainrun (two LibTorch "
-                "libraries in one process); rebuild it against the same LibTorch");
-  }
   const std::string name = d->plugin_name ? d->plugin_name : "";
   if (name.empty()) return fail("descriptor has no plugin name");
   for (const auto& p : plugins_)
@@ -243,14 +272,7 @@ void Registry::load(const std::string& file_in, bool explicit_file) {
                           other->file + ", ignoring the one in " + file);
       continue;
     }
-    auto info = std::make_unique<ComponentInfo>();
-    info->kind = kind;
-    info->name = c.name;
-    info->summary = c.summary ? c.summary : "";
-    info->plugin_name = name;
-    info->plugin_version = pinfo.version;
-    info->file = file;
-    info->descriptor = &c;
+    auto info = component_info(c, pinfo, file);
     try {
       c.declare_options(&info->schema);
     } catch (const std::exception& e) {

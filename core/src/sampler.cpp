@@ -10,12 +10,27 @@
 
 namespace trainrun::core {
 
+std::string batch_layout_error(int64_t global, int64_t micro, int64_t world) {
+  if (micro == 0 && global % world != 0)
+    return "[trainer] global_batch_size " + std::to_string(global) +
+           " is not divisible by world_size " + std::to_string(world) +
+           " ([launch] nproc_per_node x nnodes)";
+  if (micro > 0 && global % (micro * world) != 0)
+    return "[trainer] global_batch_size " + std::to_string(global) +
+           " is not divisible by micro_batch_size " + std::to_string(micro) + " x world_size " +
+           std::to_string(world) + " (the gradient-accumulation step count must be a whole number; "
+           "micro_batch_size = 0 derives it as global_batch_size / world_size)";
+  return "";
+}
+
+
 DistributedSampler::DistributedSampler(const Options& o) : o_(o) {
   TR_CHECK(o.world_size >= 1 && o.rank >= 0 && o.rank < o.world_size, "sampler: rank ", o.rank,
            " outside world_size ", o.world_size);
-  TR_CHECK_TYPED(v1::ConfigError, o.global_batch_size > 0 && o.global_batch_size % o.world_size == 0,
-                 "[trainer] global_batch_size ", o.global_batch_size,
-                 " is not divisible by world_size ", o.world_size);
+  TR_CHECK_TYPED(v1::ConfigError, o.global_batch_size > 0, "[trainer] global_batch_size ",
+                 o.global_batch_size, " is not positive");
+  if (const std::string error = batch_layout_error(o.global_batch_size, 0, o.world_size); !error.empty())
+    throw v1::ConfigError(error);
   steps_ = o.drop_last ? o.num_samples / o.global_batch_size
                        : (o.num_samples + o.global_batch_size - 1) / o.global_batch_size;
   if (steps_ == 0)

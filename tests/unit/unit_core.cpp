@@ -253,20 +253,20 @@ TEST_CASE("global batch that does not divide is a clear error") {
   v["micro_batch_size"] = int64_t(64);
   v["max_steps"] = int64_t(1);
   v1::Options opts(v, "[trainer]");
-  CHECK_THROWS_WITH_AS(core::make_plan(opts, 1, 1000),
+  CHECK_THROWS_WITH_AS(core::make_plan(opts, 1, 0, 1000),
                        doctest::Contains("global_batch_size 100 is not divisible by micro_batch_size 64"),
                        v1::ConfigError);
   v["micro_batch_size"] = int64_t(25);
-  auto plan = core::make_plan(v1::Options(v, "[trainer]"), 1, 1000);
+  auto plan = core::make_plan(v1::Options(v, "[trainer]"), 1, 0, 1000).steps;
   CHECK(plan.accumulation_steps == 4);
   CHECK(plan.steps_per_epoch == 10);
   CHECK(plan.total_steps == 1);
   v["max_steps"] = int64_t(0);
-  CHECK_THROWS_WITH_AS(core::make_plan(v1::Options(v, "[trainer]"), 1, 1000),
+  CHECK_THROWS_WITH_AS(core::make_plan(v1::Options(v, "[trainer]"), 1, 0, 1000),
                        doctest::Contains("set max_steps or max_epochs"), v1::ConfigError);
   v["max_epochs"] = int64_t(3);
-  CHECK(core::make_plan(v1::Options(v, "[trainer]"), 1, 1000).total_steps == 30);
-  CHECK_THROWS_WITH_AS(core::make_plan(v1::Options(v, "[trainer]"), 1, 50),
+  CHECK(core::make_plan(v1::Options(v, "[trainer]"), 1, 0, 1000).steps.total_steps == 30);
+  CHECK_THROWS_WITH_AS(core::make_plan(v1::Options(v, "[trainer]"), 1, 0, 50),
                        doctest::Contains("larger than the training split"), v1::ConfigError);
 }
 

@@ -7,6 +7,7 @@
 #include <torch/utils.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -16,7 +17,7 @@
 #include "trainrun/core/log.hpp"
 #include "trainrun/core/launcher.hpp"
 #include "trainrun/core/memory.hpp"
-#include "trainrun/core/trainer.hpp"
+#include "trainrun/core/plan.hpp"
 
 namespace fs = std::filesystem;
 
@@ -80,11 +81,39 @@ v1::StepMetricsSource* metrics_source(Slot<T>& slot) {
   return dynamic_cast<v1::StepMetricsSource*>(slot.obj.get());
 }
 
+// The plan: the batch layout with its sampler (built once, here) and the [trainer] settings the
+// loop reads, all fixed before the first step.
+RunPlan plan_run(const v1::Options& trainer, const v1::RunContext& ctx, int64_t train_samples,
+                 int64_t eval_samples) {
+  RunPlan p{make_plan(trainer, ctx.world_size, ctx.rank, train_samples)};
+  p.train_samples = train_samples;
+  p.eval_samples = eval_samples;
+  p.stop_after = trainer.get_int("stop_after_steps");
+  p.max_skipped_fraction = trainer.get_double("max_skipped_fraction");
+  p.clip = trainer.get_double("gradient_clip_val");
+  p.clip_by_value = trainer.get_string("gradient_clip_algorithm") == "value";
+  p.log_every = trainer.get_int("log_every");
+  p.eval_every = trainer.get_int("eval_every");
+  p.eval_max_batches = trainer.get_int("eval_max_batches");
+  p.eval_batch_size = trainer.get_int("eval_batch_size") > 0 ? trainer.get_int("eval_batch_size")
+                                                             : p.steps().micro_batch_size;
+  // Test hook for elastic restarts: TRAINRUN_TEST_SIGKILL_AT_STEP=N (1-based) makes rank
+  // TRAINRUN_TEST_SIGKILL_RANK (default 0) kill itself with SIGKILL as step N starts, in the
+  // first attempt only (not after a [launch] max_restarts restart).
+  const char* kill_at_env = std::getenv("TRAINRUN_TEST_SIGKILL_AT_STEP");
+  p.kill_at = kill_at_env && !std::getenv("TRAINRUN_RESTART") ? std::atoll(kill_at_env) : -1;
+  const char* kill_rank_env = std::getenv("TRAINRUN_TEST_SIGKILL_RANK");
+  p.kill_rank = kill_rank_env ? std::atoi(kill_rank_env) : 0;
+  return p;
+}
+
 }  // namespace
 
 Run::Run(const JobConfig& job, const Registry& registry)
-    : job_(job), registry_(registry), t_start_(Clock::now()), ctx_(context_from_environment(job)) {
-  lead_ = ctx_.rank == 0;
+    : job_(job), registry_(registry) {
+  env_.t_start = Clock::now();
+  env_.ctx = context_from_environment(job);
+  env_.lead = env_.ctx.rank == 0;
   prepare_run_dir();
   build_components();
   resolve_capabilities();
@@ -93,19 +122,19 @@ Run::Run(const JobConfig& job, const Registry& registry)
 }
 
 void Run::write_job() const {
-  std::ofstream f(fs::path(ctx_.run_dir) / "job.toml");
+  std::ofstream f(fs::path(env_.ctx.run_dir) / "job.toml");
   f << "# resolved from " << job_.file << " (every default filled in)\n";
   // Under mpiexec, srun or a cluster's operator the launcher's layout is what ran, whatever
   // [launch] says (context_from_environment says so at start-up too).
   const int64_t asked = job_.launch.get_int("nproc_per_node") * job_.launch.get_int("nnodes");
-  if (ctx_.world_size != asked) {
+  if (env_.ctx.world_size != asked) {
     const WorkerEnvironment env = detect_worker_environment();
     f << "# started by " << (env.source.empty() ? std::string("a launcher") : env.source)
-      << " as world_size " << ctx_.world_size << " (" << ctx_.local_world_size
+      << " as world_size " << env_.ctx.world_size << " (" << env_.ctx.local_world_size
       << " on this node): that layout ran, not [launch] below\n";
   }
   f << job_.resolved_toml;
-  if (!f) throw v1::Error("cannot write " + (fs::path(ctx_.run_dir) / "job.toml").string());
+  if (!f) throw v1::Error("cannot write " + (fs::path(env_.ctx.run_dir) / "job.toml").string());
 }
 
 void Run::prepare_run_dir() {
@@ -116,15 +145,15 @@ void Run::prepare_run_dir() {
   // it needs no shared identifier of the launch (which a marker file would, and which mpiexec
   // and srun do not give in a portable way), leaves no stale marker behind, and is bounded by
   // the collective timeout instead of a poll on a possibly shared file system.
-  rotate_here_ = !detect_worker_environment().run_dir_ready;
+  env_.rotate_here = !detect_worker_environment().run_dir_ready;
   // The process that prepares run_dir holds its lock for the whole run (run_dir.hpp).
-  if (rotate_here_ && lead_) run_dir_lock_ = RunDirLock::acquire(ctx_.run_dir);
-  fs::create_directories(ctx_.run_dir);
+  if (env_.rotate_here && env_.lead) env_.run_dir_lock = RunDirLock::acquire(env_.ctx.run_dir);
+  fs::create_directories(env_.ctx.run_dir);
   // job.toml goes in as early as possible, so a run that fails while building its components
   // still says what it was: at once when the agent has rotated run_dir or there is no other
   // rank, else after the accelerator exists (rotation, then the barrier in build_components).
-  if (lead_ && (!rotate_here_ || ctx_.world_size == 1)) {
-    if (rotate_here_) keep_previous_run(ctx_.run_dir);
+  if (env_.lead && (!env_.rotate_here || env_.ctx.world_size == 1)) {
+    if (env_.rotate_here) keep_previous_run(env_.ctx.run_dir);
     write_job();
   }
 }
@@ -133,51 +162,51 @@ void Run::prepare_run_dir() {
 // by tensors on the device, as the CPU tracker counts host tensors); its peak is the peak since
 // the start (the Accelerator interface has no reset), the CPU tracker's the step's.
 int64_t Run::memory_now(bool peak) {
-  if (!device_memory_) return peak ? tracked_peak_bytes() : tracked_current_bytes();
+  if (!env_.device_memory) return peak ? tracked_peak_bytes() : tracked_current_bytes();
   const v1::MemoryStats m =
-      accelerator_.call("memory_stats", [](v1::Accelerator& a) { return a.memory_stats(); });
+      parts_.accelerator.call("memory_stats", [](v1::Accelerator& a) { return a.memory_stats(); });
   return peak ? m.peak_bytes : m.current_bytes;
 }
 
 void Run::build_components() {
-  const bool early = !rotate_here_ || ctx_.world_size == 1;
-  torch::manual_seed(ctx_.seed);
-  accelerator_ = build<v1::Accelerator>(registry_, job_.accelerator, ctx_);
-  if (lead_ && !early) {
-    keep_previous_run(ctx_.run_dir);
+  const bool early = !env_.rotate_here || env_.ctx.world_size == 1;
+  torch::manual_seed(env_.ctx.seed);
+  parts_.accelerator = build<v1::Accelerator>(registry_, job_.accelerator, env_.ctx);
+  if (env_.lead && !early) {
+    keep_previous_run(env_.ctx.run_dir);
     write_job();
   }
-  if (rotate_here_ && ctx_.world_size > 1) {
-    accelerator_.call("barrier (run_dir ready)", [](v1::Accelerator& a) {
+  if (env_.rotate_here && env_.ctx.world_size > 1) {
+    parts_.accelerator.call("barrier (run_dir ready)", [](v1::Accelerator& a) {
       a.communicator().barrier()->wait();
       return 0;
     });
   }
-  runtime_lines_ = report_runtime(accelerator_, ctx_);
-  dataset_ = build<v1::Dataset>(registry_, job_.data, ctx_);
-  ctx_.data = dataset_.call("info", [](v1::Dataset& d) { return d.info(); });
+  env_.runtime_lines = report_runtime(parts_.accelerator, env_.ctx);
+  parts_.dataset = build<v1::Dataset>(registry_, job_.data, env_.ctx);
+  env_.ctx.data = parts_.dataset.call("info", [](v1::Dataset& d) { return d.info(); });
   // Re-seed so the model's initial weights depend on the seed alone, not on what the dataset
   // or accelerator drew while being built.
-  torch::manual_seed(ctx_.seed);
-  device_memory_ =
-      !accelerator_.call("device", [](v1::Accelerator& a) { return a.device(); }).is_cpu();
+  torch::manual_seed(env_.ctx.seed);
+  env_.device_memory =
+      !parts_.accelerator.call("device", [](v1::Accelerator& a) { return a.device(); }).is_cpu();
   // What the process holds before the model exists (libraries, dataset): mem_model_state_bytes
   // is measured from here.
-  mem_baseline_ = memory_now(false);
-  model_ = build<v1::Model>(registry_, job_.model, ctx_);
+  env_.mem_baseline = memory_now(false);
+  parts_.model = build<v1::Model>(registry_, job_.model, env_.ctx);
   const std::string init_weights = job_.trainer.get_string("init_weights");
   if (!init_weights.empty()) {
-    if (auto* d = dynamic_cast<v1::DeferredWeights*>(model_.obj.get()))
-      model_.call("load_deferred_weights", [&](v1::Model&) { d->load_deferred_weights(); return 0; });
-    load_initial_weights(*model_.obj, init_weights, model_.label);
+    if (auto* d = dynamic_cast<v1::DeferredWeights*>(parts_.model.obj.get()))
+      parts_.model.call("load_deferred_weights", [&](v1::Model&) { d->load_deferred_weights(); return 0; });
+    load_initial_weights(*parts_.model.obj, init_weights, parts_.model.label);
   }
-  precision_ = build<v1::Precision>(registry_, job_.precision, ctx_);
-  strategy_ = build<v1::Strategy>(registry_, job_.strategy, ctx_);
-  optimizer_ = build<v1::Optimizer>(registry_, job_.optimizer, ctx_);
-  for (const auto& c : job_.callbacks) callbacks_.push_back(build<v1::Callback>(registry_, c, ctx_));
+  parts_.precision = build<v1::Precision>(registry_, job_.precision, env_.ctx);
+  parts_.strategy = build<v1::Strategy>(registry_, job_.strategy, env_.ctx);
+  parts_.optimizer = build<v1::Optimizer>(registry_, job_.optimizer, env_.ctx);
+  for (const auto& c : job_.callbacks) parts_.callbacks.push_back(build<v1::Callback>(registry_, c, env_.ctx));
   add_default_callbacks();
-  settle_deferred_weights(model_, !init_weights.empty(), registry_, job_, precision_, strategy_);
-  comm_ = accelerator_.call("communicator", [](v1::Accelerator& a) { return &a.communicator(); });
+  settle_deferred_weights(parts_.model, !init_weights.empty(), registry_, job_, parts_.precision, parts_.strategy);
+  parts_.comm = parts_.accelerator.call("communicator", [](v1::Accelerator& a) { return &a.communicator(); });
 }
 
 // The default callbacks joined the job at validation (config.cpp, kDefaultCallbacks) when their
@@ -196,105 +225,105 @@ void Run::add_default_callbacks() {
 // strategy (whose copies of a batch end before the new fields) a model must not read them, and
 // a batch that needs them is refused (get_batch, step.cpp).
 void Run::resolve_capabilities() {
-  data_abi_ = abi_minor_of(registry_, job_.data);
-  strategy_abi_ = abi_minor_of(registry_, job_.strategy);
-  fields_reader_ = dynamic_cast<v1::BatchFieldsReader*>(model_.obj.get());
-  if (auto* m = metrics_source(strategy_)) metric_sources_.push_back({strategy_.label, m});
-  if (auto* m = metrics_source(precision_)) metric_sources_.push_back({precision_.label, m});
-  if (auto* m = metrics_source(optimizer_)) metric_sources_.push_back({optimizer_.label, m});
+  caps_.data_abi = abi_minor_of(registry_, job_.data);
+  caps_.strategy_abi = abi_minor_of(registry_, job_.strategy);
+  caps_.fields_reader = dynamic_cast<v1::BatchFieldsReader*>(parts_.model.obj.get());
+  if (auto* m = metrics_source(parts_.strategy)) caps_.metric_sources.push_back({parts_.strategy.label, m});
+  if (auto* m = metrics_source(parts_.precision)) caps_.metric_sources.push_back({parts_.precision.label, m});
+  if (auto* m = metrics_source(parts_.optimizer)) caps_.metric_sources.push_back({parts_.optimizer.label, m});
   // Checkpoints: the policy is a callback with the CheckpointPolicy capability (at most one);
   // the I/O is the core's (checkpoint.cpp), the pieces are the strategy's.
-  for (auto& cb : callbacks_)
+  for (auto& cb : parts_.callbacks)
     if (auto* p = dynamic_cast<v1::CheckpointPolicy*>(cb.obj.get())) {
-      if (policy_ != nullptr)
+      if (caps_.policy != nullptr)
         throw ConfigError(job_.file + ": two [[callbacks]] decide checkpoints (" + cb.label +
                           " and an earlier one); list one");
-      policy_ = p;
+      caps_.policy = p;
     }
-  checkpointable_ = dynamic_cast<v1::CheckpointableStrategy*>(strategy_.obj.get());
+  caps_.checkpointable = dynamic_cast<v1::CheckpointableStrategy*>(parts_.strategy.obj.get());
   // Components whose state travels beside the tensors (capability CheckpointState).
   auto add = [&](const std::string& key, auto& slot) {
-    if (auto* c = dynamic_cast<v1::CheckpointState*>(slot.obj.get())) state_holders_.push_back({key, c});
+    if (auto* c = dynamic_cast<v1::CheckpointState*>(slot.obj.get())) caps_.state_holders.push_back({key, c});
   };
-  add("precision", precision_);
-  add("optimizer", optimizer_);
-  add("strategy", strategy_);
-  add("model", model_);
-  for (size_t i = 0; i < callbacks_.size(); ++i) add("callbacks." + std::to_string(i), callbacks_[i]);
-  sharded_source_ = dynamic_cast<v1::ShardedStateDictSource*>(strategy_.obj.get());
+  add("precision", parts_.precision);
+  add("optimizer", parts_.optimizer);
+  add("strategy", parts_.strategy);
+  add("model", parts_.model);
+  for (size_t i = 0; i < parts_.callbacks.size(); ++i) add("callbacks." + std::to_string(i), parts_.callbacks[i]);
+  caps_.sharded_source = dynamic_cast<v1::ShardedStateDictSource*>(parts_.strategy.obj.get());
   // Callbacks that want the gathered final state (capability v1::FinalStateDictConsumer).
-  for (auto& cb : callbacks_)
-    if (auto* c = dynamic_cast<v1::FinalStateDictConsumer*>(cb.obj.get())) state_consumers_.push_back({&cb, c});
+  for (auto& cb : parts_.callbacks)
+    if (auto* c = dynamic_cast<v1::FinalStateDictConsumer*>(cb.obj.get())) caps_.state_consumers.push_back({&cb, c});
   // A model may want it too (ABI 1.5: llama writes <run_dir>/hf/ from it).
-  model_consumer_ = dynamic_cast<v1::FinalStateDictConsumer*>(model_.obj.get());
+  caps_.model_consumer = dynamic_cast<v1::FinalStateDictConsumer*>(parts_.model.obj.get());
 }
 
 void Run::set_up_model() {
-  if (strategy_abi_ < 6)
-    if (auto* reader = fields_reader_)
-      model_.call("set_batch_fields_available", [&](v1::Model&) { reader->set_batch_fields_available(false); return 0; });
-  train_samples_ = dataset_.call("size", [](v1::Dataset& d) { return d.size(v1::Split::Train); });
-  eval_samples_ = dataset_.call("size", [](v1::Dataset& d) { return d.size(v1::Split::Eval); });
-  plan_ = make_plan(job_.trainer, ctx_.world_size, train_samples_);
+  if (caps_.strategy_abi < 6)
+    if (auto* reader = caps_.fields_reader)
+      parts_.model.call("set_batch_fields_available", [&](v1::Model&) { reader->set_batch_fields_available(false); return 0; });
+  const int64_t train_samples = parts_.dataset.call("size", [](v1::Dataset& d) { return d.size(v1::Split::Train); });
+  const int64_t eval_samples = parts_.dataset.call("size", [](v1::Dataset& d) { return d.size(v1::Split::Eval); });
+  plan_.emplace(plan_run(job_.trainer, env_.ctx, train_samples, eval_samples));
 
-  precision_.call("convert", [&](v1::Precision& p) { p.convert(*model_.obj); return 0; });
-  for (auto& cb : callbacks_) cb.call("on_setup", [&](v1::Callback& c) { c.on_setup(*model_.obj, ctx_); return 0; });
-  if (const std::string f = freeze_parameters(job_.trainer, *model_.obj); !f.empty() && lead_)
+  parts_.precision.call("convert", [&](v1::Precision& p) { p.convert(*parts_.model.obj); return 0; });
+  for (auto& cb : parts_.callbacks) cb.call("on_setup", [&](v1::Callback& c) { c.on_setup(*parts_.model.obj, env_.ctx); return 0; });
+  if (const std::string f = freeze_parameters(job_.trainer, *parts_.model.obj); !f.empty() && env_.lead)
     log_info("freeze: " + f);
-  n_params_ = model_.call("count parameters", [](v1::Model& m) { return count_model_parameters(m); });
+  plan_->n_params = parts_.model.call("count parameters", [](v1::Model& m) { return count_model_parameters(m); });
   // On the units as the callbacks left them, before a strategy hooks or shards them.
-  checkpointed_ = install_activation_checkpointing(job_.trainer, model_);
-  if (auto* shapes = dynamic_cast<v1::ParameterShapesAware*>(optimizer_.obj.get())) {
+  plan_->checkpointed = install_activation_checkpointing(job_.trainer, parts_.model);
+  if (auto* shapes = dynamic_cast<v1::ParameterShapesAware*>(parts_.optimizer.obj.get())) {
     // Before the strategy shards anything: a sharded strategy hands the optimizer 1-D pieces.
     std::map<std::string, std::vector<int64_t>> by_name;
-    for (const auto& p : model_.call("named_parameters", [](v1::Model& m) { return m.named_parameters(); }))
+    for (const auto& p : parts_.model.call("named_parameters", [](v1::Model& m) { return m.named_parameters(); }))
       by_name[p.name] = p.tensor.sizes().vec();
-    optimizer_.call("set_parameter_shapes", [&](v1::Optimizer&) { shapes->set_parameter_shapes(by_name); return 0; });
+    parts_.optimizer.call("set_parameter_shapes", [&](v1::Optimizer&) { shapes->set_parameter_shapes(by_name); return 0; });
   }
-  if (auto* aware = dynamic_cast<v1::MemoryInputsAware*>(strategy_.obj.get())) {
-    const int64_t total = accelerator_.call("memory_stats", [](v1::Accelerator& a) { return a.memory_stats(); }).total_bytes;
-    const v1::MemoryInputs mi = memory_inputs(precision_.obj.get(), optimizer_.obj.get(), total,
-                                              ctx_.local_world_size, ctx_.world_size);
-    strategy_.call("set_memory_inputs", [&](v1::Strategy&) { aware->set_memory_inputs(mi); return 0; });
+  if (auto* aware = dynamic_cast<v1::MemoryInputsAware*>(parts_.strategy.obj.get())) {
+    const int64_t total = parts_.accelerator.call("memory_stats", [](v1::Accelerator& a) { return a.memory_stats(); }).total_bytes;
+    const v1::MemoryInputs mi = memory_inputs(parts_.precision.obj.get(), parts_.optimizer.obj.get(), total,
+                                              env_.ctx.local_world_size, env_.ctx.world_size);
+    parts_.strategy.call("set_memory_inputs", [&](v1::Strategy&) { aware->set_memory_inputs(mi); return 0; });
   }
-  strategy_.call("setup", [&](v1::Strategy& s) { s.setup(*model_.obj, *accelerator_.obj, plan_); return 0; });
-  params_ = strategy_.call("optimizer_parameters", [](v1::Strategy& s) { return s.optimizer_parameters(); });
-  optimizer_.call("init", [&](v1::Optimizer& o) { o.init(params_, plan_); return 0; });
-  torch::manual_seed(rank_seed(ctx_.seed, ctx_.rank));
+  parts_.strategy.call("setup", [&](v1::Strategy& s) { s.setup(*parts_.model.obj, *parts_.accelerator.obj, plan_->steps()); return 0; });
+  parts_.params = parts_.strategy.call("optimizer_parameters", [](v1::Strategy& s) { return s.optimizer_parameters(); });
+  parts_.optimizer.call("init", [&](v1::Optimizer& o) { o.init(parts_.params, plan_->steps()); return 0; });
+  torch::manual_seed(rank_seed(env_.ctx.seed, env_.ctx.rank));
 }
 
 void Run::set_up_checkpoints() {
-  ckpt_root_ = policy_ ? policy_->checkpoint_settings().dir
-                       : (fs::path(ctx_.run_dir) / "checkpoints").string();
+  env_.ckpt_root = caps_.policy ? caps_.policy->checkpoint_settings().dir
+                       : (fs::path(env_.ctx.run_dir) / "checkpoints").string();
   // Before the first step, not at the first save: a job that cannot checkpoint says so at once.
-  if (policy_ != nullptr || !job_.trainer.get_string("resume").empty()) checkpointable();
-  if (policy_ != nullptr) check_checkpoint_dir_writable(ckpt_root_, ctx_.rank);
+  if (caps_.policy != nullptr || !job_.trainer.get_string("resume").empty()) checkpointable();
+  if (caps_.policy != nullptr) check_checkpoint_dir_writable(env_.ckpt_root, env_.ctx.rank);
 }
 
 void Run::print_banner(size_t n_units) {
   std::cout << "trainrun " << TRAINRUN_VERSION << " | LibTorch " << TRAINRUN_BUILD_TORCH_VERSION
-            << " | run_dir " << ctx_.run_dir << "\n"
+            << " | run_dir " << env_.ctx.run_dir << "\n"
             << "  model       "
-            << model_.call("describe", [](v1::Model& m) { return m.describe(); }) << ", "
-            << n_params_ << " parameters, " << (n_units ? n_units : 1) << " unit(s)\n"
-            << "  data        " << job_.data.plugin << ": " << train_samples_ << " train / "
-            << eval_samples_ << " eval samples\n"
+            << parts_.model.call("describe", [](v1::Model& m) { return m.describe(); }) << ", "
+            << plan_->n_params << " parameters, " << (n_units ? n_units : 1) << " unit(s)\n"
+            << "  data        " << job_.data.plugin << ": " << plan_->train_samples << " train / "
+            << plan_->eval_samples << " eval samples\n"
             << "  accelerator " << job_.accelerator.plugin << ": "
-            << accelerator_.call("describe", [](v1::Accelerator& a) { return a.describe(); }) << "\n"
+            << parts_.accelerator.call("describe", [](v1::Accelerator& a) { return a.describe(); }) << "\n"
             << "  strategy " << job_.strategy.plugin << " | precision " << job_.precision.plugin
             << " | optimizer " << job_.optimizer.plugin
-            << (checkpointed_.empty() ? "" : " | activation checkpointing " + checkpointed_)
+            << (plan_->checkpointed.empty() ? "" : " | activation checkpointing " + plan_->checkpointed)
             << "\n";
-  for (size_t i = 0; i < runtime_lines_.size(); ++i)
-    std::cout << (i ? "              " : "  runtime     ") << runtime_lines_[i] << "\n";
-  std::cout << "  batch: global " << plan_.global_batch_size << " = micro "
-            << plan_.micro_batch_size << " x accumulation " << plan_.accumulation_steps
-            << " x world " << ctx_.world_size << " | " << plan_.total_steps << " steps ("
-            << plan_.steps_per_epoch << " per epoch";
-  if (sampler_->dropped_per_epoch())
-    std::cout << ", last " << sampler_->dropped_per_epoch() << " samples of each epoch skipped (drop_last)";
-  if (sampler_->padded_per_epoch())
-    std::cout << ", " << sampler_->padded_per_epoch() << " samples repeated to fill the last batch";
+  for (size_t i = 0; i < env_.runtime_lines.size(); ++i)
+    std::cout << (i ? "              " : "  runtime     ") << env_.runtime_lines[i] << "\n";
+  std::cout << "  batch: global " << plan_->steps().global_batch_size << " = micro "
+            << plan_->steps().micro_batch_size << " x accumulation " << plan_->steps().accumulation_steps
+            << " x world " << env_.ctx.world_size << " | " << plan_->steps().total_steps << " steps ("
+            << plan_->steps().steps_per_epoch << " per epoch";
+  if (plan_->batches.sampler.dropped_per_epoch())
+    std::cout << ", last " << plan_->batches.sampler.dropped_per_epoch() << " samples of each epoch skipped (drop_last)";
+  if (plan_->batches.sampler.padded_per_epoch())
+    std::cout << ", " << plan_->batches.sampler.padded_per_epoch() << " samples repeated to fill the last batch";
   std::cout << ")" << std::endl;
 }
 

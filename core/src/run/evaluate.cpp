@@ -15,12 +15,12 @@ v1::EvalMetrics Run::evaluate(int64_t step) {
   const auto t0 = Clock::now();
   v1::EvalMetrics em;
   em.step = step;
-  em.rank = ctx_.rank;
+  em.rank = env_.ctx.rank;
   // [loss_sum, correct, samples, targets, has_accuracy], summed over ranks at the end.
   double totals[5] = {0, 0, 0, 0, 0};
-  const EvalShard shard = eval_shard(eval_samples_, eval_max_batches_ * eval_bs_ * ctx_.world_size,
-                                     eval_bs_, ctx_.world_size, ctx_.rank);
-  model_.call("train", [](v1::Model& m) { m.train(false); return 0; });
+  const EvalShard shard = eval_shard(plan_->eval_samples, plan_->eval_max_batches * plan_->eval_batch_size * env_.ctx.world_size,
+                                     plan_->eval_batch_size, env_.ctx.world_size, env_.ctx.rank);
+  parts_.model.call("train", [](v1::Model& m) { m.train(false); return 0; });
   {
     torch::NoGradGuard no_grad;
     for (int64_t b = 0; b < shard.batches; ++b) {
@@ -30,8 +30,8 @@ v1::EvalMetrics Run::evaluate(int64_t step) {
       const bool filler = idx.empty();
       if (filler) idx = {0};
       v1::Batch batch = get_batch(v1::Split::Eval, idx);
-      auto scope = precision_.call("autocast", [](v1::Precision& p) { return p.autocast(); });
-      v1::ModelOutput out = strategy_.call("forward", [&](v1::Strategy& s) { return s.forward(batch); });
+      auto scope = parts_.precision.call("autocast", [](v1::Precision& p) { return p.autocast(); });
+      v1::ModelOutput out = parts_.strategy.call("forward", [&](v1::Strategy& s) { return s.forward(batch); });
       scope.reset();
       if (filler) continue;
       totals[0] += out.loss_sum.item<double>();
@@ -48,12 +48,12 @@ v1::EvalMetrics Run::evaluate(int64_t step) {
   em.samples = static_cast<int64_t>(std::llround(r[2]));
   em.targets = static_cast<int64_t>(std::llround(r[3]));
   const bool has_acc = r[4] > 0;
-  model_.call("train", [](v1::Model& m) { m.train(true); return 0; });
+  parts_.model.call("train", [](v1::Model& m) { m.train(true); return 0; });
   em.loss = em.targets ? loss_sum / static_cast<double>(em.targets) : 0;
   em.accuracy = has_acc && em.targets ? static_cast<double>(correct) / em.targets : -1;
   em.time_s = std::chrono::duration<double>(Clock::now() - t0).count();
-  for (auto& cb : callbacks_) cb.call("on_eval_end", [&](v1::Callback& c) { c.on_eval_end(em); return 0; });
-  if (lead_) {
+  for (auto& cb : parts_.callbacks) cb.call("on_eval_end", [&](v1::Callback& c) { c.on_eval_end(em); return 0; });
+  if (env_.lead) {
     std::cout << "[eval step " << step << "] loss " << std::fixed << std::setprecision(4) << em.loss;
     if (em.accuracy >= 0) std::cout << " | accuracy " << std::setprecision(2) << 100 * em.accuracy << "%";
     std::cout << std::defaultfloat << " | " << em.samples << " samples | " << std::setprecision(3)

@@ -46,6 +46,7 @@ std::string DivergenceWatch::diagnosis(double max_fraction, int64_t start_step) 
 }
 
 int Run::execute() {
+  state_ = RunState::Resuming;
   resume();
   start();
   train_steps();
@@ -55,72 +56,76 @@ int Run::execute() {
 int Run::finish() {
   const int stop_sig = stop::received();
   stop::restore();
-  if (!diverged_ && !weights_finite_everywhere()) watch_.weights_bad_after = step_;
-  diverged_ = diverged_ || watch_.weights_bad_after >= 0 || watch_.too_many_skipped(max_skipped_fraction_);
+  Progress& p = progress_;
+  if (state_ != RunState::Diverged && !weights_finite_everywhere()) p.watch.weights_bad_after = p.step;
+  if (p.watch.weights_bad_after >= 0 || p.watch.too_many_skipped(plan_->max_skipped_fraction))
+    state_ = RunState::Diverged;
+  // A signal that came after the last step's agreement still counts as an interruption.
+  if (state_ == RunState::Training) state_ = stop_sig != 0 ? RunState::Interrupted : RunState::Finished;
 
   v1::TrainSummary summary;
-  summary.steps = step_;
-  summary.interrupted = stop_sig != 0 || stopped_early_ || diverged_;
-  if (!summary.interrupted && policy_ != nullptr && last_saved_step_ != step_ &&
-      policy_->should_save(step_, std::chrono::duration<double>(Clock::now() - t_loop_).count(),
-                           v1::CheckpointReason::End))
-    save_checkpoint_now(step_, "end");
+  summary.steps = p.step;
+  summary.interrupted = stop_sig != 0 || state_ != RunState::Finished;
+  if (!summary.interrupted && caps_.policy != nullptr && p.last_saved_step != p.step &&
+      caps_.policy->should_save(p.step, std::chrono::duration<double>(Clock::now() - p.t_loop).count(),
+                                v1::CheckpointReason::End))
+    save_checkpoint_now(p.step, "end");
   if (!summary.interrupted) {
-    last_eval_ = evaluate(step_);
+    p.last_eval = evaluate(p.step);
     if (job_.trainer.get_bool("save_final_model")) save_final_model();
     hand_over_final_state();
-    final_state_.clear();
+    p.final_state.reset();
   }
-  summary.elapsed_s = std::chrono::duration<double>(Clock::now() - t_start_).count();
-  for (auto& cb : callbacks_) cb.call("on_train_end", [&](v1::Callback& c) { c.on_train_end(summary); return 0; });
+  summary.elapsed_s = std::chrono::duration<double>(Clock::now() - env_.t_start).count();
+  for (auto& cb : parts_.callbacks) cb.call("on_train_end", [&](v1::Callback& c) { c.on_train_end(summary); return 0; });
   return print_result(summary, stop_sig);
 }
 
 // The gathered final state to the model and the callbacks that consume it
 // (v1::FinalStateDictConsumer); gathered on every rank, handed over on rank 0.
 void Run::hand_over_final_state() {
-  if ((state_consumers_.empty() && !model_consumer_) || !gather_final_state(true) || !lead_) return;
-  if (model_consumer_)
-    model_.call("on_final_state_dict", [&](v1::Model&) {
-      model_consumer_->on_final_state_dict(final_state_);
+  if ((caps_.state_consumers.empty() && !caps_.model_consumer) || !gather_final_state(true) || !env_.lead) return;
+  if (caps_.model_consumer)
+    parts_.model.call("on_final_state_dict", [&](v1::Model&) {
+      caps_.model_consumer->on_final_state_dict(*progress_.final_state);
       return 0;
     });
-  for (auto& [slot, consumer] : state_consumers_)
+  for (auto& [slot, consumer] : caps_.state_consumers)
     slot->call("on_final_state_dict", [&, c = consumer](v1::Callback&) {
-      c->on_final_state_dict(final_state_);
+      c->on_final_state_dict(*progress_.final_state);
       return 0;
     });
 }
 
 int Run::print_result(const v1::TrainSummary& summary, int stop_sig) const {
-  if (diverged_) {
-    if (lead_) {
+  if (state_ == RunState::Diverged) {
+    if (env_.lead) {
       std::cout << std::flush;
-      std::cerr << "trainrun: error: " << watch_.diagnosis(max_skipped_fraction_, start_step_)
+      std::cerr << "trainrun: error: " << progress_.watch.diagnosis(plan_->max_skipped_fraction, progress_.start_step)
                 << "; no final evaluation, no model written" << std::endl;
     }
     return kDivergedExit;
   }
-  if (lead_) {
-    const double loop_s = std::chrono::duration<double>(Clock::now() - t_loop_).count();
-    if (stopped_early_ && stop_sig == 0) {
-      std::cout << "stopped after " << step_ << " of " << plan_.total_steps
+  if (env_.lead) {
+    const double loop_s = std::chrono::duration<double>(Clock::now() - progress_.t_loop).count();
+    if (state_ == RunState::StoppedEarly && stop_sig == 0) {
+      std::cout << "stopped after " << progress_.step << " of " << plan_->steps().total_steps
                 << " steps ([trainer] stop_after_steps); no final evaluation" << std::endl;
       return 0;
     }
     if (summary.interrupted) {
-      std::cout << "interrupted by signal " << stop_sig << " after " << step_ << " of "
-                << plan_.total_steps << " steps (" << std::fixed << std::setprecision(1)
+      std::cout << "interrupted by signal " << stop_sig << " after " << progress_.step << " of "
+                << plan_->steps().total_steps << " steps (" << std::fixed << std::setprecision(1)
                 << summary.elapsed_s << " s); no final evaluation" << std::endl;
       return 130;
     }
-    std::cout << "final eval: loss " << std::fixed << std::setprecision(4) << last_eval_.loss;
-    if (last_eval_.accuracy >= 0)
-      std::cout << ", accuracy " << std::setprecision(2) << 100 * last_eval_.accuracy << "%";
-    std::cout << " on " << last_eval_.samples << " held-out samples after " << step_ << " steps, "
+    std::cout << "final eval: loss " << std::fixed << std::setprecision(4) << progress_.last_eval.loss;
+    if (progress_.last_eval.accuracy >= 0)
+      std::cout << ", accuracy " << std::setprecision(2) << 100 * progress_.last_eval.accuracy << "%";
+    std::cout << " on " << progress_.last_eval.samples << " held-out samples after " << progress_.step << " steps, "
               << std::setprecision(1) << summary.elapsed_s << " s, " << std::setprecision(0)
-              << samples_done_ / loop_s << " samples/s";
-    if (tokens_done_ > 0) std::cout << ", " << tokens_done_ / loop_s << " tokens/s";
+              << progress_.samples_done / loop_s << " samples/s";
+    if (progress_.tokens_done > 0) std::cout << ", " << progress_.tokens_done / loop_s << " tokens/s";
     std::cout << std::endl;
   }
   return stop_sig != 0 ? 130 : 0;

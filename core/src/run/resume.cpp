@@ -53,18 +53,18 @@ void check_resume(const nlohmann::json& meta, const JobConfig& job, const std::s
 }  // namespace
 
 v1::CheckpointableStrategy& Run::checkpointable() const {
-  if (checkpointable_ == nullptr)
-    throw v1::NotSupportedError(strategy_.label + " does not support checkpoints: it has no "
+  if (caps_.checkpointable == nullptr)
+    throw v1::NotSupportedError(parts_.strategy.label + " does not support checkpoints: it has no "
                                 "CheckpointableStrategy capability (ABI 1.4); drop the "
                                 "`checkpoint` callback and [trainer] resume, or use a "
                                 "strategy that has it");
-  return *checkpointable_;
+  return *caps_.checkpointable;
 }
 
 std::vector<v1::CheckpointPiece> Run::optimizer_pieces() {
   auto& c = checkpointable();
-  auto params = strategy_.call("optimizer_parameter_pieces", [&](v1::Strategy&) { return c.optimizer_parameter_pieces(); });
-  auto state = optimizer_.call("state", [](v1::Optimizer& o) { return o.state(); });
+  auto params = parts_.strategy.call("optimizer_parameter_pieces", [&](v1::Strategy&) { return c.optimizer_parameter_pieces(); });
+  auto state = parts_.optimizer.call("state", [](v1::Optimizer& o) { return o.state(); });
   return optimizer_state_pieces(params, state);
 }
 
@@ -73,11 +73,11 @@ void Run::resume() {
   if (const auto restart = restart_of_this_job(); restart && resume.empty()) {
     // An elastic restart ([launch] max_restarts) or a requeued SLURM job: continue from the
     // latest checkpoint if any (a first run that set resume = "latest" would fail on none).
-    const bool any = fs::exists(fs::path(ckpt_root_) / "latest");
-    if (lead_)
+    const bool any = fs::exists(fs::path(env_.ckpt_root) / "latest");
+    if (env_.lead)
       log_info(*restart + ": " +
-               (any ? "resuming from the latest checkpoint in " + ckpt_root_
-                    : "no checkpoint in " + ckpt_root_ + " yet, starting from step 0"));
+               (any ? "resuming from the latest checkpoint in " + env_.ckpt_root
+                    : "no checkpoint in " + env_.ckpt_root + " yet, starting from step 0"));
     if (any) resume = "latest";
   }
   if (!resume.empty()) load_checkpoint(resume);
@@ -85,7 +85,7 @@ void Run::resume() {
 
 void Run::load_checkpoint(const std::string& resume) {
   const auto t0 = Clock::now();
-  const std::string path = resolve_checkpoint(resume, ckpt_root_, lead_);
+  const std::string path = resolve_checkpoint(resume, env_.ckpt_root, env_.lead);
   nlohmann::json meta;
   try {
     meta = verify_checkpoint(path);
@@ -96,46 +96,46 @@ void Run::load_checkpoint(const std::string& resume) {
                                ? std::string()
                                : "; resume = \"latest-valid\" falls back to the newest checkpoint that verifies"));
   }
-  check_resume(meta, job_, path, ctx_.seed, job_.trainer.get_string("resume").empty(), lead_);
+  check_resume(meta, job_, path, env_.ctx.seed, job_.trainer.get_string("resume").empty(), env_.lead);
   auto& c = checkpointable();
-  auto model_pieces = strategy_.call("model_checkpoint_pieces", [&](v1::Strategy&) { return c.model_checkpoint_pieces(); });
+  auto model_pieces = parts_.strategy.call("model_checkpoint_pieces", [&](v1::Strategy&) { return c.model_checkpoint_pieces(); });
   load_checkpoint_pieces(path, meta, "model", model_pieces);
   auto opt_pieces = optimizer_pieces();
   load_checkpoint_pieces(path, meta, "optimizer", opt_pieces);
-  strategy_.call("after_checkpoint_load", [&](v1::Strategy&) { c.after_checkpoint_load(); return 0; });
+  parts_.strategy.call("after_checkpoint_load", [&](v1::Strategy&) { c.after_checkpoint_load(); return 0; });
   const auto& states = meta.at("component_state");
-  for (auto& [key, holder] : state_holders_) {
+  for (auto& [key, holder] : caps_.state_holders) {
     if (!states.contains(key)) {
-      if (lead_) log_warn("checkpoint " + path + " holds no state for the " + key + "; it starts fresh");
+      if (env_.lead) log_warn("checkpoint " + path + " holds no state for the " + key + "; it starts fresh");
       continue;
     }
     holder->load_checkpoint_state(states.at(key).get<std::map<std::string, double>>());
   }
-  // last_saved_step_ stays -1: a resumed run writes its own end checkpoint even at the step it
+  // progress_.last_saved_step stays -1: a resumed run writes its own end checkpoint even at the step it
   // loaded (into its own checkpoint directory, which is how a checkpoint is converted to
   // another layout).
-  start_step_ = meta.at("step").get<int64_t>();
-  skipped_steps_ = meta.at("trainer_state").value("skipped_steps", int64_t{0});
-  const bool rng = restore_rng_state(meta, ctx_.rank, ctx_.world_size);
-  if (lead_) {
+  progress_.start_step = meta.at("step").get<int64_t>();
+  progress_.skipped_steps = meta.at("trainer_state").value("skipped_steps", int64_t{0});
+  const bool rng = restore_rng_state(meta, env_.ctx.rank, env_.ctx.world_size);
+  if (env_.lead) {
     const int saved_world = meta.at("world_size").get<int>();
-    log_info("resumed from " + path + " at step " + std::to_string(start_step_) + " (written by " +
+    log_info("resumed from " + path + " at step " + std::to_string(progress_.start_step) + " (written by " +
              meta.at("job").value("strategy", std::string("?")) + " at world size " +
              std::to_string(saved_world) + ") in " +
              std::to_string(std::chrono::duration<double>(Clock::now() - t0).count()) + " s");
     if (!rng)
       log_info("the checkpoint's RNG states are per rank of world size " + std::to_string(saved_world) +
                "; this run's ranks keep their seeded streams");
-    if (meta.at("global_batch_size").get<int64_t>() != plan_.global_batch_size)
+    if (meta.at("global_batch_size").get<int64_t>() != plan_->steps().global_batch_size)
       log_warn("checkpoint global_batch_size " + meta.at("global_batch_size").dump() +
-               " differs from this run's " + std::to_string(plan_.global_batch_size) +
-               ": the data order continues from step " + std::to_string(start_step_) + " of the new layout");
-    if (meta.at("total_steps").get<int64_t>() != plan_.total_steps)
+               " differs from this run's " + std::to_string(plan_->steps().global_batch_size) +
+               ": the data order continues from step " + std::to_string(progress_.start_step) + " of the new layout");
+    if (meta.at("total_steps").get<int64_t>() != plan_->steps().total_steps)
       log_warn("checkpoint total_steps " + meta.at("total_steps").dump() + " differs from this run's " +
-               std::to_string(plan_.total_steps) + ": a step-dependent LR schedule changes");
+               std::to_string(plan_->steps().total_steps) + ": a step-dependent LR schedule changes");
   }
-  TR_CHECK_TYPED(ConfigError, start_step_ <= plan_.total_steps, "[trainer] resume: the checkpoint is at step ",
-                 start_step_, ", past this run's ", plan_.total_steps, " steps");
+  TR_CHECK_TYPED(ConfigError, progress_.start_step <= plan_->steps().total_steps, "[trainer] resume: the checkpoint is at step ",
+                 progress_.start_step, ", past this run's ", plan_->steps().total_steps, " steps");
 }
 
 }  // namespace trainrun::core

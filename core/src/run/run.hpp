@@ -3,8 +3,10 @@
 // evaluate -> save -> finish. Each phase is one file in this folder; core::train (trainer.cpp)
 // builds a Run and executes it. Private to the core: no plugin or app includes this header.
 //
-// Capabilities (the v1 interfaces a component may also implement) are resolved once, when the
-// run is built; the loop only reads the pointers kept here.
+// The Run owns its state as four small parts, each written by one phase and read by the later
+// ones: the Environment and the Components (build), the Capabilities (resolved once in build:
+// the loop only reads the pointers), the RunPlan (build: what the run will do) and the Progress
+// (resume, then the steps); where the run stands is one RunState, not a set of flags.
 #pragma once
 
 #include <chrono>
@@ -21,6 +23,7 @@
 #include "trainrun/core/config.hpp"
 #include "trainrun/core/registry.hpp"
 #include "trainrun/core/run_dir.hpp"
+#include "trainrun/core/plan.hpp"
 #include "trainrun/core/sampler.hpp"
 
 namespace trainrun::core {
@@ -82,6 +85,95 @@ struct StepState {
   bool loss_finite = true;
 };
 
+// Where a run stands. The ways training ends are states of their own because finish() tells
+// them apart (exit code, summary line, whether the end checkpoint, the final evaluation and the
+// model are written). Evaluating and saving happen inside Training, on every rank at the same
+// step, and leave the run where it was, so they are no states.
+enum class RunState {
+  Building,      ///< the constructor: components, capabilities, plan, strategy setup
+  Resuming,      ///< loading a checkpoint, if any
+  Training,      ///< the loop
+  StoppedEarly,  ///< [trainer] stop_after_steps reached (or resumed at or past it)
+  Interrupted,   ///< SIGINT/SIGTERM on some rank, agreed by all
+  Diverged,      ///< non-finite weights (in the loop or at the end), or too many skipped steps
+  Finished,      ///< every step done, no signal: final evaluation and model follow
+};
+
+// What this process is and where it writes, fixed in build. lead, rotate_here and
+// device_memory are facts of the environment read once, not state that changes.
+struct Environment {
+  Clock::time_point t_start;
+  v1::RunContext ctx;
+  bool lead = false;         ///< rank 0: prints, writes job.toml and the final model
+  bool rotate_here = false;  ///< no agent rotated run_dir: this run does (build.cpp)
+  bool device_memory = false;  ///< mem_* metrics from the accelerator, not the CPU tracker
+  int64_t mem_baseline = 0;
+  std::unique_ptr<RunDirLock> run_dir_lock;
+  std::vector<std::string> runtime_lines;
+  std::string ckpt_root;
+};
+
+// The components the registry built, with the communicator of the accelerator.
+struct Components {
+  Slot<v1::Accelerator> accelerator;
+  Slot<v1::Dataset> dataset;
+  Slot<v1::Model> model;
+  Slot<v1::Precision> precision;
+  Slot<v1::Strategy> strategy;
+  Slot<v1::Optimizer> optimizer;
+  std::vector<Slot<v1::Callback>> callbacks;
+  v1::Communicator* comm = nullptr;
+  std::vector<v1::NamedTensor> params;  ///< what the strategy hands the optimizer
+};
+
+// The capability interfaces the components implement, looked up once (build.cpp).
+struct Capabilities {
+  uint32_t data_abi = 0, strategy_abi = 0;
+  v1::BatchFieldsReader* fields_reader = nullptr;
+  std::vector<std::pair<std::string, v1::StepMetricsSource*>> metric_sources;
+  v1::CheckpointPolicy* policy = nullptr;
+  v1::CheckpointableStrategy* checkpointable = nullptr;
+  std::vector<std::pair<std::string, v1::CheckpointState*>> state_holders;
+  v1::ShardedStateDictSource* sharded_source = nullptr;
+  std::vector<std::pair<Slot<v1::Callback>*, v1::FinalStateDictConsumer*>> state_consumers;
+  v1::FinalStateDictConsumer* model_consumer = nullptr;
+};
+
+// What the run will do, decided in build: the batch layout and its data order, the split sizes,
+// the model as set up, and the [trainer] settings the loop reads. clip_by_value is the
+// [trainer] gradient_clip_algorithm, a setting.
+struct RunPlan {
+  BatchPlan batches;
+  int64_t train_samples = 0, eval_samples = 0;
+  int64_t n_params = 0;
+  std::string checkpointed;  ///< activation checkpointing, for the banner ("" = off)
+  int64_t stop_after = 0;
+  double max_skipped_fraction = 0;
+  double clip = 0;
+  bool clip_by_value = false;
+  int64_t log_every = 1, eval_every = 0, eval_max_batches = 0, eval_batch_size = 0;
+  int64_t kill_at = -1;  ///< test hook TRAINRUN_TEST_SIGKILL_AT_STEP (-1: off)
+  int kill_rank = 0;
+
+  const v1::TrainPlan& steps() const { return batches.steps; }
+};
+
+// What changes as the run trains. The prefetched counts and the gathered final state are
+// optional values: present or not, never a flag beside a value.
+struct Progress {
+  int64_t start_step = 0;
+  int64_t last_saved_step = -1;
+  int64_t skipped_steps = 0;
+  int64_t step = 0;
+  DivergenceWatch watch;
+  StepBatches cur, next;
+  std::optional<at::Tensor> next_counts;  ///< the next step's counts, summed with this step's loss
+  v1::EvalMetrics last_eval;
+  double samples_done = 0, tokens_done = 0;
+  Clock::time_point t_loop;
+  std::optional<std::vector<v1::NamedTensor>> final_state;
+};
+
 class Run {
  public:
   /// The build phase (build.cpp): run directory, components, capabilities, strategy setup.
@@ -134,70 +226,12 @@ class Run {
 
   const JobConfig& job_;
   const Registry& registry_;
-  Clock::time_point t_start_;
-  v1::RunContext ctx_;
-  bool lead_ = false;
-  bool rotate_here_ = false;
-  std::unique_ptr<RunDirLock> run_dir_lock_;
-  std::vector<std::string> runtime_lines_;
-
-  // Components.
-  Slot<v1::Accelerator> accelerator_;
-  Slot<v1::Dataset> dataset_;
-  Slot<v1::Model> model_;
-  Slot<v1::Precision> precision_;
-  Slot<v1::Strategy> strategy_;
-  Slot<v1::Optimizer> optimizer_;
-  std::vector<Slot<v1::Callback>> callbacks_;
-  v1::Communicator* comm_ = nullptr;
-
-  // Capabilities, resolved once in build.
-  uint32_t data_abi_ = 0, strategy_abi_ = 0;
-  v1::BatchFieldsReader* fields_reader_ = nullptr;
-  std::vector<std::pair<std::string, v1::StepMetricsSource*>> metric_sources_;
-  v1::CheckpointPolicy* policy_ = nullptr;
-  v1::CheckpointableStrategy* checkpointable_ = nullptr;
-  std::vector<std::pair<std::string, v1::CheckpointState*>> state_holders_;
-  v1::ShardedStateDictSource* sharded_source_ = nullptr;
-  std::vector<std::pair<Slot<v1::Callback>*, v1::FinalStateDictConsumer*>> state_consumers_;
-  v1::FinalStateDictConsumer* model_consumer_ = nullptr;
-
-  // The plan and the model as set up.
-  bool device_memory_ = false;
-  int64_t mem_baseline_ = 0;
-  int64_t train_samples_ = 0, eval_samples_ = 0;
-  v1::TrainPlan plan_;
-  int64_t n_params_ = 0;
-  std::string checkpointed_;
-  std::vector<v1::NamedTensor> params_;
-  std::string ckpt_root_;
-  std::optional<DistributedSampler> sampler_;
-
-  // [trainer] settings read once.
-  int64_t stop_after_ = 0;
-  double max_skipped_fraction_ = 0;
-  double clip_ = 0;
-  bool clip_by_value_ = false;
-  int64_t log_every_ = 1, eval_every_ = 0, eval_max_batches_ = 0, eval_bs_ = 0;
-  int64_t kill_at_ = -1;
-  int kill_rank_ = 0;
-
-  // Progress.
-  int64_t start_step_ = 0;
-  int64_t last_saved_step_ = -1;
-  int64_t skipped_steps_ = 0;
-  int64_t step_ = 0;
-  bool stopped_early_ = false;
-  bool diverged_ = false;
-  DivergenceWatch watch_;
-  StepBatches cur_, next_;
-  bool next_counts_known_ = false;
-  at::Tensor next_counts_;
-  v1::EvalMetrics last_eval_;
-  double samples_done_ = 0, tokens_done_ = 0;
-  Clock::time_point t_loop_;
-  std::vector<v1::NamedTensor> final_state_;
-  bool have_final_state_ = false;
+  RunState state_ = RunState::Building;
+  Environment env_;
+  Components parts_;
+  Capabilities caps_;
+  std::optional<RunPlan> plan_;  ///< set in build, once the dataset's size is known
+  Progress progress_;
 };
 
 }  // namespace trainrun::core

@@ -30,14 +30,14 @@ void Run::save_checkpoint_now(int64_t done, const char* reason) {
   if (const char* d = std::getenv("TRAINRUN_TEST_SAVE_DELAY_S"))
     std::this_thread::sleep_for(std::chrono::duration<double>(std::atof(d)));
   CheckpointSaveRequest req;
-  req.root = ckpt_root_;
+  req.root = env_.ckpt_root;
   req.step = done;
-  req.steps_per_epoch = plan_.steps_per_epoch;
-  req.global_batch_size = plan_.global_batch_size;
-  req.total_steps = plan_.total_steps;
-  req.rank = ctx_.rank;
-  req.world_size = ctx_.world_size;
-  req.keep_last = policy_ ? policy_->checkpoint_settings().keep_last : 0;
+  req.steps_per_epoch = plan_->steps().steps_per_epoch;
+  req.global_batch_size = plan_->steps().global_batch_size;
+  req.total_steps = plan_->steps().total_steps;
+  req.rank = env_.ctx.rank;
+  req.world_size = env_.ctx.world_size;
+  req.keep_last = caps_.policy ? caps_.policy->checkpoint_settings().keep_last : 0;
   req.reason = reason;
   nlohmann::json plugins = nlohmann::json::array();
   auto add_plugin = [&](const char* role, const ComponentConfig& cc) {
@@ -54,15 +54,15 @@ void Run::save_checkpoint_now(int64_t done, const char* reason) {
   for (const auto& cb : job_.callbacks) add_plugin("callback", cb);
   req.job = {{"file", job_.file}, {"strategy", job_.strategy.plugin}, {"plugins", plugins},
              {"toml", job_.resolved_toml}};
-  req.trainer_state = {{"skipped_steps", skipped_steps_}, {"seed", ctx_.seed}};
-  for (auto& [key, holder] : state_holders_) req.component_state[key] = holder->checkpoint_state();
-  req.model = strategy_.call("model_checkpoint_pieces", [&](v1::Strategy&) { return c.model_checkpoint_pieces(); });
+  req.trainer_state = {{"skipped_steps", progress_.skipped_steps}, {"seed", env_.ctx.seed}};
+  for (auto& [key, holder] : caps_.state_holders) req.component_state[key] = holder->checkpoint_state();
+  req.model = parts_.strategy.call("model_checkpoint_pieces", [&](v1::Strategy&) { return c.model_checkpoint_pieces(); });
   req.optimizer = optimizer_pieces();
-  const std::string path = save_checkpoint(req, ctx_.world_size > 1 ? comm_ : nullptr);
-  last_saved_step_ = done;
+  const std::string path = save_checkpoint(req, env_.ctx.world_size > 1 ? parts_.comm : nullptr);
+  progress_.last_saved_step = done;
   stop::control_message("saved " + std::to_string(done));
-  if (policy_) policy_->on_checkpoint_saved(done, path);
-  if (lead_)
+  if (caps_.policy) caps_.policy->on_checkpoint_saved(done, path);
+  if (env_.lead)
     log_info("checkpoint " + path + " (step " + std::to_string(done) + ", " + reason + ") written in " +
              std::to_string(std::chrono::duration<double>(Clock::now() - t0).count()) + " s");
 }
@@ -71,51 +71,50 @@ void Run::save_checkpoint_now(int64_t done, const char* reason) {
 // file's metadata maps a tensor to its whole shape and the offset of its piece, so the files of
 // all ranks rebuild the model under any layout.
 bool Run::save_sharded_model() {
-  if (sharded_source_ == nullptr) {
-    if (lead_)
+  if (caps_.sharded_source == nullptr) {
+    if (env_.lead)
       log_warn("[trainer] state_dict_type = \"sharded\": strategy '" + job_.strategy.plugin +
                "' has no sharded state dict; writing the full one");
     return false;
   }
-  auto pieces = strategy_.call("sharded_state_dict", [&](v1::Strategy&) { return sharded_source_->sharded_state_dict(); });
+  auto pieces = parts_.strategy.call("sharded_state_dict", [&](v1::Strategy&) { return caps_.sharded_source->sharded_state_dict(); });
   nlohmann::json index = nlohmann::json::object();
   std::vector<v1::NamedTensor> tensors;
   for (auto& p : pieces) {
     index[p.name] = {{"shape", p.shape}, {"offset", p.offset}};
     tensors.push_back({p.name, p.data.contiguous()});
   }
-  const fs::path dir = fs::path(ctx_.run_dir) / "model-shards";
+  const fs::path dir = fs::path(env_.ctx.run_dir) / "model-shards";
   fs::create_directories(dir);
-  const std::string path = (dir / ("rank-" + std::to_string(ctx_.rank) + "-of-" +
-                                   std::to_string(ctx_.world_size) + ".safetensors")).string();
-  write_safetensors(path, tensors, {{"format", "pt"}, {"trainrun_step", std::to_string(step_)},
+  const std::string path = (dir / ("rank-" + std::to_string(env_.ctx.rank) + "-of-" +
+                                   std::to_string(env_.ctx.world_size) + ".safetensors")).string();
+  write_safetensors(path, tensors, {{"format", "pt"}, {"trainrun_step", std::to_string(progress_.step)},
                                     {"trainrun_strategy", job_.strategy.plugin},
-                                    {"trainrun_rank", std::to_string(ctx_.rank)},
-                                    {"trainrun_world_size", std::to_string(ctx_.world_size)},
+                                    {"trainrun_rank", std::to_string(env_.ctx.rank)},
+                                    {"trainrun_world_size", std::to_string(env_.ctx.world_size)},
                                     {"trainrun_pieces", index.dump()}});
-  if (lead_) log_info("wrote " + dir.string() + "/rank-*-of-" + std::to_string(ctx_.world_size) + ".safetensors");
+  if (env_.lead) log_info("wrote " + dir.string() + "/rank-*-of-" + std::to_string(env_.ctx.world_size) + ".safetensors");
   return true;
 }
 
 // Every rank asks (a sharded strategy gathers, which is a collective); rank 0 uses it.
 bool Run::gather_final_state(bool quiet) {
-  if (have_final_state_) return true;
+  if (progress_.final_state) return true;
   try {
-    final_state_ = strategy_.call("full_state_dict", [](v1::Strategy& s) { return s.full_state_dict(); });
+    progress_.final_state = parts_.strategy.call("full_state_dict", [](v1::Strategy& s) { return s.full_state_dict(); });
   } catch (const v1::NotSupportedError& e) {
-    if (lead_ && !quiet) log_warn(std::string("model.safetensors not written: ") + e.what());
+    if (env_.lead && !quiet) log_warn(std::string("model.safetensors not written: ") + e.what());
     return false;
   }
-  have_final_state_ = true;
   return true;
 }
 
 void Run::save_final_model() {
   if (job_.trainer.get_string("state_dict_type") == "sharded" && save_sharded_model()) return;
   if (!gather_final_state(false)) return;
-  if (!lead_) return;
-  const std::string path = (fs::path(ctx_.run_dir) / "model.safetensors").string();
-  write_safetensors(path, final_state_, {{"format", "pt"}, {"trainrun_step", std::to_string(step_)},
+  if (!env_.lead) return;
+  const std::string path = (fs::path(env_.ctx.run_dir) / "model.safetensors").string();
+  write_safetensors(path, *progress_.final_state, {{"format", "pt"}, {"trainrun_step", std::to_string(progress_.step)},
                                          {"trainrun_strategy", job_.strategy.plugin}});
   log_info("wrote " + path);
 }

@@ -366,6 +366,12 @@ void for_each_query_block(int64_t T, int64_t block, const torch::Tensor& blocked
 struct BlockedCausalAttention : public torch::autograd::Function<BlockedCausalAttention> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& q, const torch::Tensor& k,
                                const torch::Tensor& v, const torch::Tensor& blocked, double scale, int64_t block) {
+    // The backward computes in its inputs' dtype with autocast off: a forward under autocast
+    // would save bfloat16 probabilities beside float32 keys (issue 41).
+    TORCH_CHECK(q.scalar_type() == torch::kFloat && k.scalar_type() == torch::kFloat &&
+                    v.scalar_type() == torch::kFloat &&
+                    !v1::compat::autocast_enabled(q.device().type()),
+                "BlockedCausalAttention: float32 q/k/v with autocast off only");
     const int64_t B = q.size(0), nh = q.size(1), T = q.size(2), D = q.size(3), nkv = k.size(1), rep = nh / nkv;
     const torch::Tensor qg = q.reshape({B, nkv, rep, T, D});
     const torch::Tensor scale_t = torch::scalar_tensor(scale, q.options());
@@ -468,7 +474,13 @@ class AttentionImpl : public torch::nn::Module {
     q = Rope::apply(q, c, s);
     k = Rope::apply(k, c, s);
 #if !TRAINRUN_HAS_SDPA
-    if (T > kGradQueryBlock && k.size(2) == T && torch::GradMode::is_enabled() && q.scalar_type() == torch::kFloat &&
+    // Not under autocast: its matmuls would come out bfloat16 inside the Function while the
+    // backward (where autocast is off) meets them with float32 gradients. With LoRA under
+    // bf16-mixed, q/k/v are float32 (an adapter's float32 output added to the bf16 base output),
+    // so the dtype alone does not tell (issue 41); autocast's products go through attend().
+    if (T > kGradQueryBlock && k.size(2) == T && torch::GradMode::is_enabled() &&
+        q.scalar_type() == torch::kFloat && k.scalar_type() == torch::kFloat &&
+        v.scalar_type() == torch::kFloat && !v1::compat::autocast_enabled(q.device().type()) &&
         (q.requires_grad() || k.requires_grad() || v.requires_grad())) {
       const torch::Tensor y = BlockedCausalAttention::apply(q, k, v, blocked, 1.0 / std::sqrt(static_cast<double>(hd_)),
                                                             kGradQueryBlock);

@@ -89,6 +89,22 @@ MixedPrecision::MixedPrecision(MixedConfig config) : config_(std::move(config)) 
 }
 
 void MixedPrecision::convert(Model& model) {
+  if (config_.rank == 0 &&
+      (config_.cpu_autocast == at::kBFloat16 || config_.cast_weights == at::kBFloat16)) {
+    const auto params = model.named_parameters();
+    std::string why;
+    if (!params.empty() && params.front().tensor.device().is_cpu() && !cpu_has_native_bf16(&why)) {
+      // Without AVX-512, LibTorch 1.13 takes its reference loops for bfloat16 products (oneDNN's
+      // bf16 kernels need AVX-512): 1.4 against 24 GFLOPS for float32 on one AMD EPYC (Zen 3)
+      // core, a [512, 576] x [576, 1536] product (issue 41).
+      std::cerr << "[trainrun] precision " << config_.plugin << ": " << why
+                << (cpu_has_flag("avx512f")
+                        ? ""
+                        : "; without AVX-512 a bfloat16 product can be 10-20x slower than "
+                          "float32's")
+                << " (`auto` picks fp32 here)" << std::endl;
+    }
+  }
   if (!config_.cast_weights) return;
   const at::ScalarType to = *config_.cast_weights;
   c10::NoGradGuard no_grad;
@@ -161,15 +177,15 @@ void MixedPrecision::load_checkpoint_state(const std::map<std::string, double>& 
 
 void Bf16Mixed::declare_options(OptionSchema&) {}
 
-Bf16Mixed::Bf16Mixed(const Options& options, const RunContext&)
+Bf16Mixed::Bf16Mixed(const Options& options, const RunContext& ctx)
     : MixedPrecision(MixedConfig{options.context(), at::kBFloat16, at::kBFloat16, std::nullopt,
-                                 std::nullopt, 1.0, false}) {}
+                                 std::nullopt, 1.0, false, "bf16-mixed", ctx.rank}) {}
 
 void Bf16True::declare_options(OptionSchema&) {}
 
-Bf16True::Bf16True(const Options& options, const RunContext&)
+Bf16True::Bf16True(const Options& options, const RunContext& ctx)
     : MixedPrecision(MixedConfig{options.context(), at::kBFloat16, at::kBFloat16, at::kBFloat16,
-                                 std::nullopt, 1.0, false}) {}
+                                 std::nullopt, 1.0, false, "bf16-true", ctx.rank}) {}
 
 void Fp16Mixed::declare_options(OptionSchema& s) {
   s.real("loss_scale", 0.0,
@@ -228,28 +244,29 @@ Fp16Mixed::Fp16Mixed(const Options& options, const RunContext&)
 
 // --- auto -------------------------------------------------------------------------------------
 
-bool cpu_has_native_bf16(std::string* why) {
+bool cpu_has_flag(const std::string& flag) {
   std::ifstream f("/proc/cpuinfo");
   std::string line;
   while (std::getline(f, line)) {
     if (line.rfind("flags", 0) != 0) continue;
     std::istringstream words(line.substr(line.find(':') + 1));
     std::string w;
-    bool avx512 = false, amx = false;
-    while (words >> w) {
-      avx512 = avx512 || w == "avx512_bf16";
-      amx = amx || w == "amx_bf16";
-    }
-    if (why)
-      *why = amx && avx512 ? "this CPU has amx_bf16 and avx512_bf16"
-             : amx         ? "this CPU has amx_bf16"
-             : avx512      ? "this CPU has avx512_bf16"
-                           : "this CPU has no native bfloat16 instructions (avx512_bf16, "
-                             "amx_bf16), so bf16 compute would be emulated and slower";
-    return amx || avx512;
+    while (words >> w)
+      if (w == flag) return true;
+    return false;
   }
-  if (why) *why = "no CPU flags in /proc/cpuinfo";
   return false;
+}
+
+bool cpu_has_native_bf16(std::string* why) {
+  const bool amx = cpu_has_flag("amx_bf16"), avx512 = cpu_has_flag("avx512_bf16");
+  if (why)
+    *why = amx && avx512 ? "this CPU has amx_bf16 and avx512_bf16"
+           : amx         ? "this CPU has amx_bf16"
+           : avx512      ? "this CPU has avx512_bf16"
+                         : "this CPU has no native bfloat16 instructions (avx512_bf16, "
+                           "amx_bf16), so bf16 compute would be emulated and slower";
+  return amx || avx512;
 }
 
 void AutoPrecision::declare_options(OptionSchema& s) {

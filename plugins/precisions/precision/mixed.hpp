@@ -55,6 +55,11 @@ struct MixedConfig {
   std::optional<LossScalerOptions> dynamic;     ///< dynamic loss scaling, or none
   double static_scale = 1.0;                    ///< constant loss scale when not dynamic
   bool fp16_range_check = false;                ///< |g| > 65504 counts as overflow
+  /// bf16-mixed / bf16-true: the plugin name and this rank; rank 0 says at convert() when the
+  /// model is on a CPU without native bfloat16 (emulated: correct, slower). -1: say nothing
+  /// (`auto` says what it chose itself).
+  std::string plugin;
+  int rank = -1;
 };
 
 /// bf16-mixed, bf16-true and fp16-mixed: one class, configured by MixedConfig.
@@ -124,6 +129,9 @@ class Fp16Mixed final : public MixedPrecision {
 /// Whether this CPU computes bfloat16 natively: /proc/cpuinfo lists avx512_bf16 or amx_bf16.
 /// `why` receives a short reason either way.
 bool cpu_has_native_bf16(std::string* why = nullptr);
+
+/// Whether /proc/cpuinfo's first `flags` line lists `flag` (e.g. "avx512f").
+bool cpu_has_flag(const std::string& flag);
 
 /// `auto`: bf16-mixed where supported (see the file comment), else fp32 (the fp32 component's
 /// behaviour: no autocast, no scaling, the finite check). Forwards every call to the choice.

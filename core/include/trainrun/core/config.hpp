@@ -19,12 +19,6 @@ int64_t parse_size(const std::string& text);
 /// "90s" -> 90, "10min" -> 600, "1h30min" -> 5400, "250ms" -> 0.25; units ms, s, min, h, d.
 double parse_duration(const std::string& text);
 
-/// Why `global` samples per step cannot be split into micro-batches of `micro` (0 = global /
-/// world) on `world` ranks, as a sentence starting "[trainer] global_batch_size ..."; "" when
-/// they can. Used by validation (with the key's location) and by the trainer (with the real
-/// world size).
-std::string batch_layout_error(int64_t global, int64_t micro, int64_t world);
-
 /// "[1, 1000000]" (integers without exponent), "[0, inf]"; for messages and `trainrun plugins`.
 std::string range_text(const v1::OptionSpec& spec);
 

@@ -3,9 +3,17 @@
 // (a per-epoch permutation, every rank a strided, disjoint share), and the evaluation split
 // counted exactly once across ranks.
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace trainrun::core {
+
+/// The one batch-layout rule: why `global` samples per step cannot be split into micro-batches
+/// of `micro` (0 = global / world) on `world` ranks, as a sentence starting "[trainer]
+/// global_batch_size ..."; "" when they can. Validation applies it to [launch]'s world (with the
+/// key's location, so `trainrun check` catches it), the plan to the world that runs, the
+/// sampler to its own options.
+std::string batch_layout_error(int64_t global, int64_t micro, int64_t world);
 
 /// Training-data order of a data-parallel job.
 ///
