@@ -1,5 +1,5 @@
-// The CPU memory tracker (core/src/memory.cpp, read through the SDK's trainrun/runtime/memory.hpp as a
-// plugin reads it) and the ZeRO memory estimator (sdk trainrun/strategy/memory_estimate.hpp).
+// The CPU memory tracker (core/src/memory.cpp, read through the SDK's trainrun/runtime/memory.hpp
+// as a plugin reads it) and the ZeRO memory estimator (sdk trainrun/strategy/memory_estimate.hpp).
 //   unit_memory [doctest options]     the tests; the tracker is installed before they run
 //   unit_memory --bench-alloc [N]     N x (at::empty({16}) + free) without, then with the tracker
 #define DOCTEST_CONFIG_IMPLEMENT

@@ -48,7 +48,8 @@ class CpuAccelerator final : public v1::Accelerator {
   CpuAccelerator(const v1::Options& options, const v1::RunContext& ctx);
   c10::Device device() const override { return c10::Device(c10::kCPU); }
   v1::Communicator& communicator() override { return comm_; }
-  /// This process's LibTorch CPU bytes (the tracker of trainrun/runtime/memory.hpp) and physical RAM.
+  /// This process's LibTorch CPU bytes (the tracker of trainrun/runtime/memory.hpp) and physical
+  /// RAM.
   v1::MemoryStats memory_stats() const override { return v1::memory::cpu_stats(); }
   std::string describe() const override;
 

@@ -87,7 +87,8 @@ class MpiAccelerator final : public v1::Accelerator {
   ~MpiAccelerator() override;
   c10::Device device() const override { return c10::Device(c10::kCPU); }
   v1::Communicator& communicator() override { return *world_; }
-  /// This process's LibTorch CPU bytes (the tracker of trainrun/runtime/memory.hpp) and physical RAM.
+  /// This process's LibTorch CPU bytes (the tracker of trainrun/runtime/memory.hpp) and physical
+  /// RAM.
   v1::MemoryStats memory_stats() const override { return v1::memory::cpu_stats(); }
   /// "mpi (MPICH 4.0.2), rank 0 of 4, 1 thread (auto: ...), BLAS 1 thread, pinned to CPU 0"
   std::string describe() const override;

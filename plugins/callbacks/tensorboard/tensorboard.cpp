@@ -16,8 +16,8 @@ namespace tensorboard {
 
 std::vector<Scalar> step_scalars(const StepMetrics& m, bool global,
                                  const std::string& rank_prefix) {
-  // The keys and the collision rule of metrics.jsonl (plugins/callbacks/callbacks), so that a figure has
-  // the same name in both places.
+  // The keys and the collision rule of metrics.jsonl (plugins/callbacks/callbacks), so that a
+  // figure has the same name in both places.
   std::vector<Scalar> out;
   const std::string own = rank_prefix.empty() ? std::string("train/") : rank_prefix;
   auto add = [&](const std::string& prefix, const std::string& key, double v) {

@@ -10,9 +10,9 @@
 // all-gather, the trainer's small all-reduces) now take it too.
 //
 // The algorithms are the bandwidth-optimal rings (Patarasuk & Yuan, JPDC 2009), as in
-// trainrun/collectives/ring.hpp, but driven directly on the transport from gloo-cpu's worker thread: every
-// step posts its send and its receive and drives the transport until both are done, so no
-// other thread takes part in a step. At 2 ranks each is a direct exchange of halves.
+// trainrun/collectives/ring.hpp, but driven directly on the transport from gloo-cpu's worker
+// thread: every step posts its send and its receive and drives the transport until both are done,
+// so no other thread takes part in a step. At 2 ranks each is a direct exchange of halves.
 //
 // Matching: the shared-memory channels match messages strictly in posting order per pair of
 // ranks, so collectives and point-to-point messages between two ranks must be issued in the

@@ -9,7 +9,8 @@
 
 namespace trainrun::plugins {
 
-// all_finite_local, all_ranks_agree and all_finite_agreed come from trainrun/precision/finite_check.hpp.
+// all_finite_local, all_ranks_agree and all_finite_agreed come from
+// trainrun/precision/finite_check.hpp.
 
 class Fp32Precision final : public v1::Precision, public v1::PrecisionBytes {
  public:

@@ -2,8 +2,8 @@
 // Strategy `ring`: data parallelism with Horovod's gradient reduction. Every rank holds the
 // whole model (as ddp); gradients are averaged over the ranks by a background thread that
 // negotiates which gradients are ready on every rank, fuses them into flat buffers and
-// all-reduces each buffer with the bandwidth-optimal ring of <trainrun/collectives/ring.hpp>, built on the
-// communicator's send/recv only, so it runs unchanged on every backend that has them.
+// all-reduces each buffer with the bandwidth-optimal ring of <trainrun/collectives/ring.hpp>, built
+// on the communicator's send/recv only, so it runs unchanged on every backend that has them.
 //
 // The algorithm, as in horovod/common/operations.cc (RunLoopOnce) and controller.cc:
 //  - A post-hook on each parameter's gradient accumulator marks the gradient ready (on this

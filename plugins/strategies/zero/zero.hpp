@@ -1,7 +1,7 @@
 #pragma once
 // Strategy `zero`: ZeRO data parallelism, stages 1-3, on the SDK's sharding engine
-// (trainrun/strategy/sharding.hpp). Reference: Rajbhandari et al., "ZeRO: Memory Optimizations Toward
-// Training Trillion Parameter Models" (SC20); option names and defaults follow DeepSpeed's
+// (trainrun/strategy/sharding.hpp). Reference: Rajbhandari et al., "ZeRO: Memory Optimizations
+// Toward Training Trillion Parameter Models" (SC20); option names and defaults follow DeepSpeed's
 // zero_optimization section (sizes in elements).
 //
 // Every rank owns 1/world_size of each flat parameter and steps only that shard:

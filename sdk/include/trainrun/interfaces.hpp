@@ -371,7 +371,8 @@ class ShardedStateDictSource {
 // ABI 1.4 (adapters). The replaceable pieces of the SDK's Linear layer (trainrun/model/linear.hpp):
 // a model built on trainrun::v1::Linear lets a Precision swap the dense weight for a frozen
 // quantized one (quant-nf4, quant-int8) and a Callback add low-rank adapters (lora), without the
-// model's help: C++ modules have no forward hooks (docs/design.md), so the layer itself has the seams.
+// model's help: C++ modules have no forward hooks (docs/design.md), so the layer itself has the
+// seams.
 
 /// A frozen replacement of a Linear layer's dense weight W [out, in]: packed storage plus its
 /// quantization state, registered as buffers of the layer (LinearImpl::set_base), never
@@ -490,12 +491,11 @@ class FinalStateDictConsumer {
 
 /// ABI 1.5. A Communicator whose recv can combine the message into the destination instead of
 /// overwriting it: `tensor` = op(tensor, message), element-wise. The ring all-reduce's
-/// reduce-scatter (trainrun/collectives/ring.hpp) uses it when present, so that a transport which receives
-/// through a staging area (gloo-cpu's shared memory) reduces straight from it and saves a copy
-/// of every received byte; without it the ring receives into a buffer and reduces after.
-/// Matched with the peer's send exactly as recv is (tag, dtype, size). Found with
-/// dynamic_cast. `op` is Sum, Min or Max; Avg throws Error (sum, then divide). Same errors as
-/// recv.
+/// reduce-scatter (trainrun/collectives/ring.hpp) uses it when present, so that a transport which
+/// receives through a staging area (gloo-cpu's shared memory) reduces straight from it and saves a
+/// copy of every received byte; without it the ring receives into a buffer and reduces after.
+/// Matched with the peer's send exactly as recv is (tag, dtype, size). Found with dynamic_cast.
+/// `op` is Sum, Min or Max; Avg throws Error (sum, then divide). Same errors as recv.
 class RecvReduceCommunicator {
  public:
   virtual ~RecvReduceCommunicator() = default;

@@ -1,8 +1,8 @@
 #pragma once
 // The per-process CPU memory tracker (a counting wrapper around LibTorch's CPU allocator) and
 // the memory figures the core hands to strategies and prints in `trainrun check`.
-// Plugins read the tracker through the SDK's trainrun/runtime/memory.hpp, which finds the extern "C"
-// functions this file's implementation exports (see there for why).
+// Plugins read the tracker through the SDK's trainrun/runtime/memory.hpp, which finds the extern
+// "C" functions this file's implementation exports (see there for why).
 #include <array>
 #include <cstdint>
 #include <string>

@@ -1,10 +1,10 @@
 #pragma once
 // The run-time half of the sharding engine: groups a model's parameters into flat parameters
-// (trainrun/strategy/sharding.hpp), gathers and releases them around each unit's forward and backward,
-// reduces gradients during backward in a fixed order, and assembles full or sharded state. ZeRO
-// (stages 1-3) and FSDP (every sharding strategy) are policies over this one implementation;
-// a third-party sharded strategy can be one too. References: Rajbhandari et al., "ZeRO" (SC20);
-// Zhao et al., "PyTorch FSDP" (VLDB 2023).
+// (trainrun/strategy/sharding.hpp), gathers and releases them around each unit's forward and
+// backward, reduces gradients during backward in a fixed order, and assembles full or sharded
+// state. ZeRO (stages 1-3) and FSDP (every sharding strategy) are policies over this one
+// implementation; a third-party sharded strategy can be one too. References: Rajbhandari et al.,
+// "ZeRO" (SC20); Zhao et al., "PyTorch FSDP" (VLDB 2023).
 //
 // Policies (RuntimeOptions):
 //  - grouping: Buckets (ZeRO-1/2: parameters in reverse registration order, bucket_elements per
