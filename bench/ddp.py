@@ -2,7 +2,7 @@
 """trainrun's `ddp` strategy on 2 ranks x 1 intra-op thread (gloo-cpu and mpi), three benchmarks in one run:
 
   (a) trainrun ddp vs PyTorch's own DistributedDataParallel (gloo, this python3's torch 1.13) on
-      the mlp and cnn of plugins/models: same global batch (64 = 32 per rank), same data split
+      the mlp and cnn of plugins/models/models: same global batch (64 = 32 per rank), same data split
       (trainrun's DistributedSampler: rank r of W takes positions step*G + r + j*W of one seeded
       permutation), same loss normalisation (mean over the global batch), AdamW as
       bench/single_vs_pytorch.py, 2 ranks x 1 thread on both sides. PyTorch runs twice: as it

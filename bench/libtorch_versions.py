@@ -4,7 +4,7 @@ vs the same source built against the torch wheel's LibTorch 2.x (build-pip/), in
 
 Both binaries run bench/jobs/gpt.toml (4 layers, 4 heads, n_embd 128, block 128, batch 16, fp32,
 AdamW) with the same steps, threads and seed. On 2.x the gpt's attention is
-at::scaled_dot_product_attention (sdk trainrun/attention.hpp), on 1.13 the explicit matmul +
+at::scaled_dot_product_attention (sdk trainrun/model/attention.hpp), on 1.13 the explicit matmul +
 masked softmax; everything else differs only by what the two LibTorch builds do (their BLAS: 1.13
 uses Debian's OpenBLAS, the wheel its bundled MKL). Step time is the median over the steps after
 `warmup`; the two builds alternate which goes first, `--rounds` times, and the median round of

@@ -16,7 +16,7 @@
 #include <functional>
 #include <vector>
 
-#include "quant/quant.hpp"
+#include "precisions/quant/quant.hpp"
 
 using namespace trainrun::quant;
 

@@ -35,7 +35,7 @@ def load_idx(name):
     return np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims)
 
 
-class Mlp(nn.Module):  # plugins/models "mlp" with hidden = [256, 128]
+class Mlp(nn.Module):  # plugins/models/models "mlp" with hidden = [256, 128]
     def __init__(self):
         super().__init__()
         self.net = nn.Sequential(nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 128), nn.ReLU(),
@@ -45,7 +45,7 @@ class Mlp(nn.Module):  # plugins/models "mlp" with hidden = [256, 128]
         return self.net(x.flatten(1))
 
 
-class Cnn(nn.Module):  # plugins/models "cnn" defaults: channels [32, 64], hidden 128, dropout 0.25
+class Cnn(nn.Module):  # plugins/models/models "cnn" defaults: channels [32, 64], hidden 128, dropout 0.25
     def __init__(self):
         super().__init__()
         self.c1 = nn.Conv2d(1, 32, 3, padding=1)
@@ -61,7 +61,7 @@ class Cnn(nn.Module):  # plugins/models "cnn" defaults: channels [32, 64], hidde
         return self.fc2(x)
 
 
-class Block(nn.Module):  # plugins/models "gpt" block: pre-LayerNorm, causal attention, GELU MLP
+class Block(nn.Module):  # plugins/models/models "gpt" block: pre-LayerNorm, causal attention, GELU MLP
     def __init__(self, c, nh):
         super().__init__()
         self.nh = nh

@@ -1,6 +1,6 @@
 # The ddp strategy: doctest units (bucket assignment; the reducer in one process through a fake
 # two-rank communicator), and end-to-end runs launched by trainrun itself with 2 ranks on
-# gloo-cpu over loopback, against `single` (DESIGN invariant 1) and with bad input.
+# gloo-cpu over loopback, against `single` (docs/design.md, invariant 1) and with bad input.
 find_package(doctest REQUIRED)
 
 add_executable(unit_ddp ${CMAKE_CURRENT_SOURCE_DIR}/unit/unit_ddp.cpp)

@@ -1,4 +1,4 @@
-# Equivalence suite (DESIGN invariant 1), parameterised by strategy: every data-parallel or
+# Equivalence suite (docs/design.md, invariant 1), parameterised by strategy: every data-parallel or
 # sharded strategy joins with one equivalence_suite() line. One CTest entry per
 # (strategy, model, optimizer), so CTest runs them in parallel and a failure names the case.
 set(_eq_script ${CMAKE_CURRENT_SOURCE_DIR}/e2e/equivalence.sh)

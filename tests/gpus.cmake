@@ -16,7 +16,7 @@ endif()
 find_package(doctest REQUIRED)
 add_executable(unit_cuda ${CMAKE_CURRENT_SOURCE_DIR}/unit/unit_cuda.cpp)
 target_link_libraries(unit_cuda PRIVATE cuda-objects doctest::doctest)
-target_include_directories(unit_cuda PRIVATE ${CMAKE_SOURCE_DIR}/plugins/cuda
+target_include_directories(unit_cuda PRIVATE ${CMAKE_SOURCE_DIR}/plugins/accelerators/cuda
   ${TRAINRUN_NCCL_INCLUDE_DIR})
 trainrun_use_pch(unit_cuda)
 foreach(suite cuda_pending cuda_options)

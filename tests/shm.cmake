@@ -1,4 +1,4 @@
-# gloo-cpu's shared-memory send/recv (plugins/comm-gloo/shm.cpp): shm_p2p forks its own ranks on
+# gloo-cpu's shared-memory send/recv (plugins/lib/comm-gloo/shm.cpp): shm_p2p forks its own ranks on
 # loopback and drives GlooCommunicator directly (correctness at 2 and 3 ranks, with and without
 # single copy, recv_reduce, a tag/size mismatch, a dead peer, a timeout; `shm_p2p bench` prints shm vs TCP GB/s and is not a test);
 # shm_e2e.sh checks through the real trainrun binary that the path is in use ("+ shm" and

@@ -28,11 +28,11 @@
 #include <sstream>
 #include <thread>
 
+#include "trainrun/collectives/ring.hpp"
 #include "trainrun/core/config.hpp"
 #include "trainrun/core/launcher.hpp"
 #include "trainrun/core/log.hpp"
 #include "trainrun/core/registry.hpp"
-#include "trainrun/ring.hpp"
 
 namespace trainrun::app {
 

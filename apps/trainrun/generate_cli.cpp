@@ -27,10 +27,10 @@
 #include "trainrun/core/launcher.hpp"
 #include "trainrun/core/registry.hpp"
 #include "trainrun/core/runtime.hpp"
-#include "trainrun/cpu_runtime.hpp"
 #include "trainrun/deferred_weights.hpp"
 #include "trainrun/generation.hpp"
 #include "trainrun/hf/safetensors.hpp"
+#include "trainrun/runtime/cpu_runtime.hpp"
 #include "trainrun/text/chat_template.hpp"
 #include "trainrun/text/tokenizer.hpp"
 

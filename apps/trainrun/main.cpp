@@ -210,7 +210,7 @@ const std::vector<Command>& subcommands() {
 
 int main(int argc, char** argv) {
   // Before anything allocates: every rank's CPU bytes are counted from here on (the metrics'
-  // mem_* fields, Accelerator::memory_stats, trainrun/memory.hpp).
+  // mem_* fields, Accelerator::memory_stats, trainrun/runtime/memory.hpp).
   core::install_memory_tracker();
   // Each subcommand parses its own flags (Boost.PO rejects flags it does not know), so the
   // table is consulted before main()'s own parser.

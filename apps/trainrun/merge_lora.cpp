@@ -29,7 +29,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "quant/quant.hpp"
+#include "precisions/quant/quant.hpp"
 #include "trainrun/core/safetensors.hpp"
 #include "trainrun/hf/model_dir.hpp"
 #include "trainrun/error.hpp"

@@ -78,9 +78,9 @@ TrackingAllocator g_tracker;
 
 }  // namespace
 
-// The exported C interface that trainrun/memory.hpp finds with dlsym. Default visibility (the
-// project builds with hidden), and listed in core/memory.dynlist, which executables linking the
-// core get as a link option, so exactly these four enter the executable's dynamic symbol table.
+// The exported C interface that trainrun/runtime/memory.hpp finds with dlsym. Default visibility
+// (the project builds with hidden), and listed in core/memory.dynlist, which executables linking
+// the core get as a link option, so exactly these four enter the executable's dynamic symbol table.
 extern "C" {
 __attribute__((visibility("default"))) int trainrun_memory_tracking(void) {
   return g_installed.load(std::memory_order_acquire) ? 1 : 0;

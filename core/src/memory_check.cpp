@@ -6,8 +6,8 @@
 #include <iomanip>
 #include <sstream>
 
-#include <trainrun/memory.hpp>
-#include <trainrun/memory_estimate.hpp>
+#include <trainrun/runtime/memory.hpp>
+#include <trainrun/strategy/memory_estimate.hpp>
 
 #include "trainrun/core/memory.hpp"
 #include "trainrun/core/run_dir.hpp"

@@ -1,4 +1,4 @@
-// Plugin loader. Follows the order of checks in DESIGN.md ("The plugin ABI"): the entry symbol
+// Plugin loader. Follows the order of checks in docs/design.md ("The plugin ABI"): the entry symbol
 // is looked up in the ELF symbol table before the library is loaded (no plugin code runs for a
 // file that is not a plugin), then the descriptor's ABI, LibTorch version, C++ ABI and LibTorch
 // identity are checked before any component is registered.
@@ -30,7 +30,7 @@ namespace {
 
 using v1::PluginError;
 
-// Libraries are never unloaded (DESIGN.md): objects and exceptions created by a plugin may
+// Libraries are never unloaded (docs/design.md): objects and exceptions created by a plugin may
 // live until exit, so the handles are leaked on purpose.
 std::vector<boost::dll::shared_library>& loaded_libraries() {
   static auto* libs = new std::vector<boost::dll::shared_library>();
@@ -197,7 +197,7 @@ void Registry::load(const std::string& file_in, bool explicit_file) {
 
   SkippedPlugin skip{file, {}, {}};
   // Declared before `fail` so a library whose code has run (static initializers, the entry
-  // point) stays loaded even when it is refused: libraries are never unloaded (DESIGN.md).
+  // point) stays loaded even when it is refused: libraries are never unloaded (docs/design.md).
   boost::dll::shared_library lib;
   auto fail = [&](const std::string& reason) {
     if (lib.is_loaded()) loaded_libraries().push_back(std::move(lib));
@@ -216,7 +216,7 @@ void Registry::load(const std::string& file_in, bool explicit_file) {
   const trainrun_plugin_descriptor_v1* d = open_plugin(lib, file, why);
   if (!d) return fail(why);
 
-  // 3. Descriptor checks, in DESIGN.md's order. Only struct_size, abi_major and abi_minor are
+  // 3. Descriptor checks, in docs/design.md's order. Only struct_size, abi_major and abi_minor are
   // common to every ABI major: nothing after them is read before the major matches.
   const std::string abi_mismatch = "built for ABI " + abi_string(d->abi_major, d->abi_minor) +
                                    ", this trainrun supports ABI " +

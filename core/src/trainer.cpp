@@ -1,5 +1,6 @@
 // core::train: one rank's training run, built and executed as a Run in phases (core/src/run/:
-// build -> resume -> step -> evaluate -> save -> finish, as DESIGN.md's step picture draws it).
+// build -> resume -> step -> evaluate -> save -> finish, as docs/design.md's step picture draws
+// it).
 #include "trainrun/core/trainer.hpp"
 
 #include "run/run.hpp"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# DESIGN invariant 1 on SFT data (issue 22, done-when 3d): conversations and a small tokenizer
-# from tests/e2e/chat_data.py, then the equivalence suite (ddp or STRATEGY at world 1, 2, 4 x accumulation 1, 4
-# against the single-process run: every step's loss and the final weights within 1e-5).
+# docs/design.md's invariant 1 on SFT data (issue 22, done-when 3d): conversations and a small
+# tokenizer from tests/e2e/chat_data.py, then the equivalence suite (ddp or STRATEGY at world 1, 2,
+# 4 x accumulation 1, 4 against the single-process run: every step's loss and the final weights
+# within 1e-5).
 #   chat_equivalence.sh TRAINRUN PYTHON JOB WORK [STRATEGY [--set strategy.key=value ...]]
 set -eu
 tr=$1 py=$2 job=$3 work=$4 strategy=${5:-ddp}

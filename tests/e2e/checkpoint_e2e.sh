@@ -115,7 +115,7 @@ case $case in
   reshard_train)
     # The optimizer state reshards too: ddp@2 stops at step 10; fsdp@4 and single@1 each resume
     # from that checkpoint and train steps 11-20, matching the uninterrupted ddp@2 run within
-    # 1e-5 (DESIGN invariant 1: losses, gradient norms and final weights; compare_runs.py).
+    # 1e-5 (docs/design.md, invariant 1: losses, gradient norms and final weights; compare_runs.py).
     g=("${gpt[@]}" "${opt[@]}")
     run "$work/straight.log" "$tr" "${g[@]}" --set strategy.plugin=ddp --set launch.nproc_per_node=2 \
       --set trainer.run_dir="$work/straight"

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # ddp_e2e.sh <trainrun> <jobs-dir> <work-dir> <test-plugin-dir> <case>
 # End-to-end runs of the ddp strategy: 2 ranks launched by trainrun itself on gloo-cpu
-# (loopback), compared step by step with a `single` run of the same job (DESIGN invariant 1),
-# and the bad-input cases (each a clear error naming the cause, a non-zero exit, no hang).
+# (loopback), compared step by step with a `single` run of the same job (docs/design.md, invariant
+# 1), and the bad-input cases (each a clear error naming the cause, a non-zero exit, no hang).
 source "$(dirname "$0")/e2e_lib.sh"
 tr=$1 jobs=$2 work=$3 plugins=$4 case=$5
 strategy=ddp

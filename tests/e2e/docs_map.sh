@@ -1,6 +1,6 @@
 #!/bin/bash
-# docs/map-of-the-code.md names folders in backquotes (`core/`, `plugins/ddp/`); each must exist
-# in the source tree, so the map cannot outlive the layout it describes.
+# docs/map-of-the-code.md names folders in backquotes (`core/`, `plugins/strategies/ddp/`); each
+# must exist in the source tree, so the map cannot outlive the layout it describes.
 #   docs_map.sh <source dir>
 set -u
 src=$1

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Equivalence suite (DESIGN invariant 1): a strategy at world size 1, 2 and 4, with 1 and 4
+# Equivalence suite (docs/design.md, invariant 1): a strategy at world size 1, 2 and 4, with 1 and 4
 # accumulated micro-batches, on the same global batch, must reproduce the single-process run:
 # every step's loss and the final weights within 1e-5 relative (tests/e2e/compare_runs.py).
 # Layouts (world x accumulation): 1x1, 2x1, 2x4 and 4x4 by default. Each world size's shard and

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # ring_e2e.sh <trainrun> <jobs-dir> <work-dir> <test-plugin-dir> <case> [<gpt job>]
 # End-to-end runs of the `ring` strategy launched by trainrun itself on gloo-cpu (loopback):
-# against `single` (DESIGN invariant 1) with and without fusion, accumulation, compression,
+# against `single` (docs/design.md, invariant 1) with and without fusion, accumulation, compression,
 # op = sum, hierarchical over two launcher agents acting as two nodes, the bad-input cases (each
 # a clear error naming the cause, a non-zero exit, no hang) and the timeline of a 2-rank gpt run.
 source "$(dirname "$0")/e2e_lib.sh"

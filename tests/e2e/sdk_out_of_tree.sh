@@ -4,7 +4,9 @@
 # The SDK as a third party sees it: installs the trainrun build into <work-dir>/prefix (nothing
 # is rebuilt), builds sdk/examples/loss-threshold against that prefix alone with
 # find_package(TrainrunSDK), then trains a short job with the INSTALLED trainrun, the example
-# found through TRAINRUN_PLUGIN_PATH, and checks what the callback printed and wrote.
+# found through TRAINRUN_PLUGIN_PATH, and checks what the callback printed and wrote. Then builds
+# tests/e2e/sdk_old_paths, a plugin that includes the SDK headers by their paths before issue 42
+# moved them into role folders, and checks that it loads and runs (the forwarding headers).
 set -euo pipefail
 build=$(cd "$1" && pwd)
 src=$(cd "$2" && pwd)
@@ -23,6 +25,10 @@ step "install $build into $prefix"
 cmake --install "$build" --prefix "$prefix" >"$work/install.log" 2>&1 || {
   cat "$work/install.log"; fail "cmake --install failed"; }
 for f in bin/trainrun include/trainrun/trainrun.hpp include/trainrun/plugin.hpp \
+         include/trainrun/capabilities.hpp include/trainrun/strategy/sharding.hpp \
+         include/trainrun/collectives/ring.hpp include/trainrun/collectives/ring_reduce_scatter.hpp \
+         include/trainrun/model/linear.hpp include/trainrun/runtime/cpu_runtime.hpp \
+         include/trainrun/sharding.hpp include/trainrun/ring.hpp \
          lib/cmake/TrainrunSDK/TrainrunSDKConfig.cmake \
          lib/cmake/TrainrunSDK/TrainrunSDKConfigVersion.cmake \
          lib/cmake/TrainrunSDK/TrainrunSDKTargets.cmake \
@@ -127,6 +133,49 @@ echo "$out"
 [ "$rc" -ne 0 ] && [ "$rc" -lt 128 ] || fail "expected a clean failure, got exit code $rc"
 grep -Eq "error: .*loss-threshold.*train_loss never went below 0" <<<"$out" ||
   fail "the failure does not name the plugin and the reason"
+
+step "a plugin that includes the SDK's old header paths builds against $prefix and loads"
+old_src=$src/tests/e2e/sdk_old_paths
+old_includes=$(grep -hoE '#include <trainrun/[a-z_]+\.hpp>' "$old_src/old_paths.cpp" | wc -l)
+[ "$old_includes" -ge 18 ] || fail "old_paths.cpp includes only $old_includes top-level SDK headers"
+cmake -S "$old_src" -B "$work/old-paths" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_EXPORT_COMPILE_COMMANDS=ON "${launcher[@]}"
+cmake --build "$work/old-paths"
+old_plugin=$work/old-paths/libtrainrun-old-paths.so
+[ -f "$old_plugin" ] || fail "the old-paths build produced no $old_plugin"
+grep -q -- "$prefix/include" "$work/old-paths/compile_commands.json" ||
+  fail "old-paths was not compiled against $prefix/include"
+if grep -q -- "$src/sdk/include" "$work/old-paths/compile_commands.json"; then
+  fail "old-paths was compiled against the source tree's sdk/include"
+fi
+out=$(TRAINRUN_PLUGIN_PATH=$work/old-paths "$trainrun" plugins old-paths 2>&1) || {
+  echo "$out"; fail "trainrun plugins old-paths"; }
+echo "$out"
+grep -q "plugin old-paths 1.0.0, $old_plugin" <<<"$out" || fail "not listed from $old_plugin"
+cat >"$work/old-paths.toml" <<JOB
+[model]
+plugin = "mlp"
+hidden = [8]
+
+[data]
+plugin = "idx"
+
+[trainer]
+max_steps = 2
+global_batch_size = 8
+seed = 1
+run_dir = "$work/run-old-paths"
+
+[[callbacks]]
+plugin = "old-paths"
+JOB
+set +e
+out=$(TRAINRUN_PLUGIN_PATH=$work/old-paths "$trainrun" --config "$work/old-paths.toml" 2>&1)
+rc=$?
+set -e
+echo "$out"
+[ "$rc" -eq 0 ] || fail "training with old-paths exited with $rc"
+grep -q '^\[old-paths: cpu list 0-3 has 4 cores\]$' <<<"$out" || fail "the old-paths callback did not run"
 
 echo
 echo "PASS"

@@ -5,7 +5,7 @@
 // present), marking the trained tokens as the chat dataset does.
 #include <filesystem>
 
-#include "../../plugins/chat/chat_samples.hpp"
+#include "../../plugins/data/chat/chat_samples.hpp"
 #include "fuzz_input.hpp"
 
 using namespace trainrun;

@@ -1,7 +1,7 @@
 // Fuzz target `llama_config`: config.json text -> the llama plugin's LlamaConfig::from_json
 // (model_type, sizes, rope scaling, dtype keys of transformers 4.x and 5.x), then to_json on top
 // of the same text, as save_hf writes it back.
-#include "../../plugins/llama/llama.hpp"
+#include "../../plugins/models/llama/llama.hpp"
 #include "fuzz_input.hpp"
 
 using namespace trainrun;

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "chat/chat_samples.hpp"
+#include "data/chat/chat_samples.hpp"
 
 using namespace trainrun;
 

@@ -18,10 +18,10 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
-#include "llama/llama.hpp"
-#include "lora/lora.hpp"
+#include "models/llama/llama.hpp"
+#include "callbacks/lora/lora.hpp"
 #include "trainrun/hf/safetensors.hpp"
-#include "trainrun/linear.hpp"
+#include "trainrun/model/linear.hpp"
 
 namespace fs = std::filesystem;
 using namespace trainrun;

@@ -1,4 +1,4 @@
-// gloo-cpu's shared-memory send/recv (plugins/comm-gloo/shm.cpp), driven directly: this program
+// gloo-cpu's shared-memory send/recv (plugins/lib/comm-gloo/shm.cpp), driven directly: this program
 // forks its ranks, each builds a GlooCommunicator over a loopback store and TCP device (as the
 // accelerator does), and runs one mode:
 //   shm_p2p check [N]   correctness at N ranks (default 2): the shm path is in use; exchanges

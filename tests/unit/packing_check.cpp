@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "llama/llama.hpp"
+#include "models/llama/llama.hpp"
 #include "test_options.hpp"
 #include "trainrun/plugin.hpp"
 

@@ -1,4 +1,4 @@
-// trainrun::v1::attention (sdk trainrun/attention.hpp): what the masks mean, checked on every
+// trainrun::v1::attention (sdk trainrun/model/attention.hpp): what the masks mean, checked on every
 // LibTorch through properties that do not depend on how the scores are computed, and on
 // LibTorch >= 2.1 the fused at::scaled_dot_product_attention path against the explicit math.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
@@ -9,7 +9,7 @@
 
 #include <limits>
 
-#include <trainrun/attention.hpp>
+#include <trainrun/model/attention.hpp>
 
 using trainrun::v1::attention;
 using trainrun::v1::attention_math;

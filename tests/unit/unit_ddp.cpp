@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "ddp/ddp.hpp"
+#include "strategies/ddp/ddp.hpp"
 #include "fake_communicator.hpp"
 
 namespace tr = trainrun::v1;

@@ -1,5 +1,5 @@
-// The CPU memory tracker (core/src/memory.cpp, read through the SDK's trainrun/memory.hpp as a
-// plugin reads it) and the ZeRO memory estimator (sdk trainrun/memory_estimate.hpp).
+// The CPU memory tracker (core/src/memory.cpp, read through the SDK's trainrun/runtime/memory.hpp
+// as a plugin reads it) and the ZeRO memory estimator (sdk trainrun/strategy/memory_estimate.hpp).
 //   unit_memory [doctest options]     the tests; the tracker is installed before they run
 //   unit_memory --bench-alloc [N]     N x (at::empty({16}) + free) without, then with the tracker
 #define DOCTEST_CONFIG_IMPLEMENT
@@ -14,8 +14,8 @@
 #include <cstring>
 #include <string>
 
-#include <trainrun/memory.hpp>
-#include <trainrun/memory_estimate.hpp>
+#include <trainrun/runtime/memory.hpp>
+#include <trainrun/strategy/memory_estimate.hpp>
 
 #include "trainrun/core/memory.hpp"
 #include "trainrun/core/registry.hpp"

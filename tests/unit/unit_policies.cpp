@@ -25,12 +25,12 @@
 #include <string>
 #include <vector>
 
-#include "callbacks/callbacks.hpp"
+#include "callbacks/callbacks/callbacks.hpp"
 #include "test_options.hpp"
-#include "cpu/cpu.hpp"
-#include "optim/optim.hpp"
-#include "precision/precision.hpp"
-#include "single/single.hpp"
+#include "accelerators/cpu/cpu.hpp"
+#include "optimizers/optim/optim.hpp"
+#include "precisions/precision/precision.hpp"
+#include "strategies/single/single.hpp"
 
 namespace fs = std::filesystem;
 using namespace trainrun::v1;

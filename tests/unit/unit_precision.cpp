@@ -22,15 +22,15 @@
 #include <string>
 #include <vector>
 
-#include <trainrun/activation_checkpointing.hpp>
-#include <trainrun/memory.hpp>
+#include <trainrun/model/activation_checkpointing.hpp>
+#include <trainrun/runtime/memory.hpp>
 #include <trainrun/trainrun.hpp>
 
 #include "fake_communicator.hpp"
-#include "optim/optim.hpp"
-#include "precision/loss_scaler.hpp"
-#include "precision/mixed.hpp"
-#include "precision/precision.hpp"
+#include "optimizers/optim/optim.hpp"
+#include "precisions/precision/loss_scaler.hpp"
+#include "precisions/precision/mixed.hpp"
+#include "precisions/precision/precision.hpp"
 #include "trainrun/core/memory.hpp"
 
 namespace trainrun::models {
@@ -613,7 +613,7 @@ TEST_SUITE("activation_checkpointing") {
   // Peak activation bytes of one forward + backward of a gpt with 8 blocks, with the weights'
   // gradients already allocated (a warm-up step, zeroed in place) so that the peak above the
   // starting point is activations and backward temporaries only. Tracked by the counting CPU
-  // allocator (trainrun/memory.hpp).
+  // allocator (trainrun/runtime/memory.hpp).
   TEST_CASE("gpt n_layer 8: peak activation bytes fall by at least 40%") {
     REQUIRE_MESSAGE(memory::tracking(), "the CPU memory tracker is not installed");
     torch::manual_seed(5);

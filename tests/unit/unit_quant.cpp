@@ -9,9 +9,9 @@
 #include <cstdio>
 #include <filesystem>
 
-#include "lora/lora.hpp"
-#include "quant/quant.hpp"
-#include "trainrun/module_model.hpp"
+#include "callbacks/lora/lora.hpp"
+#include "precisions/quant/quant.hpp"
+#include "trainrun/model/module_model.hpp"
 
 using namespace trainrun;
 using namespace trainrun::quant;

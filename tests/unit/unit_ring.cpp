@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "fake_communicator.hpp"
-#include "ring/ring_strategy.hpp"
+#include "strategies/ring/ring_strategy.hpp"
 
 namespace tr = trainrun::v1;
 using trainrun::plugins::RingStrategy;

@@ -14,8 +14,8 @@
 #include <string>
 #include <vector>
 
-#include "tensorboard/event_file.hpp"
-#include "tensorboard/tensorboard.hpp"
+#include "callbacks/tensorboard/event_file.hpp"
+#include "callbacks/tensorboard/tensorboard.hpp"
 #include "test_options.hpp"
 
 namespace fs = std::filesystem;

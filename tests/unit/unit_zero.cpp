@@ -1,12 +1,12 @@
-// The sharding engine (sdk trainrun/sharding.hpp) and the zero strategy in one process:
+// The sharding engine (sdk trainrun/strategy/sharding.hpp) and the zero strategy in one process:
 // layout arithmetic on awkward sizes, storage release that keeps views attached, and stage 3 on
 // a two-unit model whose gradients must equal the unsharded model's. Multi-rank behaviour is
 // covered by the equivalence suite (tests/equivalence.cmake) and tests/zero.cmake.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
-#include <trainrun/sharding.hpp>
-#include <trainrun/strategy_helpers.hpp>
+#include <trainrun/strategy/sharding.hpp>
+#include <trainrun/strategy/strategy_helpers.hpp>
 
 #include <torch/types.h>
 #include <torch/utils.h>
@@ -16,7 +16,7 @@
 #include <set>
 
 #include "fake_communicator.hpp"
-#include "zero/zero.hpp"
+#include "strategies/zero/zero.hpp"
 
 using namespace trainrun::v1;
 using trainrun::v1::sharding::FlatLayout;

@@ -1,4 +1,4 @@
-// One training run in phases, as DESIGN.md's step picture draws it: build (the constructor:
+// One training run in phases, as docs/design.md's step picture draws it: build (the constructor:
 // run directory, components, capabilities, strategy setup) -> resume -> step (the loop) ->
 // evaluate -> save -> finish. Each phase is one file in this folder; core::train (trainer.cpp)
 // builds a Run and executes it. Private to the core: no plugin or app includes this header.

@@ -17,11 +17,11 @@
 
 #include <nlohmann/json.hpp>
 
-#include "trainrun/activation_checkpointing.hpp"
-#include "trainrun/linear.hpp"
 #include "trainrun/core/log.hpp"
 #include "trainrun/core/runtime.hpp"
 #include "trainrun/core/safetensors.hpp"
+#include "trainrun/model/activation_checkpointing.hpp"
+#include "trainrun/model/linear.hpp"
 
 namespace fs = std::filesystem;
 

@@ -266,6 +266,8 @@ class Callback {
 // ---------------------------------------------------------------------------------------------
 // Capabilities (ABI 1.1). A component may also derive from one of these; the core finds it
 // with dynamic_cast, so components built against ABI 1.0 keep working unchanged.
+// trainrun/capabilities.hpp indexes every capability interface of the SDK: who implements it,
+// who queries it, since which ABI minor.
 
 /// A Strategy, Precision or Optimizer that adds its own figures to every step's metrics.
 /// Example (ddp): "comm_bytes" (bytes this rank sent in gradient all-reduces during the step)
@@ -366,10 +368,11 @@ class ShardedStateDictSource {
 };
 
 // ---------------------------------------------------------------------------------------------
-// ABI 1.4 (adapters). The replaceable pieces of the SDK's Linear layer (trainrun/linear.hpp):
+// ABI 1.4 (adapters). The replaceable pieces of the SDK's Linear layer (trainrun/model/linear.hpp):
 // a model built on trainrun::v1::Linear lets a Precision swap the dense weight for a frozen
 // quantized one (quant-nf4, quant-int8) and a Callback add low-rank adapters (lora), without the
-// model's help: C++ modules have no forward hooks (DESIGN), so the layer itself has the seams.
+// model's help: C++ modules have no forward hooks (docs/design.md), so the layer itself has the
+// seams.
 
 /// A frozen replacement of a Linear layer's dense weight W [out, in]: packed storage plus its
 /// quantization state, registered as buffers of the layer (LinearImpl::set_base), never
@@ -488,12 +491,11 @@ class FinalStateDictConsumer {
 
 /// ABI 1.5. A Communicator whose recv can combine the message into the destination instead of
 /// overwriting it: `tensor` = op(tensor, message), element-wise. The ring all-reduce's
-/// reduce-scatter (trainrun/ring.hpp) uses it when present, so that a transport which receives
-/// through a staging area (gloo-cpu's shared memory) reduces straight from it and saves a copy
-/// of every received byte; without it the ring receives into a buffer and reduces after.
-/// Matched with the peer's send exactly as recv is (tag, dtype, size). Found with
-/// dynamic_cast. `op` is Sum, Min or Max; Avg throws Error (sum, then divide). Same errors as
-/// recv.
+/// reduce-scatter (trainrun/collectives/ring.hpp) uses it when present, so that a transport which
+/// receives through a staging area (gloo-cpu's shared memory) reduces straight from it and saves a
+/// copy of every received byte; without it the ring receives into a buffer and reduces after.
+/// Matched with the peer's send exactly as recv is (tag, dtype, size). Found with dynamic_cast.
+/// `op` is Sum, Min or Max; Avg throws Error (sum, then divide). Same errors as recv.
 class RecvReduceCommunicator {
  public:
   virtual ~RecvReduceCommunicator() = default;

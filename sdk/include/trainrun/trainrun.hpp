@@ -2,10 +2,10 @@
 // Umbrella header for plugin authors.
 #include "trainrun/error.hpp"
 #include "trainrun/interfaces.hpp"
-#include "trainrun/lr_schedule.hpp"
-#include "trainrun/module_model.hpp"
+#include "trainrun/model/module_model.hpp"
+#include "trainrun/optim/lr_schedule.hpp"
 #include "trainrun/options.hpp"
 #include "trainrun/plugin.hpp"
-#include "trainrun/strategy_helpers.hpp"
+#include "trainrun/strategy/strategy_helpers.hpp"
 #include "trainrun/types.hpp"
 #include "trainrun/unit.hpp"

@@ -42,7 +42,7 @@ class UnitOutputHooks {
 
 /// Runs `forward(input)` so that its activations are recomputed during backward instead of
 /// stored (activation checkpointing); returns forward(input)'s value. Installed on a unit by
-/// the SDK's activation-checkpointing helper (trainrun/activation_checkpointing.hpp). The
+/// the SDK's activation-checkpointing helper (trainrun/model/activation_checkpointing.hpp). The
 /// function is called again during backward, after the model's forward has returned: it must
 /// capture what it uses by value (the submodule's shared_ptr), never locals by reference.
 /// Reference: Chen et al., "Training Deep Nets with Sublinear Memory Cost" (2016);

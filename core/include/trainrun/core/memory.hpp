@@ -1,15 +1,15 @@
 #pragma once
 // The per-process CPU memory tracker (a counting wrapper around LibTorch's CPU allocator) and
 // the memory figures the core hands to strategies and prints in `trainrun check`.
-// Plugins read the tracker through the SDK's trainrun/memory.hpp, which finds the extern "C"
-// functions this file's implementation exports (see there for why).
+// Plugins read the tracker through the SDK's trainrun/runtime/memory.hpp, which finds the extern
+// "C" functions this file's implementation exports (see there for why).
 #include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include <trainrun/interfaces.hpp>
-#include <trainrun/memory_estimate.hpp>
+#include <trainrun/strategy/memory_estimate.hpp>
 
 #include "trainrun/core/config.hpp"
 #include "trainrun/core/registry.hpp"

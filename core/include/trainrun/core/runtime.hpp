@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "trainrun/core/config.hpp"
-#include "trainrun/cpu_runtime.hpp"
+#include "trainrun/runtime/cpu_runtime.hpp"
 
 namespace trainrun::core {
 

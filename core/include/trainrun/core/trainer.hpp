@@ -1,5 +1,5 @@
 #pragma once
-// The training loop the core owns (DESIGN.md "One step, as data").
+// The training loop the core owns (docs/design.md, "One step, as data").
 #include <trainrun/types.hpp>
 
 #include "trainrun/core/config.hpp"

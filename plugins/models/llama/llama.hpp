@@ -1,0 +1,125 @@
+#pragma once
+// Model `llama`: the Llama family of decoder-only transformers as transformers'
+// LlamaForCausalLM computes it (models/llama/modeling_llama.py), with the variants Mistral,
+// Qwen2 and Qwen3 differ by, read from an HF model directory's config.json or from inline keys.
+//
+// Module and parameter names are the HF checkpoint's tensor names
+// ("model.layers.0.self_attn.q_proj.weight"), so loading, saving and LoRA targeting need no
+// mapping tables. Each decoder layer is one sharding Unit; every projection is a
+// trainrun::v1::Linear, so quant-nf4/int8 and lora apply.
+#include <ATen/core/Tensor.h>
+#include <trainrun/deferred_weights.hpp>
+#include <trainrun/generation.hpp>
+#include <trainrun/hf/model_dir.hpp>
+#include <trainrun/hf/model_source.hpp>
+#include <trainrun/interfaces.hpp>
+#include <trainrun/model/module_model.hpp>
+#include <trainrun/model/packed_batch.hpp>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace trainrun::llama {
+
+/// The architecture, as config.json describes it (transformers 4.x and 5.x spellings).
+struct LlamaConfig {
+  std::string model_type = "llama";  ///< llama, mistral, qwen2, qwen3
+  int64_t vocab_size = 32000, hidden_size = 4096, intermediate_size = 11008;
+  int64_t num_hidden_layers = 32, num_attention_heads = 32, num_key_value_heads = 32;
+  int64_t head_dim = 128;  ///< per head; Qwen3 may differ from hidden_size / heads
+  int64_t max_position_embeddings = 2048;
+  double rms_norm_eps = 1e-6, rope_theta = 10000.0, initializer_range = 0.02;
+  /// RoPE frequency scaling: "default", "linear" (factor) or "llama3" (factor, low/high
+  /// frequency factors, original context length).
+  std::string rope_type = "default";
+  double rope_factor = 1.0, low_freq_factor = 1.0, high_freq_factor = 4.0;
+  int64_t original_max_position_embeddings = 8192;
+  bool tie_word_embeddings = false;
+  bool qkv_bias = false;  ///< biases on q/k/v (Qwen2, Llama attention_bias)
+  bool o_bias = false;    ///< bias on o_proj (Llama attention_bias)
+  bool mlp_bias = false;
+  bool qk_norm = false;   ///< Qwen3: RMSNorm over each head of q and k before RoPE
+  int64_t sliding_window = 0;  ///< Mistral: a query sees the last sliding_window keys; 0 = all
+  std::string dtype = "float32";  ///< torch_dtype / dtype: the weights' dtype on disk
+
+  /// Parses config.json text. Throws v1::ConfigError naming `source` and the key when
+  /// model_type, a rope type, hidden_act or another value is not supported.
+  static LlamaConfig from_json(const std::string& text, const std::string& source);
+  /// config.json for this architecture, readable by transformers 4.x and 5.x (both rope
+  /// spellings, both dtype keys), on top of `original` (the input's config.json text, whose
+  /// other keys are kept; "" = none), with `dtype` as the weights' dtype.
+  std::string to_json(const std::string& original, const std::string& dtype) const;
+};
+
+/// The model. Parameters float32, named as in HF checkpoints.
+class LlamaModel final : public v1::ModuleModel,
+                         public v1::BatchFieldsReaderBase,
+                         public v1::FinalStateDictConsumer,
+                         public v1::HfModelSource,
+                         public v1::IncrementalDecoder,
+                         public v1::DeferredWeights {
+ public:
+  static void declare_options(v1::OptionSchema& s);
+  LlamaModel(const v1::Options& o, const v1::RunContext& ctx);
+  /// Loads an HF model directory (tests and tools). Throws v1::ConfigError as the plugin does.
+  explicit LlamaModel(const std::string& dir);
+
+  /// ids int64 [B, T] -> logits [B, T, vocab_size] (float32 unless autocast says otherwise).
+  at::Tensor logits(const at::Tensor& ids);
+  /// The batch's input -> logits [B, T, vocab_size], honouring batch.position_ids and
+  /// batch.segment_ids (packed samples never attend to each other).
+  at::Tensor logits(const v1::Batch& batch);
+  v1::ModelOutput forward(const v1::Batch& batch) override;
+  std::vector<v1::Unit*> units() override;
+  std::string describe() const override;
+  /// Writes <run_dir>/hf/ (config, generation config, weights, tokenizer files) on rank 0.
+  void on_final_state_dict(const std::vector<v1::NamedTensor>& state) override;
+  std::string hf_model_dir() const override { return dir_; }
+  std::string hf_task_type() const override { return "CAUSAL_LM"; }
+
+  /// DeferredWeights (ABI 1.7): built from an HF directory through the plugin, the model checks
+  /// every tensor's header but reads no weight until the host or a sharded strategy asks.
+  bool weights_deferred() const override { return !deferred_.empty(); }
+  bool weight_deferred(const std::string& name) const override;
+  void load_deferred_weights() override;
+  void read_weight_range(const std::string& name, int64_t offset, const at::Tensor& out) override;
+  /// Prints what this rank read (bytes of weights, and the process's rchar since the first read)
+  /// and closes the weight files.
+  void deferred_weights_loaded() override;
+
+  /// KV-cache decoding (llama_decode.inc): keys/values cached per layer after RoPE, as
+  /// transformers' DynamicCache holds them; the training forward above is not used.
+  std::unique_ptr<v1::DecodeState> new_decode_state(int64_t batch_size, int64_t max_length) override;
+  at::Tensor decode(const at::Tensor& ids, v1::DecodeState& state) override;
+
+  const LlamaConfig& config() const { return cfg_; }
+  /// Writes an HF model directory from `state` (names as named_parameters()) in `dtype`.
+  void save_hf(const std::string& out, const std::vector<v1::NamedTensor>& state,
+               const std::string& dtype, int64_t max_shard_bytes) const;
+
+ private:
+  void build(bool release);
+  void load(const std::string& dir, bool defer);
+  /// The final norm's output [B, T, hidden] for the batch (logits() without the head).
+  at::Tensor hidden_states(const v1::Batch& batch);
+  /// hidden [..., hidden_size] -> logits [..., vocab_size] (lm_head, or the tied embedding).
+  at::Tensor head(const at::Tensor& hidden);
+
+  LlamaConfig cfg_;
+  std::string dir_, config_text_, run_dir_, save_dtype_ = "auto";
+  int64_t max_shard_bytes_ = 5'000'000'000;
+  bool save_hf_ = true;
+  bool fused_head_loss_ = true;
+  int rank_ = 0;
+  std::shared_ptr<torch::nn::Module> net_;
+  std::vector<std::unique_ptr<v1::Unit>> units_;
+  /// The training loss's logits [tokens * vocab], reused from step to step (HeadCrossEntropySum).
+  std::shared_ptr<at::Tensor> logits_buffer_ = std::make_shared<at::Tensor>();
+  std::unique_ptr<hf::ModelDir> md_;            ///< open while weights are deferred
+  std::map<std::string, at::Tensor> deferred_;  ///< parameters waiting for their values
+  int64_t bytes_read_ = 0, ranges_read_ = 0, rchar_start_ = -1, rss_at_build_ = -1;
+};
+
+}  // namespace trainrun::llama

@@ -1,0 +1,85 @@
+#pragma once
+// The capability interfaces, in one index. A component (or a communicator, a Unit's hooks, a
+// Linear's adapter) may derive from any of these besides its own interface; whoever needs the
+// capability finds it with dynamic_cast and falls back when it is absent, so a plugin built
+// against an older ABI minor keeps working unchanged (interfaces.hpp, "Capabilities").
+// Including this header gives every one of them; trainrun/trainrun.hpp does not include it
+// (model/linear.hpp brings torch::nn).
+//
+// "Since" is the ABI minor that added the interface (plugin.hpp's kAbiMinor history); "no ABI
+// minor" marks one whose header explains why it needed none (the minor current then is named).
+// Implemented / queried name the in-tree code; a third-party plugin may implement any of them.
+//
+// StepMetricsSource (interfaces.hpp, since 1.1)
+//   implemented by: precision (bf16-*, fp16-mixed, auto); ReplicatedStrategy (ddp, ring);
+//                   ShardedStrategy (zero, fsdp)
+//   queried by:     core/src/run/build.cpp
+// ParameterShapesAware (interfaces.hpp, since 1.3)
+//   implemented by: optim (adamw)
+//   queried by:     core/src/run/build.cpp
+// PrecisionBytes (interfaces.hpp, since 1.3)
+//   implemented by: precision (every component)
+//   queried by:     core/src/memory_check.cpp, core/src/run/build.cpp
+// OptimizerStateBytes (interfaces.hpp, since 1.3)
+//   implemented by: optim (sgd, adamw)
+//   queried by:     core/src/memory_check.cpp
+// MemoryInputsAware (interfaces.hpp, since 1.3)
+//   implemented by: ShardedStrategy (zero, fsdp)
+//   queried by:     core/src/run/build.cpp
+// CheckpointState (interfaces.hpp, since 1.3)
+//   implemented by: precision (bf16-*, fp16-mixed, auto: the loss scaler's state)
+//   queried by:     core/src/run/build.cpp
+// ShardedStateDictSource (interfaces.hpp, since 1.3)
+//   implemented by: ShardedStrategy (zero, fsdp)
+//   queried by:     core/src/run/build.cpp
+// UnitOutputHooks (unit.hpp, since 1.3)
+//   implemented by: ShardedStrategy's runtime
+//   queried by:     Unit (unit.hpp)
+// LinearBase (interfaces.hpp, since 1.4)
+//   implemented by: quant (quant-nf4, quant-int8)
+//   queried by:     Linear (model/linear.hpp); lora
+// LinearAdapter (interfaces.hpp, since 1.4)
+//   implemented by: lora
+//   queried by:     Linear (model/linear.hpp)
+// CheckpointableStrategy (interfaces.hpp, since 1.4)
+//   implemented by: single; ReplicatedStrategy (ddp, ring); ShardedStrategy (zero, fsdp)
+//   queried by:     core/src/run/build.cpp
+// CheckpointPolicy (interfaces.hpp, since 1.4)
+//   implemented by: callbacks (checkpoint)
+//   queried by:     core/src/run/build.cpp
+// FinalStateDictConsumer (interfaces.hpp, since 1.4)
+//   implemented by: lora (a Callback); llama (a Model, since 1.5)
+//   queried by:     core/src/run/build.cpp, apps/trainrun/export_cli.cpp
+// RecvReduceCommunicator (interfaces.hpp, since 1.5)
+//   implemented by: the Gloo communicator (plugins/lib/comm-gloo/: gloo-cpu, cuda over gloo)
+//   queried by:     collectives/ring.hpp (the ring strategy's all-reduce)
+// HfModelSource (hf/model_source.hpp, since 1.5)
+//   implemented by: llama
+//   queried by:     lora (PEFT adapter files)
+// IncrementalDecoder (generation.hpp, no ABI minor, as its header says; added at 1.5)
+//   implemented by: llama (llama_decode.inc)
+//   queried by:     apps/trainrun/generate_cli.cpp
+// BatchFieldsReader (interfaces.hpp, since 1.6)
+//   implemented by: BatchFieldsReaderBase (model/packed_batch.hpp): llama, models (gpt)
+//   queried by:     core/src/run/build.cpp
+// DeferredWeights (deferred_weights.hpp, since 1.7)
+//   implemented by: llama
+//   queried by:     core/src/run/build.cpp, apps/trainrun/generate_cli.cpp,
+//                   strategy/sharded_runtime.hpp
+// DeferredWeightsLoader (deferred_weights.hpp, since 1.7)
+//   implemented by: ShardedStrategy (zero, fsdp)
+//   queried by:     core/src/run/build.cpp
+// LowRankAdapter (model/linear.hpp, no ABI minor: only the header uses it; added at 1.7)
+//   implemented by: lora
+//   queried by:     Linear (model/linear.hpp)
+//
+// ReplicatedStrategy is trainrun/strategy/replicated_strategy.hpp, ShardedStrategy
+// trainrun/strategy/sharded_runtime.hpp.
+// A new capability goes in the header of its area (interfaces.hpp unless it belongs with one of
+// the others), bumps kAbiMinor when the core queries it, and gets an entry here.
+#include "trainrun/deferred_weights.hpp"
+#include "trainrun/generation.hpp"
+#include "trainrun/hf/model_source.hpp"
+#include "trainrun/interfaces.hpp"
+#include "trainrun/model/linear.hpp"
+#include "trainrun/unit.hpp"
