@@ -1,5 +1,6 @@
 #include "cuda.hpp"
 
+#include "backend_options.hpp"
 #include "comm_common.hpp"
 #include "cpu_threads.hpp"
 #include "gloo_communicator.hpp"
@@ -143,15 +144,7 @@ void CudaAccelerator::declare_options(OptionSchema& schema) {
   schema.choice("collectives", "nccl", {"nccl", "gloo"},
                 "nccl: NCCL on the devices (one device per rank); gloo: Gloo's TCP collectives "
                 "through host memory (how ranks share one GPU, which NCCL refuses)");
-  schema.duration("timeout_s", 600.0,
-                  "default timeout of every collective and point-to-point operation", 0.001);
-  schema.duration("stall_warning_s", 60.0,
-                  "warn (naming the ranks not arrived) when an operation has waited this long; "
-                  "0 = off",
-                  0.0);
-  schema.boolean("check_collectives", true,
-                 "check through the store that every rank issues the same collective (op, "
-                 "dtype, size) at the same position; a mismatch is an error naming both");
+  comm::declare_backend_options(schema);
   schema.boolean("blocking_wait", false,
                  "nccl: Work.wait() also blocks the host until the operation is done (else only "
                  "the compute stream waits; the watchdog enforces timeout_s either way)");
@@ -160,8 +153,8 @@ void CudaAccelerator::declare_options(OptionSchema& schema) {
 CudaAccelerator::CudaAccelerator(const Options& options, const RunContext& ctx) {
   const std::string& where = options.context();
   collectives_ = options.get_string("collectives");
-  const double timeout_s = options.get_seconds("timeout_s");
-  TR_CHECK_TYPED(ConfigError, timeout_s > 0, where, ": timeout_s must be > 0, got ", timeout_s);
+  const comm::BackendOptions backend = comm::backend_options(options);
+  const double timeout_s = backend.timeout_s;
   const std::vector<int64_t>& ids = options.get_int_list("device_ids");
   if (collectives_ == "nccl") {
     const std::string dup = shared_device(ids, ctx.local_world_size);
@@ -185,8 +178,8 @@ CudaAccelerator::CudaAccelerator(const Options& options, const RunContext& ctx) 
     // the all-reduce algorithm as gloo-cpu's defaults); the threads were set above.
     GlooSettings gs;
     gs.timeout_s = timeout_s;
-    gs.stall_warning_s = options.get_seconds("stall_warning_s");
-    gs.check_collectives = options.get_bool("check_collectives");
+    gs.stall_warning_s = backend.stall_warning_s;
+    gs.check_collectives = backend.check_collectives;
     gs.rendezvous_timeout_s = rendezvous_timeout_s;
     std::shared_ptr<GlooCommunicator> gloo = open_gloo_world(gs, ctx).communicator;
     Communicator& inner = *gloo;
@@ -196,8 +189,8 @@ CudaAccelerator::CudaAccelerator(const Options& options, const RunContext& ctx) 
   }
   NcclSettings s;
   s.timeout_s = timeout_s;
-  s.stall_warning_s = options.get_seconds("stall_warning_s");
-  s.check_collectives = options.get_bool("check_collectives");
+  s.stall_warning_s = backend.stall_warning_s;
+  s.check_collectives = backend.check_collectives;
   s.blocking_wait = options.get_bool("blocking_wait");
   s.rendezvous_timeout_s = rendezvous_timeout_s;
   const auto address = comm::store_address_from_environment();

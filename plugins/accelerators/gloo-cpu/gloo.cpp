@@ -2,6 +2,7 @@
 
 #include <trainrun/error.hpp>
 
+#include "backend_options.hpp"
 #include "comm_common.hpp"
 #include "cpu_threads.hpp"
 
@@ -15,15 +16,7 @@ constexpr const char* kBackend = "gloo-cpu";
 
 void GlooAccelerator::declare_options(OptionSchema& schema) {
   comm::declare_threads_option(schema);
-  schema.duration("timeout_s", 600.0,
-                  "default timeout of every collective and point-to-point operation", 0.001);
-  schema.duration("stall_warning_s", 60.0,
-                  "warn (naming the ranks not arrived) when an operation has waited this long; "
-                  "0 = off",
-                  0.0);
-  schema.boolean("check_collectives", true,
-                 "check through the store that every rank issues the same collective (op, "
-                 "dtype, size) at the same position; a mismatch is an error naming both");
+  comm::declare_backend_options(schema);
   schema.boolean("shm", true,
                  "ranks on the same machine exchange through shared memory instead of loopback "
                  "TCP: send/recv always, all_reduce/reduce_scatter/all_gather when every rank "
@@ -39,13 +32,10 @@ void GlooAccelerator::declare_options(OptionSchema& schema) {
 GlooAccelerator::GlooAccelerator(const Options& options, const RunContext& ctx) {
   threads_ = comm::apply_threads_option(options, ctx, kBackend);
   GlooSettings s;
-  s.timeout_s = options.get_seconds("timeout_s");
-  TR_CHECK_TYPED(ConfigError, s.timeout_s > 0, options.context(),
-                 ": timeout_s must be > 0, got ", s.timeout_s);
-  s.stall_warning_s = options.get_seconds("stall_warning_s");
-  TR_CHECK_TYPED(ConfigError, s.stall_warning_s >= 0, options.context(),
-                 ": stall_warning_s must be >= 0, got ", s.stall_warning_s);
-  s.check_collectives = options.get_bool("check_collectives");
+  const comm::BackendOptions b = comm::backend_options(options);
+  s.timeout_s = b.timeout_s;
+  s.stall_warning_s = b.stall_warning_s;
+  s.check_collectives = b.check_collectives;
   const std::string algorithm = options.get_string("allreduce_algorithm");
   s.allreduce_algorithm = algorithm == "bcube"  ? GlooSettings::Algorithm::Bcube
                           : algorithm == "ring" ? GlooSettings::Algorithm::Ring

@@ -24,6 +24,7 @@
 #include <set>
 #include <thread>
 
+#include "backend_options.hpp"
 #include "comm_common.hpp"
 #include "cpu_threads.hpp"
 
@@ -856,25 +857,13 @@ std::shared_ptr<c10d::Store> open_job_store(Group& g) {
 
 void MpiAccelerator::declare_options(OptionSchema& schema) {
   comm::declare_threads_option(schema);
-  schema.duration("timeout_s", 600.0,
-                  "default timeout of collective operations, and of the set-up (rendezvous)",
-                  0.001);
-  schema.duration("stall_warning_s", 60.0,
-                  "report which ranks have not arrived when an operation waits longer than this "
-                  "(0 = off)",
-                  0.0);
-  schema.boolean("check_collectives", true,
-                 "compare every collective (op, dtype, size, root) across ranks before it runs, "
-                 "so a mismatch is an error naming both ranks instead of a hang or wrong data");
+  comm::declare_backend_options(schema);
 }
 
 MpiAccelerator::MpiAccelerator(const Options& options, const RunContext& ctx) {
-  const double timeout_s = options.get_seconds("timeout_s");
-  TR_CHECK_TYPED(ConfigError, timeout_s > 0, options.context(), ": timeout_s must be > 0, got ",
-                 timeout_s);
-  const double stall_s = options.get_seconds("stall_warning_s");
-  TR_CHECK_TYPED(ConfigError, stall_s >= 0, options.context(),
-                 ": stall_warning_s must be >= 0, got ", stall_s);
+  const comm::BackendOptions backend = comm::backend_options(options);
+  const double timeout_s = backend.timeout_s;
+  const double stall_s = backend.stall_warning_s;
   threads_ = comm::apply_threads_option(options, ctx, "mpi");
 
   // Where the job has a store (trainrun's launcher, or MASTER_ADDR/MASTER_PORT), the ranks meet
@@ -914,7 +903,7 @@ MpiAccelerator::MpiAccelerator(const Options& options, const RunContext& ctx) {
   g->prefix = detail::cat("mpi/", ++runtime_->accelerators, "/");
   g->timeout_s = timeout_s;
   g->stall_warning_s = stall_s;
-  g->check_order = options.get_bool("check_collectives");
+  g->check_order = backend.check_collectives;
   for (int r = 0; r < world_size; ++r) g->global_ranks.push_back(r);
   // A duplicate keeps trainrun's messages and collectives apart from anything else in the
   // process that uses MPI_COMM_WORLD (MPI matches by communicator).
