@@ -16,6 +16,7 @@
 #include <iostream>
 #include <set>
 #include <sstream>
+#include <trainrun/log.hpp>
 
 namespace trainrun::lora {
 
@@ -200,12 +201,12 @@ void LoraCallback::on_setup(Model& model, const RunContext&) {
   if (rank_ == 0) {
     std::ostringstream os;
     os.precision(4);
-    os << "lora: r " << r_ << ", alpha " << alpha_ << " (scaling " << lora_scaling(r_, alpha_, rslora_)
+    os << "r " << r_ << ", alpha " << alpha_ << " (scaling " << lora_scaling(r_, alpha_, rslora_)
        << "), " << adapters_.size() << " layer(s) (" << adapters_.front().first
        << (adapters_.size() > 1 ? ", ..." : "") << "), bias " << bias_ << ": trainable "
        << trainable_ << " of " << total_ << " parameters ("
-       << 100.0 * static_cast<double>(trainable_) / static_cast<double>(total_) << "%)\n";
-    std::cout << os.str() << std::flush;
+       << 100.0 * static_cast<double>(trainable_) / static_cast<double>(total_) << "%)";
+    v1::Logger("lora", rank_).info(os.str());
   }
 }
 
@@ -272,18 +273,20 @@ void LoraCallback::on_final_state_dict(const std::vector<NamedTensor>& state) {
   const std::string dir = (fs::path(run_dir_) / adapter_dir_).string();
   save(dir, by_name);
   saved_ = true;
-  std::cout << "lora: wrote " << dir << "/adapter_model.safetensors (" << 2 * adapters_.size() + biases_.size()
-            << " tensors) and adapter_config.json\n"
-            << std::flush;
+  v1::Logger("lora", rank_)
+      .info(v1::detail::cat("wrote ", dir, "/adapter_model.safetensors (",
+                            2 * adapters_.size() + biases_.size(),
+                            " tensors) and adapter_config.json"));
 }
 
 void LoraCallback::on_train_end(const TrainSummary& summary) {
   if (!save_ || rank_ != 0 || adapters_.empty() || summary.interrupted || saved_) return;
   const std::string dir = (fs::path(run_dir_) / adapter_dir_).string();
   save(dir);
-  std::cout << "lora: wrote " << dir << "/adapter_model.safetensors (" << 2 * adapters_.size() + biases_.size()
-            << " tensors) and adapter_config.json\n"
-            << std::flush;
+  v1::Logger("lora", rank_)
+      .info(v1::detail::cat("wrote ", dir, "/adapter_model.safetensors (",
+                            2 * adapters_.size() + biases_.size(),
+                            " tensors) and adapter_config.json"));
 }
 
 }  // namespace trainrun::lora

@@ -27,6 +27,7 @@
 #include "chat_samples.hpp"
 #include "trainrun/interfaces.hpp"
 #include "trainrun/plugin.hpp"
+#include <trainrun/log.hpp>
 
 namespace trainrun::chat {
 
@@ -187,12 +188,12 @@ class ChatDataset final : public v1::Dataset {
     info_.vocab_size = tok.vocab_size();
     if (ctx.rank == 0) {
       std::ostringstream os;
-      os << "chat: " << convs.size() << " conversations from " << files.size() << " file"
-         << (files.size() == 1 ? "" : "s") << ", template " << tmpl->origin() << "; longer than max_seq_len = "
-         << max_len_ << ": " << dropped << " dropped, " << truncated << " truncated; " << empty
-         << " without a counted target dropped; " << train.size() << " train / " << eval.size()
-         << " held out; " << counted << " of " << tokens << " tokens counted (train_on = "
-         << o.get_string("train_on") << ")";
+      os << convs.size() << " conversations from " << files.size() << " file"
+         << (files.size() == 1 ? "" : "s") << ", template " << tmpl->origin()
+         << "; longer than max_seq_len = " << max_len_ << ": " << dropped << " dropped, "
+         << truncated << " truncated; " << empty << " without a counted target dropped; "
+         << train.size() << " train / " << eval.size() << " held out; " << counted << " of "
+         << tokens << " tokens counted (train_on = " << o.get_string("train_on") << ")";
       if (packing_) {
         int64_t used = 0;
         for (int64_t i : train) used += static_cast<int64_t>(samples_[i].ids.size()) - 1;
@@ -200,7 +201,7 @@ class ChatDataset final : public v1::Dataset {
            << (rows_[0].empty() ? 0.0 : 100.0 * used / (static_cast<double>(rows_[0].size()) * max_len_))
            << "% filled";
       }
-      std::cout << os.str() << std::endl;
+      v1::Logger("chat", ctx.rank).info(os.str());
     }
   }
 

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "trainrun/hf/model_dir.hpp"
+#include "trainrun/log.hpp"
 #include "trainrun/model/attention.hpp"
 #include "trainrun/model/linear.hpp"
 #include "trainrun/model/packed_batch.hpp"
@@ -849,10 +850,12 @@ void LlamaModel::load_deferred_weights() {
 void LlamaModel::deferred_weights_loaded() {
   if (bytes_read_ > 0 && run_dir_.size() > 0) {
     const int64_t rchar = rchar_start_ >= 0 ? rchar_now() - rchar_start_ : -1;
-    std::cout << "llama: rank " << rank_ << " read " << bytes_read_ << " bytes of weights in " << ranges_read_
-              << " reads (" << md_->total_bytes() << " in the files; " << rchar << " bytes read by the process); "
-              << "RSS " << rss_at_build_ << " bytes before the model was built, peak " << status_bytes("VmHWM")
-              << " bytes now" << std::endl;
+    v1::Logger("llama", rank_)
+        .info(v1::detail::cat("rank ", rank_, " read ", bytes_read_, " bytes of weights in ",
+                              ranges_read_, " reads (", md_->total_bytes(), " in the files; ",
+                              rchar, " bytes read by the process); RSS ", rss_at_build_,
+                              " bytes before the model was built, peak ", status_bytes("VmHWM"),
+                              " bytes now"));
   }
   deferred_.clear();
   md_.reset();
@@ -1091,13 +1094,15 @@ void LlamaModel::on_final_state_dict(const std::vector<v1::NamedTensor>& state) 
   std::vector<v1::NamedTensor> weights;
   for (const auto& t : state) {
     if (t.name.find(".lora_") != std::string::npos) {
-      std::cout << "llama: <run_dir>/hf/ not written: the model carries LoRA adapters (see the adapter "
-                   "directory; `trainrun merge-lora --base BASE_DIR --adapter DIR --output OUT` merges them)\n"
-                << std::flush;
+      v1::Logger("llama", rank_)
+          .info(
+              "<run_dir>/hf/ not written: the model carries LoRA adapters (see the adapter "
+              "directory; `trainrun merge-lora --base BASE_DIR --adapter DIR --output OUT` merges "
+              "them)");
       return;
     }
     if (t.name.find(".weight_") != std::string::npos) {
-      std::cout << "llama: <run_dir>/hf/ not written: the base weights are quantized\n" << std::flush;
+      v1::Logger("llama", rank_).info("<run_dir>/hf/ not written: the base weights are quantized");
       return;
     }
     if (params.count(t.name)) weights.push_back(t);
@@ -1105,7 +1110,8 @@ void LlamaModel::on_final_state_dict(const std::vector<v1::NamedTensor>& state) 
   const std::string dtype = save_dtype_ == "auto" ? cfg_.dtype : save_dtype_;
   const std::string out = (fs::path(run_dir_) / "hf").string();
   save_hf(out, weights, dtype, max_shard_bytes_);
-  std::cout << "llama: wrote " << out << " (" << weights.size() << " tensors, " << dtype << ")\n" << std::flush;
+  v1::Logger("llama", rank_)
+      .info(v1::detail::cat("wrote ", out, " (", weights.size(), " tensors, ", dtype, ")"));
 }
 
 }  // namespace trainrun::llama

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <iostream>
 #include <sstream>
+#include <trainrun/log.hpp>
 
 namespace trainrun::quant {
 
@@ -386,12 +387,11 @@ void QuantPrecision::convert(Model& model) {
   if (rank_ == 0) {
     std::ostringstream os;
     os.precision(4);
-    os << who_.substr(11, who_.size() - 12) << ": " << report_.layers.size()
-       << " Linear layer(s) quantized (" << report_.layers.front()
+    os << report_.layers.size() << " Linear layer(s) quantized (" << report_.layers.front()
        << (report_.layers.size() > 1 ? ", ..." : "") << "): " << report_.parameters
        << " weights in " << report_.storage_bytes << " bytes = " << report_.bits_per_parameter()
-       << " bits/parameter (bf16: " << bf16_bytes << " bytes)\n";
-    std::cout << os.str() << std::flush;
+       << " bits/parameter (bf16: " << bf16_bytes << " bytes)";
+    v1::Logger(who_.substr(11, who_.size() - 12), rank_).info(os.str());
   }
 }
 

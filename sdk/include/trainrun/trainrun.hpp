@@ -2,6 +2,7 @@
 // Umbrella header for plugin authors.
 #include "trainrun/error.hpp"
 #include "trainrun/interfaces.hpp"
+#include "trainrun/log.hpp"
 #include "trainrun/model/module_model.hpp"
 #include "trainrun/optim/lr_schedule.hpp"
 #include "trainrun/options.hpp"
