@@ -122,4 +122,10 @@ class LlamaModel final : public v1::ModuleModel,
   int64_t bytes_read_ = 0, ranges_read_ = 0, rchar_start_ = -1, rss_at_build_ = -1;
 };
 
+namespace detail {
+/// config.json's dtype names ("float32", "bfloat16", "float16"; "torch.bfloat16" as older
+/// files write it) as a ScalarType; throws ConfigError naming `where` for any other.
+at::ScalarType scalar_type(const std::string& d, const std::string& where);
+}  // namespace detail
+
 }  // namespace trainrun::llama

@@ -1,11 +1,21 @@
-// Incremental decoding for the `llama` model (v1::IncrementalDecoder, trainrun/generation.hpp).
-// Included at the end of llama.cpp so it can reach the modules there, but it never calls the
-// training forward: a prefill of the prompt, then one token per call, each layer's keys (after
-// RoPE) and values appended to a preallocated cache, as transformers' DynamicCache does in
+// Incremental decoding for the `llama` model (v1::IncrementalDecoder, trainrun/generation.hpp),
+// on the modules of modules.hpp, but never through the training forward: a prefill of the
+// prompt, then one token per call, each layer's keys (after RoPE) and values appended to a
+// preallocated cache, as transformers' DynamicCache does in
 // LlamaAttention.forward. The arithmetic is the training forward's, operation by operation, so
 // the logits agree with the full forward's to rounding.
+#include <torch/types.h>
+#include <torch/utils.h>
+
+#include <vector>
+
+#include "llama.hpp"
+#include "modules.hpp"
+#include "trainrun/generation.hpp"
 
 namespace trainrun::llama {
+
+using namespace detail;
 
 namespace {
 
@@ -40,7 +50,8 @@ torch::Tensor project(v1::LinearImpl& l, const torch::Tensor& x) {
 // each key/value head serves nh / nkv consecutive query heads), `masked` bool [Tq, Tk] true
 // where a query must not see a key (undefined: sees all) -> [B, nh, Tq, hd]. Softmax in float32
 // on 1.13 as transformers' eager path; the SDK's attention() (SDPA on LibTorch >= 2.1).
-torch::Tensor decode_attention(const torch::Tensor& q, torch::Tensor k, torch::Tensor v, const torch::Tensor& masked) {
+torch::Tensor decode_attention(const torch::Tensor& q, torch::Tensor k, torch::Tensor v,
+                               const torch::Tensor& masked) {
   v1::AttentionOptions o;
   o.causal = false;  // `masked` holds the causal (and sliding-window) mask already
   if (masked.defined()) o.mask = masked.logical_not();
@@ -49,8 +60,9 @@ torch::Tensor decode_attention(const torch::Tensor& q, torch::Tensor k, torch::T
 
 // One decoder layer on the new tokens x [B, T, hidden] at positions past .. past + T - 1.
 torch::Tensor decode_layer(DecoderLayerImpl& layer, const LlamaConfig& c, const torch::Tensor& x,
-                           const torch::Tensor& cos, const torch::Tensor& sin, const torch::Tensor& masked,
-                           torch::Tensor& cache_k, torch::Tensor& cache_v, int64_t past) {
+                           const torch::Tensor& cos, const torch::Tensor& sin,
+                           const torch::Tensor& masked, torch::Tensor& cache_k,
+                           torch::Tensor& cache_v, int64_t past) {
   const int64_t B = x.size(0), T = x.size(1);
   const int64_t nh = c.num_attention_heads, nkv = c.num_key_value_heads, hd = c.head_dim;
   AttentionImpl& a = *layer.self_attn;
@@ -66,20 +78,24 @@ torch::Tensor decode_layer(DecoderLayerImpl& layer, const LlamaConfig& c, const 
   k = k * cs + rotate_half(k) * sn;
   cache_k.narrow(2, past, T).copy_(k);
   cache_v.narrow(2, past, T).copy_(v);
-  torch::Tensor y = decode_attention(q, cache_k.narrow(2, 0, past + T), cache_v.narrow(2, 0, past + T), masked);
+  torch::Tensor y =
+      decode_attention(q, cache_k.narrow(2, 0, past + T), cache_v.narrow(2, 0, past + T), masked);
   y = project(*a.o_proj, y.transpose(1, 2).reshape({B, T, nh * hd}));
   const torch::Tensor r = x + y;
   MlpImpl& m = *layer.mlp;
   const torch::Tensor hm = layer.post_attention_layernorm->forward(r);
   // SwiGLU as MlpImpl::forward computes it.
-  return r + project(*m.down_proj, torch::silu(project(*m.gate_proj, hm)) * project(*m.up_proj, hm));
+  return r +
+         project(*m.down_proj, torch::silu(project(*m.gate_proj, hm)) * project(*m.up_proj, hm));
 }
 
 }  // namespace
 
-std::unique_ptr<v1::DecodeState> LlamaModel::new_decode_state(int64_t batch_size, int64_t max_length) {
-  TR_CHECK(batch_size > 0 && max_length > 0, "llama: a KV cache needs a positive batch size and length, got ",
-           batch_size, " and ", max_length);
+std::unique_ptr<v1::DecodeState> LlamaModel::new_decode_state(int64_t batch_size,
+                                                              int64_t max_length) {
+  TR_CHECK(batch_size > 0 && max_length > 0,
+           "llama: a KV cache needs a positive batch size and length, got ", batch_size, " and ",
+           max_length);
   auto& net = net_of(net_);
   const torch::Tensor& w = net.model->embed_tokens->weight;
   auto cache = std::make_unique<KvCache>();
@@ -88,19 +104,24 @@ std::unique_ptr<v1::DecodeState> LlamaModel::new_decode_state(int64_t batch_size
   cache->capacity_ = max_length;
   const auto opts = torch::TensorOptions().dtype(w.scalar_type()).device(w.device());
   for (int64_t i = 0; i < cfg_.num_hidden_layers; ++i) {
-    cache->keys.push_back(torch::zeros({batch_size, cfg_.num_key_value_heads, max_length, cfg_.head_dim}, opts));
-    cache->values.push_back(torch::zeros({batch_size, cfg_.num_key_value_heads, max_length, cfg_.head_dim}, opts));
+    cache->keys.push_back(
+        torch::zeros({batch_size, cfg_.num_key_value_heads, max_length, cfg_.head_dim}, opts));
+    cache->values.push_back(
+        torch::zeros({batch_size, cfg_.num_key_value_heads, max_length, cfg_.head_dim}, opts));
   }
   return cache;
 }
 
 at::Tensor LlamaModel::decode(const at::Tensor& ids, v1::DecodeState& state) {
   auto* cache = dynamic_cast<KvCache*>(&state);
-  TR_CHECK(cache && cache->owner == this, "llama: decode() was given a cache this model did not make");
-  TR_CHECK(ids.dim() == 2 && ids.scalar_type() == at::kLong, "llama: decode() needs int64 token ids [B, T], got ",
-           ids.scalar_type(), " ", ids.sizes());
+  TR_CHECK(cache && cache->owner == this,
+           "llama: decode() was given a cache this model did not make");
+  TR_CHECK(ids.dim() == 2 && ids.scalar_type() == at::kLong,
+           "llama: decode() needs int64 token ids [B, T], got ", ids.scalar_type(), " ",
+           ids.sizes());
   const int64_t B = ids.size(0), T = ids.size(1), past = cache->length_;
-  TR_CHECK(B == cache->batch, "llama: decode() got ", B, " sequences for a cache of ", cache->batch);
+  TR_CHECK(B == cache->batch, "llama: decode() got ", B, " sequences for a cache of ",
+           cache->batch);
   TR_CHECK(T > 0 && past + T <= cache->capacity_, "llama: decode() of ", T, " tokens after ", past,
            " overflows the cache (", cache->capacity_, " tokens)");
   torch::NoGradGuard no_grad;
@@ -108,7 +129,8 @@ at::Tensor LlamaModel::decode(const at::Tensor& ids, v1::DecodeState& state) {
   const c10::Device dev = net.model->embed_tokens->weight.device();
   const torch::Tensor input = ids.to(dev);
   // cos/sin in float32 for positions past .. past + T - 1, as the full forward computes them.
-  const torch::Tensor pos = torch::arange(past, past + T, torch::TensorOptions().dtype(torch::kFloat).device(dev));
+  const torch::Tensor pos =
+      torch::arange(past, past + T, torch::TensorOptions().dtype(torch::kFloat).device(dev));
   const torch::Tensor freqs = torch::outer(pos, net.inv_freq.to(dev));
   const torch::Tensor emb = torch::cat({freqs, freqs}, -1);
   const torch::Tensor cos = emb.cos(), sin = emb.sin();
@@ -124,13 +146,17 @@ at::Tensor LlamaModel::decode(const at::Tensor& ids, v1::DecodeState& state) {
   }
   torch::Tensor x = net.model->embed_tokens->forward(input);
   for (size_t l = 0; l < net.model->layer_ptrs.size(); ++l)
-    x = decode_layer(*net.model->layer_ptrs[l], cfg_, x, cos, sin, masked, cache->keys[l], cache->values[l], past);
+    x = decode_layer(*net.model->layer_ptrs[l], cfg_, x, cos, sin, masked, cache->keys[l],
+                     cache->values[l], past);
   x = net.model->norm->forward(x);
   cache->length_ = past + T;
   torch::Tensor logits;
-  if (!cfg_.tie_word_embeddings) logits = project(*net.lm_head, x);
-  else if (x.numel() == x.size(-1)) logits = torch::mv(net.model->embed_tokens->weight, x.reshape({-1})).view({B, T, -1});
-  else logits = torch::linear(x, net.model->embed_tokens->weight);
+  if (!cfg_.tie_word_embeddings)
+    logits = project(*net.lm_head, x);
+  else if (x.numel() == x.size(-1))
+    logits = torch::mv(net.model->embed_tokens->weight, x.reshape({-1})).view({B, T, -1});
+  else
+    logits = torch::linear(x, net.model->embed_tokens->weight);
   return logits.to(torch::kFloat);
 }
 

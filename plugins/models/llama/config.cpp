@@ -1,0 +1,250 @@
+// The llama family's config.json: read (LlamaConfig::from_json, every variant's keys of
+// transformers 4.x and 5.x) and written back on top of the original (to_json).
+#include <nlohmann/json.hpp>
+
+#include <set>
+#include <string>
+
+#include "llama.hpp"
+#include "trainrun/error.hpp"
+
+namespace trainrun::llama {
+
+using nlohmann::json;
+using v1::ConfigError;
+
+namespace {
+
+const std::set<std::string> kModelTypes = {"llama", "mistral", "qwen2", "qwen3"};
+
+const json* key(const json& j, const char* k) {
+  auto it = j.find(k);
+  return it == j.end() || it->is_null() ? nullptr : &*it;
+}
+
+}  // namespace
+
+namespace detail {
+
+std::string dtype_name(const std::string& d) {
+  // transformers writes "bfloat16"; older files may say "torch.bfloat16".
+  return d.rfind("torch.", 0) == 0 ? d.substr(6) : d;
+}
+
+at::ScalarType scalar_type(const std::string& d, const std::string& where) {
+  if (d == "float32") return at::kFloat;
+  if (d == "bfloat16") return at::kBFloat16;
+  if (d == "float16") return at::kHalf;
+  TR_CHECK_TYPED(ConfigError, false, where, ": dtype '", d,
+                 "' is not supported (float32, bfloat16, float16)");
+  return at::kFloat;
+}
+
+}  // namespace detail
+
+using namespace detail;
+
+LlamaConfig LlamaConfig::from_json(const std::string& text, const std::string& src) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::exception& e) {
+    throw ConfigError(src + ": not valid JSON: " + trainrun::v1::parse_error_text(e.what()));
+  }
+  TR_CHECK_TYPED(ConfigError, j.is_object(), src, ": not a JSON object");
+  LlamaConfig c;
+  auto get_int = [&](const char* k, int64_t def) -> int64_t {
+    const json* v = key(j, k);
+    if (!v) return def;
+    TR_CHECK_TYPED(ConfigError, v->is_number_integer(), src, ": \"", k,
+                   "\" must be an integer, got ", v->dump());
+    return v->get<int64_t>();
+  };
+  auto get_real = [&](const json& o, const char* k, double def) -> double {
+    const json* v = key(o, k);
+    if (!v) return def;
+    TR_CHECK_TYPED(ConfigError, v->is_number(), src, ": \"", k, "\" must be a number, got ",
+                   v->dump());
+    return v->get<double>();
+  };
+  auto get_bool = [&](const char* k, bool def) -> bool {
+    const json* v = key(j, k);
+    if (!v) return def;
+    TR_CHECK_TYPED(ConfigError, v->is_boolean(), src, ": \"", k, "\" must be true or false, got ",
+                   v->dump());
+    return v->get<bool>();
+  };
+  const json* mt = key(j, "model_type");
+  TR_CHECK_TYPED(ConfigError, mt && mt->is_string(), src,
+                 ": no \"model_type\" (the llama plugin "
+                 "reads model_type llama, mistral, qwen2, qwen3)");
+  c.model_type = mt->get<std::string>();
+  TR_CHECK_TYPED(
+      ConfigError, kModelTypes.count(c.model_type), src, ": model_type \"", c.model_type,
+      "\" is not supported by the llama plugin (supported: llama, mistral, qwen2, qwen3)");
+  if (const json* a = key(j, "architectures"); a && a->is_array())
+    for (const auto& name : *a) {
+      const std::string s = name.is_string() ? name.get<std::string>() : name.dump();
+      TR_CHECK_TYPED(
+          ConfigError, s.size() > 11 && s.compare(s.size() - 11, 11, "ForCausalLM") == 0, src,
+          ": architectures lists \"", s,
+          "\"; the llama plugin builds *ForCausalLM "
+          "models (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM)");
+    }
+  c.vocab_size = get_int("vocab_size", 32000);
+  c.hidden_size = get_int("hidden_size", 4096);
+  c.intermediate_size = get_int("intermediate_size", 11008);
+  c.num_hidden_layers = get_int("num_hidden_layers", 32);
+  c.num_attention_heads = get_int("num_attention_heads", 32);
+  c.num_key_value_heads = get_int("num_key_value_heads", c.num_attention_heads);
+  for (auto [k, v] : {std::pair<const char*, int64_t>{"vocab_size", c.vocab_size},
+                      {"hidden_size", c.hidden_size},
+                      {"intermediate_size", c.intermediate_size},
+                      {"num_hidden_layers", c.num_hidden_layers},
+                      {"num_attention_heads", c.num_attention_heads},
+                      {"num_key_value_heads", c.num_key_value_heads}})
+    TR_CHECK_TYPED(ConfigError, v > 0, src, ": \"", k, "\" must be positive, got ", v);
+  TR_CHECK_TYPED(ConfigError, c.num_attention_heads % c.num_key_value_heads == 0, src,
+                 ": num_attention_heads (", c.num_attention_heads,
+                 ") must be a multiple of "
+                 "num_key_value_heads (",
+                 c.num_key_value_heads, ")");
+  c.head_dim = get_int("head_dim", c.hidden_size / c.num_attention_heads);
+  TR_CHECK_TYPED(ConfigError, c.head_dim > 0 && c.head_dim % 2 == 0, src,
+                 ": head_dim must be even and positive, got ", c.head_dim);
+  if (!key(j, "head_dim"))
+    TR_CHECK_TYPED(ConfigError, c.hidden_size % c.num_attention_heads == 0, src, ": hidden_size (",
+                   c.hidden_size, ") is not divisible by num_attention_heads (",
+                   c.num_attention_heads, ") and there is no head_dim");
+  c.max_position_embeddings = get_int("max_position_embeddings", 2048);
+  c.rms_norm_eps = get_real(j, "rms_norm_eps", 1e-6);
+  c.initializer_range = get_real(j, "initializer_range", 0.02);
+  c.tie_word_embeddings = get_bool("tie_word_embeddings", c.model_type == "qwen3" ? false : false);
+  if (const json* act = key(j, "hidden_act"))
+    TR_CHECK_TYPED(ConfigError, act->is_string() && act->get<std::string>() == "silu", src,
+                   ": hidden_act ", act->dump(),
+                   " is not supported (the llama plugin's MLP is SwiGLU, \"silu\")");
+  if (const json* tp = key(j, "pretraining_tp"))
+    TR_CHECK_TYPED(ConfigError, tp->is_number_integer() && tp->get<int64_t>() == 1, src,
+                   ": pretraining_tp ", tp->dump(), " is not supported (only 1)");
+  const double dropout = get_real(j, "attention_dropout", 0.0);
+  TR_CHECK_TYPED(ConfigError, dropout == 0.0, src, ": attention_dropout ", dropout,
+                 " is not supported (only 0)");
+
+  // Biases: Llama's attention_bias puts one on q, k, v and o; Qwen2 has them on q, k, v only.
+  if (c.model_type == "qwen2") {
+    c.qkv_bias = true;
+  } else {
+    c.qkv_bias = c.o_bias = get_bool("attention_bias", false);
+  }
+  c.mlp_bias = get_bool("mlp_bias", false);
+  c.qk_norm = c.model_type == "qwen3";
+
+  // Sliding window: Mistral applies sliding_window when set; Qwen2/3 only with
+  // use_sliding_window (and then only on some layers), which is not supported.
+  if (c.model_type == "mistral") {
+    c.sliding_window = get_int("sliding_window", 0);
+  } else if (c.model_type == "qwen2" || c.model_type == "qwen3") {
+    TR_CHECK_TYPED(ConfigError, !get_bool("use_sliding_window", false), src,
+                   ": use_sliding_window = true is not supported for ", c.model_type,
+                   " (only full attention on every layer)");
+  }
+  if (const json* lt = key(j, "layer_types"); lt && lt->is_array())
+    for (const auto& t : *lt)
+      TR_CHECK_TYPED(
+          ConfigError,
+          t == "full_attention" || (c.model_type == "mistral" && t == "sliding_attention"), src,
+          ": layer_types contains ", t.dump(), "; only \"full_attention\" is supported");
+
+  // RoPE: transformers 5.x writes rope_parameters {rope_type, rope_theta, ...}; 4.x writes
+  // rope_theta at the top and rope_scaling {type | rope_type, factor, ...} (null = default).
+  const json* rp = key(j, "rope_parameters");
+  const json* rs = key(j, "rope_scaling");
+  c.rope_theta = get_real(j, "rope_theta", 10000.0);
+  const json* scaling = nullptr;
+  if (rp) {
+    TR_CHECK_TYPED(ConfigError, rp->is_object(), src, ": rope_parameters must be an object");
+    c.rope_theta = get_real(*rp, "rope_theta", c.rope_theta);
+    scaling = rp;
+  } else if (rs) {
+    TR_CHECK_TYPED(ConfigError, rs->is_object(), src, ": rope_scaling must be an object or null");
+    scaling = rs;
+  }
+  if (scaling) {
+    const json* t = key(*scaling, "rope_type");
+    if (!t) t = key(*scaling, "type");
+    c.rope_type = t && t->is_string() ? t->get<std::string>() : "default";
+    TR_CHECK_TYPED(ConfigError,
+                   c.rope_type == "default" || c.rope_type == "linear" || c.rope_type == "llama3",
+                   src, ": ", rp ? "rope_parameters" : "rope_scaling", " rope_type \"", c.rope_type,
+                   "\" is not supported (supported: default, linear, llama3)");
+    if (c.rope_type != "default") {
+      TR_CHECK_TYPED(ConfigError, key(*scaling, "factor"), src, ": rope type ", c.rope_type,
+                     " needs \"factor\"");
+      c.rope_factor = get_real(*scaling, "factor", 1.0);
+    }
+    if (c.rope_type == "llama3") {
+      c.low_freq_factor = get_real(*scaling, "low_freq_factor", 1.0);
+      c.high_freq_factor = get_real(*scaling, "high_freq_factor", 4.0);
+      const json* o = key(*scaling, "original_max_position_embeddings");
+      TR_CHECK_TYPED(ConfigError, o && o->is_number_integer(), src,
+                     ": rope type llama3 needs an integer \"original_max_position_embeddings\"");
+      c.original_max_position_embeddings = o->get<int64_t>();
+    }
+  }
+  std::string dt = "float32";
+  if (const json* d = key(j, "dtype"); d && d->is_string())
+    dt = d->get<std::string>();
+  else if (const json* d2 = key(j, "torch_dtype"); d2 && d2->is_string())
+    dt = d2->get<std::string>();
+  c.dtype = dtype_name(dt);
+  scalar_type(c.dtype, src + " dtype");
+  return c;
+}
+
+std::string LlamaConfig::to_json(const std::string& original, const std::string& dtype) const {
+  json j = original.empty() ? json::object() : json::parse(original);
+  static const std::map<std::string, std::string> arch = {{"llama", "LlamaForCausalLM"},
+                                                          {"mistral", "MistralForCausalLM"},
+                                                          {"qwen2", "Qwen2ForCausalLM"},
+                                                          {"qwen3", "Qwen3ForCausalLM"}};
+  j["architectures"] = {arch.at(model_type)};
+  j["model_type"] = model_type;
+  j["vocab_size"] = vocab_size;
+  j["hidden_size"] = hidden_size;
+  j["intermediate_size"] = intermediate_size;
+  j["num_hidden_layers"] = num_hidden_layers;
+  j["num_attention_heads"] = num_attention_heads;
+  j["num_key_value_heads"] = num_key_value_heads;
+  j["head_dim"] = head_dim;
+  j["max_position_embeddings"] = max_position_embeddings;
+  j["rms_norm_eps"] = rms_norm_eps;
+  j["hidden_act"] = "silu";
+  j["tie_word_embeddings"] = tie_word_embeddings;
+  if (model_type == "llama" || model_type == "mistral") {
+    if (model_type == "llama") j["attention_bias"] = qkv_bias, j["mlp_bias"] = mlp_bias;
+  }
+  if (model_type == "mistral")
+    j["sliding_window"] = sliding_window > 0 ? json(sliding_window) : json(nullptr);
+  // Both RoPE spellings: 4.x reads rope_theta + rope_scaling, 5.x rope_parameters.
+  json params = {{"rope_type", rope_type}, {"rope_theta", rope_theta}};
+  json legacy = nullptr;
+  if (rope_type != "default") {
+    params["factor"] = rope_factor;
+    legacy = {{"rope_type", rope_type}, {"factor", rope_factor}};
+  }
+  if (rope_type == "llama3")
+    for (json* o : {&params, &legacy}) {
+      (*o)["low_freq_factor"] = low_freq_factor;
+      (*o)["high_freq_factor"] = high_freq_factor;
+      (*o)["original_max_position_embeddings"] = original_max_position_embeddings;
+    }
+  j["rope_theta"] = rope_theta;
+  j["rope_scaling"] = legacy;
+  j["rope_parameters"] = params;
+  j["torch_dtype"] = dtype;  // 4.x
+  j["dtype"] = dtype;        // 5.x
+  return j.dump(2) + "\n";
+}
+
+}  // namespace trainrun::llama
