@@ -97,12 +97,15 @@ void MixedPrecision::convert(Model& model) {
       // Without AVX-512, LibTorch 1.13 takes its reference loops for bfloat16 products (oneDNN's
       // bf16 kernels need AVX-512): 1.4 against 24 GFLOPS for float32 on one AMD EPYC (Zen 3)
       // core, a [512, 576] x [576, 1536] product (issue 41).
-      std::cerr << "[trainrun] precision " << config_.plugin << ": " << why
+      std::cerr << "[trainrun] precision " << config_.plugin
+                << ": warning: this CPU has no native bfloat16 instructions (avx512_bf16, amx_bf16)"
                 << (cpu_has_flag("avx512f")
-                        ? ""
-                        : "; without AVX-512 a bfloat16 product can be 10-20x slower than "
-                          "float32's")
-                << " (`auto` picks fp32 here)" << std::endl;
+                        ? ": bf16 products are emulated, slower than float32's"
+                        : " and no AVX-512 either: bf16 products run LibTorch's reference loops, "
+                          "often 10-20x slower than float32's")
+                << "; continuing in bf16 (precision.plugin = \"auto\" or \"fp32\" computes in "
+                   "float32 here)"
+                << std::endl;
     }
   }
   if (!config_.cast_weights) return;
