@@ -5,21 +5,11 @@
 
 #include <torch/types.h>
 #include <torch/utils.h>
-#include <torch/nn/modules/container/modulelist.h>
-#include <torch/nn/modules/embedding.h>
 
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
-#if defined(__GLIBC__)
-#include <malloc.h>
-#endif
-#include <fstream>
-#include <iostream>
-#include <limits>
-#include <map>
 #include <nlohmann/json.hpp>
-#include <set>
 #include <vector>
 
 #include "modules.hpp"
