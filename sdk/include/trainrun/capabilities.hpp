@@ -72,6 +72,12 @@
 // LowRankAdapter (model/linear.hpp, no ABI minor: only the header uses it; added at 1.7)
 //   implemented by: lora
 //   queried by:     Linear (model/linear.hpp)
+// ObjectiveModel (objective.hpp, since 1.8)
+//   implemented by: llama
+//   queried by:     core/src/run/build.cpp
+// AdapterSwitch (objective.hpp, since 1.8)
+//   implemented by: lora (a Callback)
+//   queried by:     core/src/run/build.cpp (the reference model of DPO under LoRA)
 //
 // ReplicatedStrategy is trainrun/strategy/replicated_strategy.hpp, ShardedStrategy
 // trainrun/strategy/sharded_runtime.hpp.
@@ -82,4 +88,5 @@
 #include "trainrun/hf/model_source.hpp"
 #include "trainrun/interfaces.hpp"
 #include "trainrun/model/linear.hpp"
+#include "trainrun/objective.hpp"
 #include "trainrun/unit.hpp"

@@ -13,6 +13,7 @@
 #include <cstdint>
 
 #include "trainrun/interfaces.hpp"
+#include "trainrun/objective.hpp"
 #include "trainrun/options.hpp"
 
 namespace trainrun::v1 {
@@ -20,15 +21,15 @@ namespace trainrun::v1 {
 /// ABI version of this SDK. The loader accepts a plugin whose major equals the core's and whose
 /// minor is not newer than the core's.
 constexpr uint32_t kAbiMajor = 1;
-constexpr uint32_t kAbiMinor = 7;  ///< 1.1: capability StepMetricsSource; 1.2: OptionType::IntOrAuto;
-                                   ///< 1.3: UnitOutputHooks, Unit checkpointer, ParameterShapesAware,
-                                   ///< CheckpointState; 1.4: LinearBase, LinearAdapter, trainrun Linear,
-                                   ///< FinalStateDictConsumer (adapters); CheckpointableStrategy,
-                                   ///< CheckpointPolicy (checkpoints); 1.5:
-                                   ///< RecvReduceCommunicator (ring all-reduce); 1.6:
-                                   ///< Batch::position_ids/segment_ids, kIgnoreIndex targets,
-                                   ///< BatchFieldsReader; 1.7: DeferredWeights,
-                                   ///< DeferredWeightsLoader (loading weights by shard)
+/// The minor's history: 1.1: capability StepMetricsSource; 1.2: OptionType::IntOrAuto; 1.3:
+/// UnitOutputHooks, Unit checkpointer, ParameterShapesAware, CheckpointState; 1.4: LinearBase,
+/// LinearAdapter, trainrun Linear, FinalStateDictConsumer (adapters); CheckpointableStrategy,
+/// CheckpointPolicy (checkpoints); 1.5: RecvReduceCommunicator (ring all-reduce); 1.6:
+/// Batch::position_ids/segment_ids, kIgnoreIndex targets, BatchFieldsReader; 1.7:
+/// DeferredWeights, DeferredWeightsLoader (loading weights by shard); 1.8:
+/// ComponentKind::Objective, ObjectiveModel, AdapterSwitch, EvalMetrics::extra (objectives
+/// beyond SFT, objective.hpp). CMakeLists.txt reads the number from the next line: keep it whole.
+constexpr uint32_t kAbiMinor = 8;
 
 /// Component kinds; values are part of the ABI and never renumbered.
 enum class ComponentKind : uint32_t {
@@ -39,6 +40,7 @@ enum class ComponentKind : uint32_t {
   Precision = 5,
   Optimizer = 6,
   Callback = 7,
+  Objective = 8,  ///< ABI 1.8
 };
 
 /// Job-file name of a kind ("model", "data", "strategy", ...).
@@ -51,6 +53,8 @@ inline const char* kind_name(ComponentKind k) {
     case ComponentKind::Precision: return "precision";
     case ComponentKind::Optimizer: return "optimizer";
     case ComponentKind::Callback: return "callback";
+    case ComponentKind::Objective:
+      return "objective";
   }
   return "unknown";
 }
@@ -64,6 +68,10 @@ template <> struct KindOf<Accelerator> { static constexpr ComponentKind value = 
 template <> struct KindOf<Precision> { static constexpr ComponentKind value = ComponentKind::Precision; };
 template <> struct KindOf<Optimizer> { static constexpr ComponentKind value = ComponentKind::Optimizer; };
 template <> struct KindOf<Callback> { static constexpr ComponentKind value = ComponentKind::Callback; };
+template <>
+struct KindOf<Objective> {
+  static constexpr ComponentKind value = ComponentKind::Objective;
+};
 
 }  // namespace trainrun::v1
 

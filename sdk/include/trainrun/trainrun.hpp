@@ -3,6 +3,7 @@
 #include "trainrun/error.hpp"
 #include "trainrun/interfaces.hpp"
 #include "trainrun/log.hpp"
+#include "trainrun/objective.hpp"
 #include "trainrun/model/module_model.hpp"
 #include "trainrun/optim/lr_schedule.hpp"
 #include "trainrun/options.hpp"

@@ -157,6 +157,10 @@ struct EvalMetrics {
   int64_t samples = 0;
   int64_t targets = 0;
   double time_s = 0;
+  // ---- ABI 1.8 (appended; the core makes this struct and hands it by reference) ----
+  /// The objective's held-out figures (Objective::take_metrics, summed over ranks), by TRL's
+  /// names without its "eval_" prefix ("rewards/accuracies").
+  std::map<std::string, double> extra;
 };
 
 /// Summary at the end of training.
