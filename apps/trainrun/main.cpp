@@ -329,6 +329,9 @@ int main(int argc, char** argv) {
                             &job.optimizer})
         std::cout << "#   " << std::left << std::setw(12) << v1::kind_name(c->kind) << c->plugin
                   << " (" << c->info->file << ")\n";
+      if (!job.objective.plugin.empty())
+        std::cout << "#   " << std::left << std::setw(12) << "objective" << job.objective.plugin
+                  << " (" << job.objective.info->file << ")\n";
       for (const auto& c : job.callbacks)
         std::cout << "#   " << std::left << std::setw(12) << "callback" << c.plugin << " ("
                   << c.info->file << ")\n";

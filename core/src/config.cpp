@@ -162,6 +162,13 @@ v1::OptionSchema trainer_schema() {
            "A safetensors file (e.g. a run's model.safetensors) whose tensors replace the "
            "model's parameters and buffers of the same names before training; every name and "
            "shape must match; \"\" = the model's own initialisation");
+  s.choice("reference_model", "auto", {"auto", "adapters_off", "precomputed"},
+           "The reference model of an [objective] that needs one (DPO): \"adapters_off\" = the "
+           "trained model with its LoRA adapters switched off, one extra no-grad forward per "
+           "micro-batch (PEFT's disable_adapter()); \"precomputed\" = the initial model's values "
+           "computed once before training for every sample and kept in "
+           "<run_dir>/reference_logps.safetensors, which a resumed run reuses (TRL's "
+           "precompute_ref_log_probs); \"auto\" = adapters_off under LoRA, else precomputed");
   s.string_list("freeze", {},
                 "Parameters to freeze (requires_grad off) before the strategy wraps the model: "
                 "state-dict names or shell-style globs (\"blocks.0.*\", \"*.bias\"); each "
@@ -583,7 +590,7 @@ void check_blas_coretype(const std::string& k, const toml::table& root, const st
                     "; use \"auto\", \"off\" or one of: " + known_kernels());
 }
 void check_top_level(const toml::table& root, const std::string& file) {
-  std::vector<std::string> top = {"trainer", "launch", "plugins", "callbacks"};
+  std::vector<std::string> top = {"trainer", "launch", "plugins", "callbacks", "objective"};
   for (const auto& s : kSections) top.push_back(s.key);
   for (const auto& [key, node] : root) {
     const std::string k(key.str());
@@ -677,6 +684,9 @@ std::string resolved_job_toml(JobConfig& job) {
   for (size_t i = 0; i < std::size(kSections); ++i)
     out.insert(kSections[i].key, to_toml(slots[i]->options, slots[i]->plugin,
                                          slots[i]->info ? &slots[i]->info->schema : nullptr));
+  if (!job.objective.plugin.empty())
+    out.insert("objective", to_toml(job.objective.options, job.objective.plugin,
+                                    job.objective.info ? &job.objective.info->schema : nullptr));
   if (!job.callbacks.empty()) {
     toml::array cbs;
     for (const auto& c : job.callbacks)
@@ -719,6 +729,9 @@ JobConfig JobFile::validate(const Registry& registry) const {
     *component_slots(job)[i] = component(table_or_empty(s.key), s.kind,
                                           std::string("[") + s.key + "]", s.default_plugin);
   }
+  // [objective] (ABI 1.8) is optional: without it the model trains on its own loss (SFT).
+  if (const auto* t = root.get_as<toml::table>("objective"))
+    job.objective = component(*t, ComponentKind::Objective, "[objective]", nullptr);
   if (const auto* arr = root.get_as<toml::array>("callbacks")) {
     // Numbered from 0, as `--set callbacks.0.key=...` addresses them.
     size_t i = 0;

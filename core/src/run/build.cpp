@@ -119,6 +119,7 @@ Run::Run(const JobConfig& job, const Registry& registry)
   resolve_capabilities();
   set_up_model();
   set_up_checkpoints();
+  prepare_reference();
 }
 
 void Run::write_job() const {
@@ -204,6 +205,8 @@ void Run::build_components() {
   parts_.strategy = build<v1::Strategy>(registry_, job_.strategy, env_.ctx);
   parts_.optimizer = build<v1::Optimizer>(registry_, job_.optimizer, env_.ctx);
   for (const auto& c : job_.callbacks) parts_.callbacks.push_back(build<v1::Callback>(registry_, c, env_.ctx));
+  if (!job_.objective.plugin.empty())
+    parts_.objective = build<v1::Objective>(registry_, job_.objective, env_.ctx);
   add_default_callbacks();
   settle_deferred_weights(parts_.model, !init_weights.empty(), registry_, job_, parts_.precision, parts_.strategy);
   parts_.comm = parts_.accelerator.call("communicator", [](v1::Accelerator& a) { return &a.communicator(); });
@@ -270,6 +273,7 @@ void Run::set_up_model() {
   for (auto& cb : parts_.callbacks) cb.call("on_setup", [&](v1::Callback& c) { c.on_setup(*parts_.model.obj, env_.ctx); return 0; });
   if (const std::string f = freeze_parameters(job_.trainer, *parts_.model.obj); !f.empty() && env_.lead)
     log_info("freeze: " + f);
+  set_up_objective();
   plan_->n_params = parts_.model.call("count parameters", [](v1::Model& m) { return count_model_parameters(m); });
   // On the units as the callbacks left them, before a strategy hooks or shards them.
   plan_->checkpointed = install_activation_checkpointing(job_.trainer, parts_.model);
@@ -301,19 +305,27 @@ void Run::set_up_checkpoints() {
 }
 
 void Run::print_banner(size_t n_units) {
-  std::cout << "trainrun " << TRAINRUN_VERSION << " | LibTorch " << TRAINRUN_BUILD_TORCH_VERSION
-            << " | run_dir " << env_.ctx.run_dir << "\n"
-            << "  model       "
-            << parts_.model.call("describe", [](v1::Model& m) { return m.describe(); }) << ", "
-            << plan_->n_params << " parameters, " << (n_units ? n_units : 1) << " unit(s)\n"
-            << "  data        " << job_.data.plugin << ": " << plan_->train_samples << " train / "
-            << plan_->eval_samples << " eval samples\n"
-            << "  accelerator " << job_.accelerator.plugin << ": "
-            << parts_.accelerator.call("describe", [](v1::Accelerator& a) { return a.describe(); }) << "\n"
-            << "  strategy " << job_.strategy.plugin << " | precision " << job_.precision.plugin
-            << " | optimizer " << job_.optimizer.plugin
-            << (plan_->checkpointed.empty() ? "" : " | activation checkpointing " + plan_->checkpointed)
-            << "\n";
+  std::cout
+      << "trainrun " << TRAINRUN_VERSION << " | LibTorch " << TRAINRUN_BUILD_TORCH_VERSION
+      << " | run_dir " << env_.ctx.run_dir << "\n"
+      << "  model       "
+      << parts_.model.call("describe", [](v1::Model& m) { return m.describe(); }) << ", "
+      << plan_->n_params << " parameters, " << (n_units ? n_units : 1) << " unit(s)\n"
+      << "  data        " << job_.data.plugin << ": " << plan_->train_samples << " train / "
+      << plan_->eval_samples << " eval samples\n"
+      << "  accelerator " << job_.accelerator.plugin << ": "
+      << parts_.accelerator.call("describe", [](v1::Accelerator& a) { return a.describe(); })
+      << "\n"
+      << "  strategy " << job_.strategy.plugin << " | precision " << job_.precision.plugin
+      << " | optimizer " << job_.optimizer.plugin
+      << (job_.objective.plugin.empty()
+              ? ""
+              : " | objective " + job_.objective.plugin +
+                    (plan_->reference == ReferenceMode::AdaptersOff   ? " (reference: adapters off)"
+                     : plan_->reference == ReferenceMode::Precomputed ? " (reference: precomputed)"
+                                                                      : ""))
+      << (plan_->checkpointed.empty() ? "" : " | activation checkpointing " + plan_->checkpointed)
+      << "\n";
   for (size_t i = 0; i < env_.runtime_lines.size(); ++i)
     std::cout << (i ? "              " : "  runtime     ") << env_.runtime_lines[i] << "\n";
   std::cout << "  batch: global " << plan_->steps().global_batch_size << " = micro "

@@ -30,9 +30,7 @@ v1::EvalMetrics Run::evaluate(int64_t step) {
       const bool filler = idx.empty();
       if (filler) idx = {0};
       v1::Batch batch = get_batch(v1::Split::Eval, idx);
-      auto scope = parts_.precision.call("autocast", [](v1::Precision& p) { return p.autocast(); });
-      v1::ModelOutput out = parts_.strategy.call("forward", [&](v1::Strategy& s) { return s.forward(batch); });
-      scope.reset();
+      v1::ModelOutput out = objective_forward(v1::Split::Eval, batch, idx, filler);
       if (filler) continue;
       totals[0] += out.loss_sum.item<double>();
       totals[2] += static_cast<double>(batch.num_samples);
@@ -40,7 +38,11 @@ v1::EvalMetrics Run::evaluate(int64_t step) {
       if (out.num_correct >= 0) totals[1] += static_cast<double>(out.num_correct), totals[4] = 1;
     }
   }
-  torch::Tensor t = torch::from_blob(totals, {5}, torch::kDouble).clone();
+  // The objective's held-out figures (sum, count) follow the five totals.
+  std::vector<double> all(totals, totals + 5);
+  const std::vector<v1::ObjectiveMetric> objective = objective_metrics(v1::Split::Eval);
+  for (const auto& m : objective) all.push_back(m.sum), all.push_back(m.count);
+  torch::Tensor t = torch::tensor(all, torch::kDouble);
   wait(sum_over_ranks(t, "all_reduce (evaluation metrics)"), "wait (evaluation metrics)");
   const double* r = t.data_ptr<double>();
   const double loss_sum = r[0];
@@ -51,11 +53,16 @@ v1::EvalMetrics Run::evaluate(int64_t step) {
   parts_.model.call("train", [](v1::Model& m) { m.train(true); return 0; });
   em.loss = em.targets ? loss_sum / static_cast<double>(em.targets) : 0;
   em.accuracy = has_acc && em.targets ? static_cast<double>(correct) / em.targets : -1;
+  for (size_t i = 0; i < objective.size(); ++i)
+    if (r[5 + 2 * i + 1] > 0) em.extra[objective[i].name] = r[5 + 2 * i] / r[5 + 2 * i + 1];
   em.time_s = std::chrono::duration<double>(Clock::now() - t0).count();
   for (auto& cb : parts_.callbacks) cb.call("on_eval_end", [&](v1::Callback& c) { c.on_eval_end(em); return 0; });
   if (env_.lead) {
     std::cout << "[eval step " << step << "] loss " << std::fixed << std::setprecision(4) << em.loss;
     if (em.accuracy >= 0) std::cout << " | accuracy " << std::setprecision(2) << 100 * em.accuracy << "%";
+    for (const char* k : {"rewards/margins", "logps/chosen"})
+      if (auto it = em.extra.find(k); it != em.extra.end())
+        std::cout << " | " << k << " " << std::setprecision(4) << it->second;
     std::cout << std::defaultfloat << " | " << em.samples << " samples | " << std::setprecision(3)
               << em.time_s << " s" << std::defaultfloat << std::setprecision(6) << std::endl;
   }

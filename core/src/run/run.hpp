@@ -19,6 +19,7 @@
 #include <vector>
 
 #include <trainrun/interfaces.hpp>
+#include <trainrun/objective.hpp>
 
 #include "trainrun/core/config.hpp"
 #include "trainrun/core/registry.hpp"
@@ -63,6 +64,7 @@ struct DivergenceWatch {
 // One step's micro-batches and this rank's [targets, tokens, samples] in them.
 struct StepBatches {
   std::vector<v1::Batch> micro;
+  std::vector<std::vector<int64_t>> indices;  ///< the train split's samples of each micro-batch
   double local[3] = {0, 0, 0};
 };
 
@@ -77,7 +79,10 @@ struct StepState {
   double loss_sum = 0;  ///< this rank's loss sum over its micro-batches
   bool prefetch = false;
   double elapsed_loop = 0;
-  at::Tensor tail;  ///< [loss sum, next targets, tokens, samples, save, signal], summed over ranks
+  /// [loss sum, next targets, tokens, samples, save, signal, then the objective's metrics as
+  /// (sum, count) pairs], summed over ranks
+  at::Tensor tail;
+  std::vector<std::string> objective_metrics;  ///< names of the tail's pairs, in order
   std::shared_ptr<v1::Work> tail_work;
   bool finite = true;  ///< gradients finite, agreed by the ranks
   double grad_norm = 0;
@@ -122,6 +127,7 @@ struct Components {
   Slot<v1::Strategy> strategy;
   Slot<v1::Optimizer> optimizer;
   std::vector<Slot<v1::Callback>> callbacks;
+  Slot<v1::Objective> objective;  ///< ABI 1.8; obj null: the model's own loss
   v1::Communicator* comm = nullptr;
   std::vector<v1::NamedTensor> params;  ///< what the strategy hands the optimizer
 };
@@ -137,6 +143,15 @@ struct Capabilities {
   v1::ShardedStateDictSource* sharded_source = nullptr;
   std::vector<std::pair<Slot<v1::Callback>*, v1::FinalStateDictConsumer*>> state_consumers;
   v1::FinalStateDictConsumer* model_consumer = nullptr;
+  v1::ObjectiveModel* objective_model = nullptr;  ///< set when the job has an [objective]
+  v1::AdapterSwitch* adapters = nullptr;          ///< a callback that can switch adapters off
+};
+
+// How the reference model of an objective with Objective::reference_width() > 0 is computed.
+enum class ReferenceMode {
+  None,         ///< no objective, or one without a reference
+  AdaptersOff,  ///< the policy with its adapters switched off, per micro-batch
+  Precomputed,  ///< the initial model, once, before training (Progress::reference)
 };
 
 // What the run will do, decided in build: the batch layout and its data order, the split sizes,
@@ -152,6 +167,7 @@ struct RunPlan {
   double clip = 0;
   bool clip_by_value = false;
   int64_t log_every = 1, eval_every = 0, eval_max_batches = 0, eval_batch_size = 0;
+  ReferenceMode reference = ReferenceMode::None;
   int64_t kill_at = -1;  ///< test hook TRAINRUN_TEST_SIGKILL_AT_STEP (-1: off)
   int kill_rank = 0;
 
@@ -172,6 +188,8 @@ struct Progress {
   double samples_done = 0, tokens_done = 0;
   Clock::time_point t_loop;
   std::optional<std::vector<v1::NamedTensor>> final_state;
+  /// ReferenceMode::Precomputed: float64 [samples, reference_width] per split [train, eval].
+  at::Tensor reference[2];
 };
 
 class Run {
@@ -214,6 +232,12 @@ class Run {
   bool weights_finite_everywhere();
   // evaluate.cpp
   v1::EvalMetrics evaluate(int64_t step);
+  // objective.cpp
+  void set_up_objective();
+  void prepare_reference();
+  v1::ModelOutput objective_forward(v1::Split split, const v1::Batch& batch,
+                                    const std::vector<int64_t>& indices, bool filler);
+  std::vector<v1::ObjectiveMetric> objective_metrics(v1::Split split);
   // save.cpp
   void save_checkpoint_now(int64_t done, const char* reason);
   bool save_sharded_model();

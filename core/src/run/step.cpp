@@ -133,6 +133,7 @@ StepBatches Run::load_step(int64_t s) {
     std::vector<int64_t> idx(mine.begin() + k * layout.micro_batch_size,
                              mine.begin() + (k + 1) * layout.micro_batch_size);
     sb.micro.push_back(get_batch(v1::Split::Train, idx));
+    sb.indices.push_back(std::move(idx));
     sb.local[0] += static_cast<double>(sb.micro.back().num_targets);
     sb.local[1] += static_cast<double>(sb.micro.back().num_tokens);
     sb.local[2] += static_cast<double>(sb.micro.back().num_samples);
@@ -202,9 +203,8 @@ void Run::forward_backward(StepState& st) {
   for (int64_t k = 0; k < plan_->steps().accumulation_steps; ++k) {
     const bool last = k + 1 == plan_->steps().accumulation_steps;
     parts_.strategy.call("before_backward", [&](v1::Strategy& s) { s.before_backward(last); return 0; });
-    auto scope = parts_.precision.call("autocast", [](v1::Precision& p) { return p.autocast(); });
-    v1::ModelOutput out = parts_.strategy.call("forward", [&](v1::Strategy& s) { return s.forward(micro[k]); });
-    scope.reset();
+    v1::ModelOutput out =
+        objective_forward(v1::Split::Train, micro[k], progress_.cur.indices[k], false);
     TR_CHECK(out.loss_sum.defined() && out.loss_sum.numel() == 1,
              parts_.model.label, " returned no scalar loss_sum");
     if (k == 0) {
@@ -232,10 +232,19 @@ void Run::issue_step_tail(StepState& st) {
   st.elapsed_loop = std::chrono::duration<double>(Clock::now() - progress_.t_loop).count();
   const bool want_save = env_.lead && caps_.policy != nullptr &&
                          caps_.policy->should_save(progress_.step + 1, st.elapsed_loop, v1::CheckpointReason::Step);
-  st.tail = torch::tensor({st.loss_sum, st.prefetch ? progress_.next.local[0] : 0.0,
-                           st.prefetch ? progress_.next.local[1] : 0.0, st.prefetch ? progress_.next.local[2] : 0.0,
-                           want_save ? 1.0 : 0.0, stop::received() ? 1.0 : 0.0},
-                          torch::kDouble);
+  std::vector<double> tail = {st.loss_sum,
+                              st.prefetch ? progress_.next.local[0] : 0.0,
+                              st.prefetch ? progress_.next.local[1] : 0.0,
+                              st.prefetch ? progress_.next.local[2] : 0.0,
+                              want_save ? 1.0 : 0.0,
+                              stop::received() ? 1.0 : 0.0};
+  // The objective's figures ride along too (the same names on every rank, sorted).
+  for (const auto& m : objective_metrics(v1::Split::Train)) {
+    st.objective_metrics.push_back(m.name);
+    tail.push_back(m.sum);
+    tail.push_back(m.count);
+  }
+  st.tail = torch::tensor(tail, torch::kDouble);
   st.tail_work = sum_over_ranks(st.tail, "all_reduce (step loss, next batch size)");
 }
 
@@ -322,6 +331,10 @@ void Run::report_step(StepState& st) {
     m.extra["mem_current_bytes"] = static_cast<double>(memory_now(false));
     m.extra["mem_model_state_bytes"] = static_cast<double>(st.mem_model_state - env_.mem_baseline);
   }
+  for (size_t i = 0; i < st.objective_metrics.size(); ++i) {
+    const double count = st.tail.data_ptr<double>()[6 + 2 * i + 1];
+    if (count > 0) m.extra[st.objective_metrics[i]] = st.tail.data_ptr<double>()[6 + 2 * i] / count;
+  }
   for (auto& [label, source] : caps_.metric_sources)
     guarded(label, "add_step_metrics", [&] { source->add_step_metrics(m.extra); return 0; });
   for (auto& cb : parts_.callbacks) cb.call("on_step_end", [&](v1::Callback& c) { c.on_step_end(m); return 0; });
@@ -335,6 +348,10 @@ void Run::report_step(StepState& st) {
               << std::setprecision(0) << std::fixed << m.samples_per_s << " samples/s";
     if (m.tokens_per_s > 0) std::cout << " | " << m.tokens_per_s << " tokens/s";
     if (scale != 1.0) std::cout << " | loss scale " << fmt_scale(scale);
+    // A preference objective's two figures a user watches (the rest are in metrics.jsonl).
+    for (const char* k : {"rewards/accuracies", "rewards/margins"})
+      if (auto it = m.extra.find(k); it != m.extra.end())
+        std::cout << " | " << k << " " << std::setprecision(3) << it->second;
     std::cout << std::defaultfloat << std::setprecision(6) << " | eta " << fmt_duration(eta)
               << std::endl;
   }

@@ -47,6 +47,8 @@ struct JobConfig {
   v1::Options trainer;
   v1::Options launch;
   ComponentConfig model, data, strategy, accelerator, precision, optimizer;
+  /// [objective] (ABI 1.8); plugin "" = none: the model's own loss.
+  ComponentConfig objective;
   std::vector<ComponentConfig> callbacks;
   std::string resolved_toml;  ///< the job with every default filled in, as TOML
 };
