@@ -134,6 +134,8 @@ void MetricsCallback::on_eval_end(const EvalMetrics& m) {
   j["eval_samples"] = m.samples;
   j["eval_targets"] = m.targets;
   j["eval_time_s"] = m.time_s;
+  // ABI 1.8: the objective's held-out figures, named as TRL logs them ("eval_rewards/margins").
+  for (const auto& [key, value] : m.extra) j["eval_" + key] = value;
   write_line(j.dump());
 }
 

@@ -39,6 +39,7 @@ LoraAdapter::LoraAdapter(int64_t in, int64_t out, int64_t r, double alpha, doubl
 }
 
 at::Tensor LoraAdapter::forward(const at::Tensor& x, bool training) {
+  if (!enabled_) return at::zeros({1, b_->weight.size(0)}, x.options());
   // Dropout draws no random numbers when it cannot change anything (as the models' dropout).
   const at::Tensor h = dropout_ > 0 && training ? at::dropout(x, dropout_, true) : x;
   const at::Tensor& a = a_->weight;

@@ -13,6 +13,7 @@
 // base_model.model.<layer>.bias for trainable biases).
 #include <trainrun/hf/model_source.hpp>
 #include <trainrun/interfaces.hpp>
+#include <trainrun/objective.hpp>
 #include <trainrun/model/linear.hpp>
 
 #include <torch/nn/modules/linear.h>
@@ -41,19 +42,26 @@ class LoraAdapter final : public v1::LinearAdapter, public v1::LowRankAdapter {
   const at::Tensor& A() const override { return a_->weight; }
   const at::Tensor& B() const override { return b_->weight; }
   double scaling() const override { return scaling_; }
-  /// Without dropout (or outside training) forward() is the plain product.
-  bool plain(bool training) const override { return !(dropout_ > 0 && training); }
+  /// Without dropout (or outside training) forward() is the plain product; never while
+  /// switched off (forward() then adds nothing).
+  bool plain(bool training) const override { return enabled_ && !(dropout_ > 0 && training); }
+  /// Switched off, forward() returns zeros of shape [1, out] (broadcast over the base output:
+  /// y + 0 leaves it as the base computed it) and draws no dropout mask.
+  void set_enabled(bool enabled) { enabled_ = enabled; }
 
  private:
   torch::nn::Linear a_{nullptr}, b_{nullptr};
   double dropout_, scaling_;
+  bool enabled_ = true;
 };
 
 /// Writes float32 tensors (any device; CPU copies) to a safetensors file atomically (temporary
 /// file + rename), with metadata {"format": "pt"}. Throws Error naming the file.
 void write_safetensors_f32(const std::string& path, const std::vector<v1::NamedTensor>& tensors);
 
-class LoraCallback final : public v1::Callback, public v1::FinalStateDictConsumer {
+class LoraCallback final : public v1::Callback,
+                           public v1::FinalStateDictConsumer,
+                           public v1::AdapterSwitch {
  public:
   static void declare_options(v1::OptionSchema& s);
   LoraCallback(const v1::Options& o, const v1::RunContext& ctx);
@@ -71,6 +79,11 @@ class LoraCallback final : public v1::Callback, public v1::FinalStateDictConsume
   const std::vector<std::pair<std::string, std::shared_ptr<LoraAdapter>>>& adapters() const {
     return adapters_;
   }
+  /// AdapterSwitch (ABI 1.8): the reference model of DPO under LoRA is the base, adapters off.
+  void set_adapters_enabled(bool enabled) override {
+    for (auto& [name, a] : adapters_) a->set_enabled(enabled);
+  }
+  bool has_adapters() const override { return !adapters_.empty(); }
   int64_t trainable_parameters() const { return trainable_; }
   int64_t total_parameters() const { return total_; }
 

@@ -52,6 +52,9 @@ std::vector<Scalar> eval_scalars(const EvalMetrics& m) {
   out.push_back({"eval/samples", static_cast<float>(m.samples)});
   out.push_back({"eval/targets", static_cast<float>(m.targets)});
   out.push_back({"eval/time_s", static_cast<float>(m.time_s)});
+  // ABI 1.8: the objective's held-out figures ("eval/rewards/accuracies").
+  for (const auto& [key, value] : m.extra)
+    out.push_back({"eval/" + key, static_cast<float>(value)});
   return out;
 }
 

@@ -3,6 +3,8 @@
 // operation, so fp32 logits agree with transformers' eager attention to rounding.
 #include "llama.hpp"
 
+#include <trainrun/model/token_log_probs.hpp>
+
 #include <torch/types.h>
 #include <torch/utils.h>
 
@@ -68,8 +70,12 @@ void LlamaModel::declare_options(v1::OptionSchema& s) {
 LlamaModel::LlamaModel(const v1::Options& o, const v1::RunContext& ctx)
     : run_dir_(ctx.run_dir), rank_(ctx.rank) {
   const v1::DataInfo& data = ctx.data;
-  TR_CHECK_TYPED(ConfigError, data.task.empty() || data.task == "language_modeling", o.context(),
-                 ": llama needs a language-modelling dataset, but the dataset's task is '",
+  // Preference data (ABI 1.8) is token rows too; its objective computes the loss.
+  TR_CHECK_TYPED(ConfigError,
+                 data.task.empty() || data.task == "language_modeling" || data.task == "preference",
+                 o.context(),
+                 ": llama needs a language-modelling or preference dataset, but the "
+                 "dataset's task is '",
                  data.task, "'");
   save_hf_ = o.get_bool("save_hf");
   fused_head_loss_ = o.get_bool("fused_head_loss");
@@ -177,6 +183,14 @@ v1::ModelOutput LlamaModel::forward(const v1::Batch& b) {
   TR_CHECK(b.target.sizes() == h.sizes().slice(0, 2),
            "llama: target must be [B, T] as the input, got ", b.target.sizes(), " for input ",
            h.sizes().slice(0, 2));
+  if (objective_ != nullptr) {
+    TR_CHECK(!b.segment_ids.defined(),
+             "llama: objectives take one sequence per row, not packed rows");
+    const torch::Tensor positions = v1::counted_positions(b.target);
+    const torch::Tensor logits = head(h.reshape({-1, h.size(-1)}).index_select(0, positions));
+    return objective_->compute(
+        v1::token_log_probs(logits, b.target, positions, objective_->wanted_statistics()), b);
+  }
   h = h.reshape({-1, h.size(-1)});
   torch::Tensor target = b.target.reshape({-1});
   const torch::Tensor valid = target.ne(v1::kIgnoreIndex);

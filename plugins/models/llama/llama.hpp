@@ -14,6 +14,7 @@
 #include <trainrun/hf/model_source.hpp>
 #include <trainrun/interfaces.hpp>
 #include <trainrun/model/module_model.hpp>
+#include <trainrun/objective.hpp>
 #include <trainrun/model/packed_batch.hpp>
 
 #include <map>
@@ -59,7 +60,8 @@ class LlamaModel final : public v1::ModuleModel,
                          public v1::FinalStateDictConsumer,
                          public v1::HfModelSource,
                          public v1::IncrementalDecoder,
-                         public v1::DeferredWeights {
+                         public v1::DeferredWeights,
+                         public v1::ObjectiveModel {
  public:
   static void declare_options(v1::OptionSchema& s);
   LlamaModel(const v1::Options& o, const v1::RunContext& ctx);
@@ -94,6 +96,10 @@ class LlamaModel final : public v1::ModuleModel,
   std::unique_ptr<v1::DecodeState> new_decode_state(int64_t batch_size, int64_t max_length) override;
   at::Tensor decode(const at::Tensor& ids, v1::DecodeState& state) override;
 
+  /// ObjectiveModel (ABI 1.8): forward() then hands the log-probabilities of the batch's
+  /// counted targets to `objective` (the head runs on those positions only, as for the loss).
+  void set_objective(v1::Objective* objective) override { objective_ = objective; }
+
   const LlamaConfig& config() const { return cfg_; }
   /// Writes an HF model directory from `state` (names as named_parameters()) in `dtype`.
   void save_hf(const std::string& out, const std::vector<v1::NamedTensor>& state,
@@ -113,6 +119,7 @@ class LlamaModel final : public v1::ModuleModel,
   bool save_hf_ = true;
   bool fused_head_loss_ = true;
   int rank_ = 0;
+  v1::Objective* objective_ = nullptr;  ///< set_objective; not owned
   std::shared_ptr<torch::nn::Module> net_;
   std::vector<std::unique_ptr<v1::Unit>> units_;
   /// The training loss's logits [tokens * vocab], reused from step to step (HeadCrossEntropySum).
