@@ -1,0 +1,268 @@
+// Dataset `preference`: prompt / chosen / rejected pairs for preference objectives (DPO and its
+// kin), tokenized exactly as TRL 1.16's DPOTrainer does (preference_samples.hpp).
+//
+// A sample is one pair. A batch of B pairs is 2B rows, TRL's concatenated layout: rows 0..B-1
+// prompt+chosen, rows B..2B-1 prompt+rejected, pair i in row i and B + i. Each row holds
+// input = ids[:-1], target = ids[1:] where that token belongs to the completion, else
+// kIgnoreIndex; rows are right-padded (pad token, target ignored) to the longest. num_samples =
+// num_targets = B (the loss unit of a paired objective is the pair); num_tokens counts the real
+// input positions of all 2B rows.
+#include <torch/types.h>
+#include <torch/utils.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "preference_samples.hpp"
+#include "trainrun/interfaces.hpp"
+#include "trainrun/plugin.hpp"
+#include <trainrun/log.hpp>
+
+namespace trainrun::preference {
+
+using v1::Batch;
+using v1::ConfigError;
+using v1::DataInfo;
+using v1::Options;
+using v1::OptionSchema;
+using v1::RunContext;
+using v1::Split;
+
+namespace {
+
+// Counts of one kind of pair, with the first one's FILE:LINE.
+struct Tally {
+  int64_t n = 0;
+  std::string first;
+  void add(const std::string& where) {
+    if (n++ == 0) first = where;
+  }
+  /// "N pair(s) <what>", plus " (first FILE:LINE)" when N > 0.
+  std::string text(const std::string& what) const {
+    return std::to_string(n) + (n == 1 ? " pair " : " pairs ") + what +
+           (n ? " (first " + first + ")" : "");
+  }
+};
+
+}  // namespace
+
+/// Preference pairs for paired objectives (DPO), TRL 1.16's tokenization and batch layout.
+class PreferenceDataset final : public v1::Dataset {
+ public:
+  /// Options: files, tokenizer and template, TRL's max_length / truncation_mode, the held-out part.
+  static void declare_options(OptionSchema& s) {
+    s.add({"paths",
+           v1::OptionType::StringList,
+           std::monostate{},
+           /*required=*/true,
+           {},
+           {},
+           {},
+           "JSONL files (or glob(3) patterns) of preference pairs: {\"prompt\"?, \"chosen\", "
+           "\"rejected\"}, all strings or all lists of {\"role\", \"content\"} messages; without "
+           "\"prompt\" it is the start chosen and rejected share (TRL's extract_prompt)"});
+    s.string_list("eval_paths", {},
+                  "held-out pairs from these files instead of a validation_fraction of paths");
+    s.required_string("tokenizer",
+                      "Hugging Face tokenizer directory (tokenizer.json, "
+                      "tokenizer_config.json), e.g. the model's own directory");
+    s.string("chat_template", "",
+             "conversational pairs: \"\" = the tokenizer's own chat template; else a named "
+             "template of the tokenizer, a built-in (chatml, llama3, llama2, mistral, alpaca) or "
+             "a .jinja file");
+    s.integer("max_length", 1024,
+              "tokens of prompt + completion kept per sequence (TRL's max_length); 0 = no limit", 0,
+              1 << 24);
+    s.choice("truncation_mode", "keep_start", {"keep_start", "keep_end"},
+             "a sequence longer than max_length keeps its first or its last max_length tokens; "
+             "with keep_start a pair whose prompt alone fills max_length is dropped (as TRL)");
+    s.integer("max_prompt_length", 0,
+              "keep only the last max_prompt_length prompt tokens, before max_length applies "
+              "(not in TRL 1.16); 0 = no limit",
+              0, 1 << 24);
+    s.real("validation_fraction", 0.0, "fraction of the pairs held out for evaluation", 0.0, 0.9);
+    s.integer("split_seed", 0,
+              "seed of the held-out choice (the same seed holds out the same pairs)", 0);
+  }
+
+  /// Reads, tokenizes and checks every pair; rank 0 logs what was kept and dropped.
+  PreferenceDataset(const Options& o, const RunContext& ctx) {
+    const std::string context = o.context();
+    const std::vector<std::string> files =
+        expand_paths(o.get_string_list("paths"), context, "paths");
+    const std::vector<std::string>& eval_patterns = o.get_string_list("eval_paths");
+    const double fraction = o.get_double("validation_fraction");
+    TR_CHECK_TYPED(ConfigError, eval_patterns.empty() || fraction == 0.0, context,
+                   ": set eval_paths or validation_fraction, not both");
+    const std::vector<std::string> eval_files =
+        eval_patterns.empty() ? std::vector<std::string>{}
+                              : expand_paths(eval_patterns, context, "eval_paths");
+    const std::string dir = o.get_string("tokenizer");
+    const text::Tokenizer tok = text::Tokenizer::from_directory(dir);
+    limits_.max_length = o.get_int("max_length");
+    limits_.keep_end = o.get_string("truncation_mode") == "keep_end";
+    limits_.max_prompt_length = o.get_int("max_prompt_length");
+    pad_ = tok.pad_token_id().value_or(tok.eos_token_id().value_or(0));
+
+    const std::vector<Row> rows[2] = {read_rows(files), read_rows(eval_files)};
+    TR_CHECK_TYPED(ConfigError, !rows[0].empty(), context, ": the files in paths hold no pair");
+    TR_CHECK_TYPED(ConfigError, eval_files.empty() || !rows[1].empty(), context,
+                   ": the files in eval_paths hold no pair");
+    // The chat template only when a row needs it: text-only data may use a tokenizer without one.
+    std::unique_ptr<text::ChatTemplate> tmpl;
+    for (const auto& part : rows)
+      for (const auto& r : part)
+        if (r.conversational && !tmpl) {
+          try {
+            tmpl = std::make_unique<text::ChatTemplate>(
+                text::load_chat_template(dir, o.get_string("chat_template")));
+          } catch (const std::exception& e) {
+            throw ConfigError(context + ": chat_template (" + r.where() +
+                              " is conversational): " + e.what());
+          }
+        }
+
+    Tally prompt_fills, no_target, same, diverged;
+    int64_t conversational = 0, implicit = 0, prompt_tokens = 0, chosen_tokens = 0,
+            rejected_tokens = 0;
+    std::vector<int64_t> kept[2];
+    for (int k = 0; k < 2; ++k)
+      for (const Row& r : rows[k]) {
+        conversational += r.conversational;
+        implicit += r.implicit_prompt;
+        Pair p = tokenize_row(r, tok, tmpl.get());
+        if (p.prompt_diverged) diverged.add(p.where);
+        clip_prompt(p, limits_);
+        const Verdict v = verdict(p, limits_);
+        if (v == Verdict::PromptFillsMaxLength) {
+          prompt_fills.add(p.where);
+          continue;
+        }
+        if (v == Verdict::NoCountedTarget) {
+          no_target.add(p.where);
+          continue;
+        }
+        if (p.chosen_ids == p.rejected_ids) same.add(p.where);
+        prompt_tokens += static_cast<int64_t>(p.prompt_ids.size());
+        chosen_tokens += static_cast<int64_t>(p.chosen_ids.size());
+        rejected_tokens += static_cast<int64_t>(p.rejected_ids.size());
+        longest_ = std::max(
+            longest_, static_cast<int64_t>(p.prompt_ids.size() +
+                                           std::max(p.chosen_ids.size(), p.rejected_ids.size())));
+        kept[k].push_back(static_cast<int64_t>(pairs_.size()));
+        pairs_.push_back(std::move(p));
+      }
+    TR_CHECK_TYPED(ConfigError, !kept[0].empty(), context, ": no pair is left to train on (",
+                   prompt_fills.text("whose prompt fills max_length"), ", ",
+                   no_target.text("without a counted target after truncation"), ")");
+
+    if (eval_files.empty()) {
+      // Held-out choice: the chat dataset's Fisher-Yates permutation from split_seed
+      // (std::shuffle's algorithm is not specified, so it could differ between standard libraries).
+      const int64_t n = static_cast<int64_t>(kept[0].size());
+      std::vector<int64_t> perm(static_cast<size_t>(n));
+      std::iota(perm.begin(), perm.end(), 0);
+      std::mt19937_64 rng(static_cast<uint64_t>(o.get_int("split_seed")));
+      for (int64_t i = n - 1; i > 0; --i)
+        std::swap(perm[i], perm[rng() % static_cast<uint64_t>(i + 1)]);
+      const int64_t n_eval = static_cast<int64_t>(fraction * static_cast<double>(n));
+      TR_CHECK_TYPED(ConfigError, n - n_eval > 0, context,
+                     ": validation_fraction leaves no training pair");
+      for (int64_t i = 0; i < n; ++i) members_[i < n_eval ? 1 : 0].push_back(kept[0][perm[i]]);
+      std::sort(members_[0].begin(), members_[0].end());
+      std::sort(members_[1].begin(), members_[1].end());
+    } else {
+      members_[0] = kept[0];
+      members_[1] = kept[1];
+    }
+
+    info_.task = "preference";
+    info_.sample_shape = {limits_.max_length > 0 ? limits_.max_length : longest_};
+    info_.vocab_size = tok.vocab_size();
+    if (ctx.rank == 0) {
+      const v1::Logger log("preference", ctx.rank);
+      const size_t read = rows[0].size() + rows[1].size();
+      std::ostringstream os;
+      os << read << " pairs from " << files.size() + eval_files.size() << " file"
+         << (files.size() + eval_files.size() == 1 ? "" : "s") << " (" << conversational
+         << " conversational" << (tmpl ? ", template " + tmpl->origin() : std::string()) << "; "
+         << implicit << " with an implicit prompt); dropped: "
+         << prompt_fills.text("whose prompt fills max_length") << ", "
+         << no_target.text("without a counted chosen or rejected target after truncation") << "; "
+         << members_[0].size() << " train / " << members_[1].size() << " held out"
+         << (eval_files.empty() ? "" : " (eval_paths)") << "; tokens: " << prompt_tokens
+         << " prompt, " << chosen_tokens << " chosen, " << rejected_tokens
+         << " rejected; longest pair " << longest_ << " tokens (max_length = "
+         << (limits_.max_length > 0 ? std::to_string(limits_.max_length) : std::string("none"))
+         << ", " << o.get_string("truncation_mode");
+      if (limits_.max_prompt_length > 0)
+        os << ", max_prompt_length = " << limits_.max_prompt_length;
+      os << ")";
+      if (diverged.n)
+        os << "; " << diverged.text("whose tokenized prompt is not a prefix of prompt+completion")
+           << ": the completion starts where the two diverge, as in TRL";
+      log.info(os.str());
+      if (same.n)
+        log.warn(same.text("whose chosen equals its rejected (as tokens)") +
+                 ": kept, though such a pair teaches nothing");
+      if (prompt_fills.n)
+        log.warn(prompt_fills.text("dropped") +
+                 ": the prompt leaves no room for the completion within max_length = " +
+                 std::to_string(limits_.max_length) +
+                 " (truncation_mode = keep_start), as TRL drops them");
+      if (no_target.n)
+        log.warn(no_target.text("dropped") +
+                 ": chosen or rejected keeps no counted target after truncation");
+    }
+  }
+
+  DataInfo info() const override { return info_; }
+  int64_t size(Split split) const override { return static_cast<int64_t>(members(split).size()); }
+
+  /// B pairs -> 2B rows (chosen rows, then rejected rows), see the top of this file.
+  Batch batch(Split split, const std::vector<int64_t>& indices) override {
+    const auto& table = members(split);
+    std::vector<const Pair*> chosen;
+    chosen.reserve(indices.size());
+    for (int64_t i : indices) {
+      TR_CHECK(i >= 0 && i < static_cast<int64_t>(table.size()),
+               "preference: ", split == Split::Train ? "train" : "eval", " index ", i,
+               " out of range [0, ", table.size(), ")");
+      chosen.push_back(&pairs_[static_cast<size_t>(table[static_cast<size_t>(i)])]);
+    }
+    Collated c = collate(chosen, limits_, pad_, v1::kIgnoreIndex);
+    Batch b;
+    b.input = torch::from_blob(c.input.data(), {c.rows, c.width}, torch::kLong).clone();
+    b.target = torch::from_blob(c.target.data(), {c.rows, c.width}, torch::kLong).clone();
+    b.num_samples = static_cast<int64_t>(indices.size());
+    b.num_targets = b.num_samples;
+    b.num_tokens = c.num_tokens;
+    return b;
+  }
+
+ private:
+  const std::vector<int64_t>& members(Split s) const { return members_[s == Split::Train ? 0 : 1]; }
+
+  std::vector<Pair> pairs_;          // every kept pair, train and held-out
+  std::vector<int64_t> members_[2];  // [train, eval]: indices into pairs_
+  Limits limits_;
+  int32_t pad_ = 0;
+  int64_t longest_ = 0;  // tokens of the longest kept prompt + completion
+  DataInfo info_;
+};
+
+/// The components of the "preference" plugin.
+extern const trainrun_component_v1 kComponents[] = {
+    v1::component<v1::Dataset, PreferenceDataset>(
+        "preference",
+        "Preference pairs (prompt, chosen, rejected; text or chat) for DPO-style "
+        "objectives, tokenized as TRL's DPOTrainer; batches of 2B rows"),
+};
+
+}  // namespace trainrun::preference
