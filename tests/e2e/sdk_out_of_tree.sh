@@ -177,5 +177,61 @@ echo "$out"
 [ "$rc" -eq 0 ] || fail "training with old-paths exited with $rc"
 grep -q '^\[old-paths: cpu list 0-3 has 4 cores\]$' <<<"$out" || fail "the old-paths callback did not run"
 
+step "the example objective (sdk/examples/rpo, ABI 1.8) builds against $prefix and trains"
+rpo_src=$src/sdk/examples/rpo
+cmake -S "$rpo_src" -B "$work/rpo" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_PREFIX_PATH="$prefix" "${launcher[@]}"
+cmake --build "$work/rpo"
+rpo_plugin=$work/rpo/libtrainrun-rpo.so
+[ -f "$rpo_plugin" ] || fail "the rpo build produced no $rpo_plugin"
+out=$(TRAINRUN_PLUGIN_PATH=$work/rpo "$trainrun" plugins rpo 2>&1) || { echo "$out"; fail "trainrun plugins rpo"; }
+echo "$out"
+grep -q "objective 'rpo'" <<<"$out" || fail "rpo is not listed as an objective"
+# A random inline Llama on preference pairs tokenized with a real tokenizer (the shared fixture),
+# full fine-tuning: the reference values are precomputed, then 3 steps.
+tok=$src/../shared/fixtures/tokenizers/qwen3
+[ -f "$tok/tokenizer.json" ] || fail "no tokenizer fixture at $tok"
+for i in 1 2 3 4; do
+  printf '{"prompt": "Question %s: what is %s plus %s?", "chosen": " It is %s.", "rejected": " Maybe %s, or %s."}\n' \
+    "$i" "$i" "$i" "$((2 * i))" "$((3 * i))" "$((i + 7))"
+done >"$work/pairs.jsonl"
+cat >"$work/rpo.toml" <<JOB
+[model]
+plugin = "llama"
+hidden_size = 16
+intermediate_size = 32
+num_hidden_layers = 1
+num_attention_heads = 2
+
+[data]
+plugin = "preference"
+paths = ["$work/pairs.jsonl"]
+tokenizer = "$tok"
+
+[objective]
+plugin = "rpo"
+beta = 0.1
+alpha = 1.0
+
+[trainer]
+max_steps = 3
+global_batch_size = 2
+seed = 1
+log_every = 1
+run_dir = "$work/run-rpo"
+save_final_model = false
+
+[[callbacks]]
+plugin = "metrics"
+JOB
+set +e
+out=$(TRAINRUN_PLUGIN_PATH=$work/rpo "$trainrun" --config "$work/rpo.toml" --set model.save_hf=false 2>&1)
+rc=$?
+set -e
+echo "$out" | tail -8
+[ "$rc" -eq 0 ] || fail "training with the rpo objective exited with $rc"
+grep -q 'objective rpo (reference: precomputed)' <<<"$out" || fail "the banner does not name the rpo objective"
+grep -q '"nll_loss"' "$work/run-rpo/metrics.jsonl" || fail "rpo's nll_loss is not in metrics.jsonl"
+
 echo
 echo "PASS"
