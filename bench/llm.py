@@ -43,8 +43,10 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from peak_rss import PeakRss  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -100,52 +102,16 @@ def worker(a):
 # ---------------------------------------------------------------------------------------------
 # Orchestration
 
-def tree_pids(root):
-    """root and all its descendants (from /proc/*/stat parent links)."""
-    parent = {}
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                with open(f"/proc/{d}/stat") as f:
-                    parent[int(d)] = int(f.read().rsplit(")", 1)[1].split()[1])
-            except OSError:
-                pass
-    out, todo = [], [root]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        todo.extend(c for c, pp in parent.items() if pp == p)
-    return out
-
-
 def run_polled(cmd, env):
     """Runs cmd, polling the largest VmHWM (bytes) of its process tree; returns (output, peak)."""
     print("$ " + " ".join(cmd), file=sys.stderr, flush=True)
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    peak = [0]
-    done = threading.Event()
-
-    def poll():
-        while not done.is_set():
-            for pid in tree_pids(p.pid):
-                try:
-                    with open(f"/proc/{pid}/status") as f:
-                        for line in f:
-                            if line.startswith("VmHWM:"):
-                                peak[0] = max(peak[0], int(line.split()[1]) * 1024)
-                except OSError:
-                    pass
-            done.wait(0.2)
-
-    t = threading.Thread(target=poll, daemon=True)
-    t.start()
-    out = p.communicate()[0]
-    done.set()
-    t.join()
+    with PeakRss(p.pid) as rss:
+        out = p.communicate()[0]
     if p.returncode != 0:
         sys.stderr.write(out[-6000:])
         sys.exit(f"failed ({p.returncode}): {' '.join(cmd)}")
-    return out, peak[0]
+    return out, rss.peak
 
 
 def trainrun_job(a, path, run_dir, world, qlora):
