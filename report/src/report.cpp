@@ -252,6 +252,49 @@ Json build_charts(const std::vector<Run>& runs) {
     charts.push_back(std::move(acc));
   }
 
+  // A preference objective (ABI 1.8: dpo, simpo, orpo): its rewards as TRL logs them, training
+  // and held-out, the margin and the accuracy on one chart each, and the chosen and rejected
+  // log-probabilities (a falling chosen one is DPO's known displacement).
+  if (any([](const Run& r) { return r.main.has("rewards/margins"); })) {
+    struct Pref {
+      const char* id;
+      const char* title;
+      const char* y;
+      std::vector<std::pair<std::string, std::string>> keys;  // (label, metric)
+      double scale;
+    };
+    const Pref prefs[] = {{"pref_margins",
+                           "Preference: reward margin (chosen - rejected)",
+                           "margin",
+                           {{"margin", "rewards/margins"}},
+                           1.0},
+                          {"pref_accuracy",
+                           "Preference: reward accuracy",
+                           "pairs (%)",
+                           {{"accuracy", "rewards/accuracies"}},
+                           100.0},
+                          {"pref_logps",
+                           "Preference: log-probability of the completions",
+                           "log p (summed)",
+                           {{"chosen", "logps/chosen"}, {"rejected", "logps/rejected"}},
+                           1.0}};
+    for (const Pref& p : prefs) {
+      Json c = chart(p.id, p.title, p.y);
+      for (size_t i = 0; i < runs.size(); ++i)
+        for (const auto& [label, metric] : p.keys) {
+          c["datasets"].push_back(
+              series(runs[i], i, runs[i].main, "train", "training " + label, key(metric), p.scale));
+          if (!runs[i].main.evals.empty()) {
+            Json d = series(runs[i], i, runs[i].main, "eval", "held-out " + label,
+                            key("eval_" + metric), p.scale);
+            d["style"] = "eval";
+            c["datasets"].push_back(std::move(d));
+          }
+        }
+      charts.push_back(std::move(c));
+    }
+  }
+
   Json lr = chart("lr", "Learning rate", "lr");
   for (size_t i = 0; i < runs.size(); ++i)
     lr["datasets"].push_back(series(runs[i], i, runs[i].main, "train", "lr", key("lr")));
