@@ -167,7 +167,7 @@ v1::OptionSchema trainer_schema() {
            "trained model with its LoRA adapters switched off, one extra no-grad forward per "
            "micro-batch (PEFT's disable_adapter()); \"precomputed\" = the initial model's values "
            "computed once before training for every sample and kept in "
-           "<run_dir>/reference_logps.safetensors, which a resumed run reuses (TRL's "
+           "<run_dir>/reference/logps.safetensors, which a resumed run reuses (TRL's "
            "precompute_ref_log_probs); \"auto\" = adapters_off under LoRA, else precomputed");
   s.string_list("freeze", {},
                 "Parameters to freeze (requires_grad off) before the strategy wraps the model: "

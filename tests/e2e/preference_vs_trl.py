@@ -543,6 +543,11 @@ def checks(model_dir, data_path):
                           for f, steps in runs.items()}
     if strip(first) != strip(second):
         fail("check cache: the run with the reused reference logged other figures than the first")
+    # Another seed draws another initial model (a random init here): the cache must not be reused.
+    rc, out, _ = job_with("cache", lambda t: held_out(t).replace(f"seed = {SEED}\n", f"seed = {SEED + 1}\n"), steps=1)
+    if rc != 0 or "recomputing" not in out:
+        fail(f"check cache: a run with another seed (exit {rc}) did not recompute the reference:\n{out[-1500:]}")
+    rc, out, _ = job_with("cache", held_out, steps=3)  # back to the first seed, for the figures below
     evals = [json.loads(l) for l in open(os.path.join(run_dir, "metrics-rank-0.jsonl")) if "eval_loss" in l]
     if not evals or "eval_rewards/accuracies" not in evals[-1] or "eval_logps/chosen" not in evals[-1]:
         fail(f"check cache: no eval_rewards/* in the held-out row: {evals[-1:] }")

@@ -10,6 +10,7 @@
 #include <functional>
 #include <iomanip>
 #include <sstream>
+#include <vector>
 
 #include "run.hpp"
 #include "trainrun/core/log.hpp"
@@ -25,18 +26,35 @@ namespace {
 
 const char* split_name(v1::Split s) { return s == v1::Split::Train ? "train" : "eval"; }
 
-// The tables of the resolved job that decide the reference values (and [trainer] init_weights):
-// a cache written under other ones is recomputed, not reused.
+// What decides the reference values: the resolved job's [model], [data], [objective] and
+// [precision] tables, [trainer] seed (a randomly initialised model) and init_weights, and the
+// model directory's weight files (sizes and times); a cache written under anything else is
+// recomputed, not reused.
 std::string reference_fingerprint(const std::string& resolved_toml) {
   std::istringstream in(resolved_toml);
-  std::string line, kept;
-  bool keep = false;
+  std::string line, kept, section;
   for (; std::getline(in, line);) {
-    if (!line.empty() && line[0] == '[')
-      keep =
-          line == "[model]" || line == "[data]" || line == "[objective]" || line == "[precision]";
-    // [trainer] init_weights replaces the initial model the reference values come from.
-    if (keep || line.rfind("init_weights", 0) == 0) kept += line + "\n";
+    if (!line.empty() && line[0] == '[') section = line;
+    const bool table = section == "[model]" || section == "[data]" || section == "[objective]" ||
+                       section == "[precision]";
+    const bool trainer_key = section == "[trainer]" &&
+                             (line.rfind("seed ", 0) == 0 || line.rfind("init_weights ", 0) == 0);
+    if (table || trainer_key) kept += line + "\n";
+    if (section == "[model]" && line.rfind("path = ", 0) == 0 && line.size() > 9) {
+      const std::string dir = line.substr(8, line.size() - 9);  // path = 'DIR'
+      std::error_code ec;
+      std::vector<std::string> files;
+      for (const auto& e : fs::directory_iterator(dir, ec)) {
+        if (e.path().extension() != ".safetensors" && e.path().filename() != "config.json")
+          continue;
+        const auto size = fs::file_size(e.path(), ec);
+        const auto time = fs::last_write_time(e.path(), ec).time_since_epoch().count();
+        files.push_back(e.path().filename().string() + ":" + std::to_string(size) + ":" +
+                        std::to_string(time));
+      }
+      std::sort(files.begin(), files.end());
+      for (const auto& f : files) kept += f + "\n";
+    }
   }
   std::ostringstream os;
   os << std::hex << std::hash<std::string>{}(kept);
