@@ -6,9 +6,11 @@
 #include <torch/utils.h>
 
 #include <algorithm>
+#include <array>
 #include <filesystem>
 #include <functional>
 #include <iomanip>
+#include <optional>
 #include <sstream>
 #include <vector>
 
@@ -59,6 +61,35 @@ std::string reference_fingerprint(const std::string& resolved_toml) {
   std::ostringstream os;
   os << std::hex << std::hash<std::string>{}(kept);
   return os.str();
+}
+
+// The cached reference values when `file` holds them for this job (same fingerprint, both
+// splits of the right sizes and width); nothing otherwise, saying why on the lead rank.
+std::optional<std::array<at::Tensor, 2>> read_reference_cache(const fs::path& file,
+                                                              const std::string& fingerprint,
+                                                              const int64_t sizes[2], int64_t width,
+                                                              bool lead) {
+  std::error_code ec;
+  if (!fs::is_regular_file(file, ec)) return std::nullopt;
+  std::map<std::string, std::string> meta;
+  std::vector<v1::NamedTensor> tensors;
+  try {
+    tensors = read_safetensors(file.string(), &meta);
+  } catch (const std::exception& e) {
+    if (lead)
+      log_warn("reference: " + file.string() + " is unreadable (" + e.what() + "); recomputing");
+    return std::nullopt;
+  }
+  bool ok = meta["fingerprint"] == fingerprint && tensors.size() == 2;
+  for (size_t k = 0; ok && k < 2; ++k)
+    ok = tensors[k].name == split_name(k == 0 ? v1::Split::Train : v1::Split::Eval) &&
+         tensors[k].tensor.dim() == 2 && tensors[k].tensor.size(0) == sizes[k] &&
+         tensors[k].tensor.size(1) == width && tensors[k].tensor.scalar_type() == at::kDouble;
+  if (!ok) {
+    if (lead) log_info("reference: " + file.string() + " was written for another job; recomputing");
+    return std::nullopt;
+  }
+  return std::array<at::Tensor, 2>{tensors[0].tensor, tensors[1].tensor};
 }
 
 }  // namespace
@@ -118,31 +149,22 @@ void Run::prepare_reference() {
   const fs::path file = fs::path(env_.ctx.run_dir) / "reference" / "logps.safetensors";
   const std::string fingerprint = reference_fingerprint(job_.resolved_toml);
   const int64_t sizes[2] = {plan_->train_samples, plan_->eval_samples};
-  std::error_code ec;
-  if (fs::is_regular_file(file, ec)) {
-    std::map<std::string, std::string> meta;
-    std::vector<v1::NamedTensor> tensors;
-    try {
-      tensors = read_safetensors(file.string(), &meta);
-    } catch (const std::exception& e) {
-      if (env_.lead)
-        log_warn("reference: " + file.string() + " is unreadable (" + e.what() + "); recomputing");
-    }
-    bool ok = meta["fingerprint"] == fingerprint && tensors.size() == 2;
-    for (size_t k = 0; ok && k < 2; ++k)
-      ok = tensors[k].name == split_name(k == 0 ? v1::Split::Train : v1::Split::Eval) &&
-           tensors[k].tensor.dim() == 2 && tensors[k].tensor.size(0) == sizes[k] &&
-           tensors[k].tensor.size(1) == width && tensors[k].tensor.scalar_type() == at::kDouble;
-    if (ok) {
-      progress_.reference[0] = tensors[0].tensor;
-      progress_.reference[1] = tensors[1].tensor;
-      if (env_.lead)
-        log_info("reference: the initial model's values for " + std::to_string(sizes[0]) + " + " +
-                 std::to_string(sizes[1]) + " samples reused from " + file.string());
-      return;
-    }
-    if (env_.lead && !tensors.empty())
-      log_info("reference: " + file.string() + " was written for another job; recomputing");
+  std::optional<std::array<at::Tensor, 2>> cached =
+      read_reference_cache(file, fingerprint, sizes, width, env_.lead);
+  // Computing is collective: every rank reuses the cache or none does (a node without the file,
+  // where run_dir is not shared, computes with the others).
+  if (env_.ctx.world_size > 1) {
+    at::Tensor have = torch::tensor({cached ? 1.0 : 0.0}, torch::kDouble);
+    wait(sum_over_ranks(have, "all_reduce (reference cache)"), "wait (reference cache)");
+    if (have.item<double>() < env_.ctx.world_size) cached.reset();
+  }
+  if (cached) {
+    progress_.reference[0] = (*cached)[0];
+    progress_.reference[1] = (*cached)[1];
+    if (env_.lead)
+      log_info("reference: the initial model's values for " + std::to_string(sizes[0]) + " + " +
+               std::to_string(sizes[1]) + " samples reused from " + file.string());
+    return;
   }
   const auto t0 = Clock::now();
   const int world = env_.ctx.world_size, rank = env_.ctx.rank;
