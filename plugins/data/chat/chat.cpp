@@ -8,8 +8,6 @@
 // holding several conversations (first-fit decreasing by length), with position ids restarting
 // at 0 for each and segment ids that keep attention inside each (Batch's ABI 1.6 fields).
 // Batches are padded to their longest row (pad token, target ignored, a segment of its own).
-#include <glob.h>
-#include <sys/stat.h>
 
 #include <torch/types.h>
 #include <torch/utils.h>
@@ -18,8 +16,6 @@
 #include <cstdint>
 #include <iomanip>
 #include <iostream>
-#include <numeric>
-#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -43,26 +39,7 @@ namespace {
 
 std::vector<std::string> expand(const std::vector<std::string>& patterns, const std::string& context) {
   TR_CHECK_TYPED(ConfigError, !patterns.empty(), context, ": paths is required: list the JSONL/JSON files");
-  std::vector<std::string> files;
-  for (const auto& p : patterns) {
-    glob_t g{};
-    const int rc = glob(p.c_str(), GLOB_BRACE | GLOB_TILDE | GLOB_ERR, nullptr, &g);
-    if (rc != 0) {
-      globfree(&g);
-      TR_CHECK_TYPED(ConfigError, rc != GLOB_NOMATCH, context, ": '", p, "' in paths matches no file");
-      TR_CHECK_TYPED(ConfigError, false, context, ": cannot expand '", p, "' in paths");
-    }
-    for (size_t i = 0; i < g.gl_pathc; ++i) {
-      struct stat st {};
-      const std::string f = g.gl_pathv[i];
-      const bool dir = stat(f.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
-      if (dir) globfree(&g);
-      TR_CHECK_TYPED(ConfigError, !dir, context, ": '", f, "' in paths is a folder, not a file");
-      files.push_back(f);
-    }
-    globfree(&g);
-  }
-  return files;
+  return expand_paths(patterns, context, "paths");
 }
 
 TrainOn train_on_of(const std::string& s) {
@@ -161,13 +138,10 @@ class ChatDataset final : public v1::Dataset {
     TR_CHECK_TYPED(ConfigError, !samples_.empty(), context, ": no conversation is left to train on (",
                    dropped, " longer than max_seq_len = ", max_len_, ", ", empty, " without a counted target)");
 
-    // Held-out choice: a Fisher-Yates permutation from split_seed (std::shuffle's algorithm is
-    // not specified, so it could differ between standard libraries).
+    // Held-out choice: a permutation from split_seed, the same on every standard library.
     const int64_t n = static_cast<int64_t>(samples_.size());
-    std::vector<int64_t> perm(static_cast<size_t>(n));
-    std::iota(perm.begin(), perm.end(), 0);
-    std::mt19937_64 rng(static_cast<uint64_t>(o.get_int("split_seed")));
-    for (int64_t i = n - 1; i > 0; --i) std::swap(perm[i], perm[rng() % static_cast<uint64_t>(i + 1)]);
+    const std::vector<int64_t> perm =
+        seeded_permutation(n, static_cast<uint64_t>(o.get_int("split_seed")));
     const int64_t n_eval = static_cast<int64_t>(o.get_double("validation_fraction") * static_cast<double>(n));
     TR_CHECK_TYPED(ConfigError, n - n_eval > 0, context, ": validation_fraction leaves no training conversation");
     std::vector<int64_t> train(perm.begin() + n_eval, perm.end()), eval(perm.begin(), perm.begin() + n_eval);

@@ -1,6 +1,9 @@
 // Conversation files -> rendered, tokenized samples with loss masks (see chat_samples.hpp).
 #include "chat_samples.hpp"
 
+#include <glob.h>
+#include <sys/stat.h>
+
 #include <trainrun/error.hpp>
 #include <trainrun/json_depth.hpp>
 
@@ -10,6 +13,8 @@
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <numeric>
+#include <random>
 #include <set>
 #include <sstream>
 
@@ -114,7 +119,8 @@ std::string read_file(const std::string& path) {
   return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
 }
 
-// Length of the common prefix of two id sequences.
+}  // namespace
+
 size_t common_prefix(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
   const size_t n = std::min(a.size(), b.size());
   size_t i = 0;
@@ -122,7 +128,35 @@ size_t common_prefix(const std::vector<int32_t>& a, const std::vector<int32_t>& 
   return i;
 }
 
-}  // namespace
+std::vector<std::string> expand_paths(const std::vector<std::string>& patterns,
+                                      const std::string& context, const std::string& key) {
+  std::vector<std::string> files;
+  for (const auto& p : patterns) {
+    glob_t g{};
+    const int rc = glob(p.c_str(), GLOB_BRACE | GLOB_TILDE | GLOB_ERR, nullptr, &g);
+    std::vector<std::string> found(g.gl_pathv, g.gl_pathv + (rc == 0 ? g.gl_pathc : 0));
+    globfree(&g);
+    if (rc == GLOB_NOMATCH)
+      throw ConfigError(context + ": '" + p + "' in " + key + " matches no file");
+    if (rc != 0) throw ConfigError(context + ": cannot expand '" + p + "' in " + key);
+    for (const auto& f : found) {
+      struct stat st {};
+      if (stat(f.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
+        throw ConfigError(context + ": '" + f + "' in " + key + " is a folder, not a file");
+      files.push_back(f);
+    }
+  }
+  return files;
+}
+
+std::vector<int64_t> seeded_permutation(int64_t n, uint64_t seed) {
+  std::vector<int64_t> perm(static_cast<size_t>(n));
+  std::iota(perm.begin(), perm.end(), 0);
+  std::mt19937_64 rng(seed);
+  for (int64_t i = n - 1; i > 0; --i)
+    std::swap(perm[i], perm[rng() % static_cast<uint64_t>(i + 1)]);
+  return perm;
+}
 
 std::vector<Conversation> read_conversations(const std::vector<std::string>& files) {
   std::vector<Conversation> out;

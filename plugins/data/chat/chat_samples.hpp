@@ -13,6 +13,21 @@
 
 namespace trainrun::chat {
 
+/// glob(3)-expands `patterns` (brace and tilde expansion; option `key` of the table `context`)
+/// into files, in order. Throws v1::ConfigError naming the table, the key and the pattern for a
+/// pattern that matches nothing or cannot be expanded, or a match that is a folder. An empty
+/// list gives no files: the caller says what it needs. Shared with the `preference` dataset.
+std::vector<std::string> expand_paths(const std::vector<std::string>& patterns,
+                                      const std::string& context, const std::string& key);
+
+/// Length of the common prefix of two token id sequences.
+size_t common_prefix(const std::vector<int32_t>& a, const std::vector<int32_t>& b);
+
+/// A permutation of 0..n-1 drawn by Fisher-Yates from mt19937_64(seed): the held-out choice of
+/// the datasets (std::shuffle's algorithm is not specified, so it could differ between standard
+/// libraries; this one does not).
+std::vector<int64_t> seeded_permutation(int64_t n, uint64_t seed);
+
 /// One conversation as read, with where it came from (for errors).
 struct Conversation {
   std::string file;

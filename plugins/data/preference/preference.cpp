@@ -13,8 +13,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <memory>
-#include <numeric>
-#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -163,14 +161,10 @@ class PreferenceDataset final : public v1::Dataset {
                    no_target.text("without a counted target after truncation"), ")");
 
     if (eval_files.empty()) {
-      // Held-out choice: the chat dataset's Fisher-Yates permutation from split_seed
-      // (std::shuffle's algorithm is not specified, so it could differ between standard libraries).
+      // Held-out choice: the chat dataset's permutation from split_seed.
       const int64_t n = static_cast<int64_t>(kept[0].size());
-      std::vector<int64_t> perm(static_cast<size_t>(n));
-      std::iota(perm.begin(), perm.end(), 0);
-      std::mt19937_64 rng(static_cast<uint64_t>(o.get_int("split_seed")));
-      for (int64_t i = n - 1; i > 0; --i)
-        std::swap(perm[i], perm[rng() % static_cast<uint64_t>(i + 1)]);
+      const std::vector<int64_t> perm =
+          chat::seeded_permutation(n, static_cast<uint64_t>(o.get_int("split_seed")));
       const int64_t n_eval = static_cast<int64_t>(fraction * static_cast<double>(n));
       TR_CHECK_TYPED(ConfigError, n - n_eval > 0, context,
                      ": validation_fraction leaves no training pair");

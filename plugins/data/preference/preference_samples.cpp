@@ -1,9 +1,6 @@
 // Preference rows -> tokenized pairs -> next-token rows (see preference_samples.hpp).
 #include "preference_samples.hpp"
 
-#include <glob.h>
-#include <sys/stat.h>
-
 #include <trainrun/error.hpp>
 #include <trainrun/json_depth.hpp>
 
@@ -182,35 +179,12 @@ Row parse_row(const json& rec, Row r) {
   return r;
 }
 
-size_t common_prefix(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
-  const size_t n = std::min(a.size(), b.size());
-  size_t i = 0;
-  while (i < n && a[i] == b[i]) ++i;
-  return i;
-}
-
 }  // namespace
 
 std::vector<std::string> expand_paths(const std::vector<std::string>& patterns,
                                       const std::string& context, const std::string& key) {
   if (patterns.empty()) throw ConfigError(context + ": " + key + " is empty: list the JSONL files");
-  std::vector<std::string> files;
-  for (const auto& p : patterns) {
-    glob_t g{};
-    const int rc = glob(p.c_str(), GLOB_BRACE | GLOB_TILDE | GLOB_ERR, nullptr, &g);
-    std::vector<std::string> found(g.gl_pathv, g.gl_pathv + (rc == 0 ? g.gl_pathc : 0));
-    globfree(&g);
-    if (rc == GLOB_NOMATCH)
-      throw ConfigError(context + ": '" + p + "' in " + key + " matches no file");
-    if (rc != 0) throw ConfigError(context + ": cannot expand '" + p + "' in " + key);
-    for (const auto& f : found) {
-      struct stat st {};
-      if (stat(f.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
-        throw ConfigError(context + ": '" + f + "' in " + key + " is a folder, not a file");
-      files.push_back(f);
-    }
-  }
-  return files;
+  return chat::expand_paths(patterns, context, key);
 }
 
 std::vector<Row> read_rows(const std::vector<std::string>& files) {
@@ -281,8 +255,8 @@ Pair tokenize_row(const Row& row, const text::Tokenizer& tok, const text::ChatTe
   } catch (const std::invalid_argument& e) {
     bad(where, std::string("tokenizer: ") + e.what());
   }
-  const size_t keep =
-      std::min(common_prefix(prompt, with_chosen), common_prefix(prompt, with_rejected));
+  const size_t keep = std::min(chat::common_prefix(prompt, with_chosen),
+                               chat::common_prefix(prompt, with_rejected));
   p.prompt_diverged = keep < prompt.size();
   p.prompt_ids.assign(prompt.begin(), prompt.begin() + static_cast<std::ptrdiff_t>(keep));
   p.chosen_ids.assign(with_chosen.begin() + static_cast<std::ptrdiff_t>(keep), with_chosen.end());

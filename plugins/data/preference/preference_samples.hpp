@@ -4,6 +4,7 @@
 // laying pairs out as next-token rows as its DataCollatorForPreference does. preference.cpp
 // turns the rows into tensors; tests/tools/preference_dump.cpp prints them for comparison with
 // TRL itself (tests/e2e/preference_data_ref.py).
+#include <chat_samples.hpp>
 #include <trainrun/text/chat_template.hpp>
 #include <trainrun/text/tokenizer.hpp>
 
