@@ -84,6 +84,9 @@ class PairedObjective : public v1::Objective {
     int64_t B = 0;
     at::Tensor chosen_logps, rejected_logps;    // [B], differentiable
     at::Tensor chosen_tokens, rejected_tokens;  // [B] int64
+    /// Mean log-probability per completion token (SimPO's and ORPO's length-normalised logps).
+    at::Tensor chosen_mean() const { return chosen_logps / chosen_tokens.to(torch::kFloat); }
+    at::Tensor rejected_mean() const { return rejected_logps / rejected_tokens.to(torch::kFloat); }
   };
 
   explicit PairedObjective(std::vector<std::string> extra_names) {
@@ -156,6 +159,17 @@ class PairedObjective : public v1::Objective {
     metrics_.add(s, "rewards/rejected", sum_of(r), B);
     metrics_.add(s, "rewards/accuracies", sum_of(c.gt(r).to(torch::kDouble)), B);
     metrics_.add(s, "rewards/margins", sum_of(c - r), B);
+  }
+
+  // The end of every paired objective's policy pass: its figures logged, the loss summed over
+  // the pairs, the pairs whose chosen reward is higher counted (the evaluation's accuracy).
+  ModelOutput finish(const TokenLogProbs& lp, const Pairs& p, const at::Tensor& losses,
+                     const at::Tensor& chosen_rewards, const at::Tensor& rejected_rewards) {
+    log_common(lp, p, chosen_rewards, rejected_rewards);
+    ModelOutput out;
+    out.loss_sum = losses.sum();
+    out.num_correct = chosen_rewards.gt(rejected_rewards).sum().item<int64_t>();
+    return out;
   }
 
   // Negative log-likelihood of the chosen completions, as a mean over their tokens in the
@@ -262,11 +276,7 @@ class DpoObjective final : public PairedObjective {
     if (sft_weight_ > 0) losses = losses + sft_weight_ * chosen_nll_mean(lp, p);
     const at::Tensor chosen_rewards = beta * chosen_ratio.detach();
     const at::Tensor rejected_rewards = beta * rejected_ratio.detach();
-    log_common(lp, p, chosen_rewards, rejected_rewards);
-    ModelOutput out;
-    out.loss_sum = losses.sum();
-    out.num_correct = chosen_rewards.gt(rejected_rewards).sum().item<int64_t>();
-    return out;
+    return finish(lp, p, losses, chosen_rewards, rejected_rewards);
   }
 
  private:
@@ -303,8 +313,7 @@ class SimpoObjective final : public PairedObjective {
   ModelOutput compute(const TokenLogProbs& lp, const Batch& b) override {
     const Pairs p = pairs(lp, b);
     // Average log-probability per completion token (reference-free rewards).
-    const at::Tensor chosen = p.chosen_logps / p.chosen_tokens.to(torch::kFloat);
-    const at::Tensor rejected = p.rejected_logps / p.rejected_tokens.to(torch::kFloat);
+    const at::Tensor chosen = p.chosen_mean(), rejected = p.rejected_mean();
     const at::Tensor z = beta_ * (chosen - rejected - gamma_ / beta_);
     at::Tensor losses = -torch::log_sigmoid(z) * (1 - ls_) - torch::log_sigmoid(-z) * ls_;
     const at::Tensor nll = chosen_nll_mean(lp, p);
@@ -313,11 +322,7 @@ class SimpoObjective final : public PairedObjective {
     const at::Tensor rejected_rewards = beta_ * rejected.detach();
     if (!fwd_.filler)
       metrics_.add(fwd_.split, "nll_loss", nll.item<double>() * p.B, static_cast<double>(p.B));
-    log_common(lp, p, chosen_rewards, rejected_rewards);
-    ModelOutput out;
-    out.loss_sum = losses.sum();
-    out.num_correct = chosen_rewards.gt(rejected_rewards).sum().item<int64_t>();
-    return out;
+    return finish(lp, p, losses, chosen_rewards, rejected_rewards);
   }
 
  private:
@@ -338,8 +343,7 @@ class OrpoObjective final : public PairedObjective {
 
   ModelOutput compute(const TokenLogProbs& lp, const Batch& b) override {
     const Pairs p = pairs(lp, b);
-    const at::Tensor chosen = p.chosen_logps / p.chosen_tokens.to(torch::kFloat);
-    const at::Tensor rejected = p.rejected_logps / p.rejected_tokens.to(torch::kFloat);
+    const at::Tensor chosen = p.chosen_mean(), rejected = p.rejected_mean();
     // log odds(y) = log p - log(1 - p), with p the mean per-token probability's log above.
     const at::Tensor log_odds = (chosen - rejected) - (torch::log1p(-torch::exp(chosen)) -
                                                        torch::log1p(-torch::exp(rejected)));
@@ -354,11 +358,7 @@ class OrpoObjective final : public PairedObjective {
       metrics_.add(fwd_.split, "log_odds_chosen", sum_of(log_odds.detach().to(torch::kDouble)), B);
       metrics_.add(fwd_.split, "nll_loss", nll.item<double>() * B, B);
     }
-    log_common(lp, p, chosen_rewards, rejected_rewards);
-    ModelOutput out;
-    out.loss_sum = losses.sum();
-    out.num_correct = chosen_rewards.gt(rejected_rewards).sum().item<int64_t>();
-    return out;
+    return finish(lp, p, losses, chosen_rewards, rejected_rewards);
   }
 
  private:
