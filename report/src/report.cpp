@@ -255,7 +255,11 @@ Json build_charts(const std::vector<Run>& runs) {
   // A preference objective (ABI 1.8: dpo, simpo, orpo): its rewards as TRL logs them, training
   // and held-out, the margin and the accuracy on one chart each, and the chosen and rejected
   // log-probabilities (a falling chosen one is DPO's known displacement).
-  if (any([](const Run& r) { return r.main.has("rewards/margins"); })) {
+  // A reward model (ABI 1.9, objective reward): TRL RewardTrainer's margin, accuracy and the
+  // spread of the scores.
+  const bool preference = any([](const Run& r) { return r.main.has("rewards/margins"); });
+  const bool reward = !preference && any([](const Run& r) { return r.main.has("mean_reward"); });
+  if (preference || reward) {
     struct Pref {
       const char* id;
       const char* title;
@@ -263,22 +267,39 @@ Json build_charts(const std::vector<Run>& runs) {
       std::vector<std::pair<std::string, std::string>> keys;  // (label, metric)
       double scale;
     };
-    const Pref prefs[] = {{"pref_margins",
-                           "Preference: reward margin (chosen - rejected)",
-                           "margin",
-                           {{"margin", "rewards/margins"}},
-                           1.0},
-                          {"pref_accuracy",
-                           "Preference: reward accuracy",
-                           "pairs (%)",
-                           {{"accuracy", "rewards/accuracies"}},
-                           100.0},
-                          {"pref_logps",
-                           "Preference: log-probability of the completions",
-                           "log p (summed)",
-                           {{"chosen", "logps/chosen"}, {"rejected", "logps/rejected"}},
-                           1.0}};
-    for (const Pref& p : prefs) {
+    const std::vector<Pref> reward_charts = {
+        {"reward_margins",
+         "Reward model: margin (chosen - rejected score)",
+         "margin",
+         {{"margin", "margin"}},
+         1.0},
+        {"reward_accuracy",
+         "Reward model: accuracy (chosen scored higher)",
+         "pairs (%)",
+         {{"accuracy", "accuracy"}},
+         100.0},
+        {"reward_scores",
+         "Reward model: scores",
+         "score",
+         {{"min", "min_reward"}, {"mean", "mean_reward"}, {"max", "max_reward"}},
+         1.0}};
+    const std::vector<Pref> pref_charts = {
+        {"pref_margins",
+         "Preference: reward margin (chosen - rejected)",
+         "margin",
+         {{"margin", "rewards/margins"}},
+         1.0},
+        {"pref_accuracy",
+         "Preference: reward accuracy",
+         "pairs (%)",
+         {{"accuracy", "rewards/accuracies"}},
+         100.0},
+        {"pref_logps",
+         "Preference: log-probability of the completions",
+         "log p (summed)",
+         {{"chosen", "logps/chosen"}, {"rejected", "logps/rejected"}},
+         1.0}};
+    for (const Pref& p : reward ? reward_charts : pref_charts) {
       Json c = chart(p.id, p.title, p.y);
       for (size_t i = 0; i < runs.size(); ++i)
         for (const auto& [label, metric] : p.keys) {

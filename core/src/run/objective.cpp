@@ -6,6 +6,7 @@
 #include <torch/utils.h>
 
 #include <algorithm>
+#include <cmath>
 #include <array>
 #include <filesystem>
 #include <functional>
@@ -102,20 +103,48 @@ void Run::set_up_objective() {
       throw ConfigError(job_.file + ": [data] " + job_.data.plugin +
                         " gives preference pairs, which need an " +
                         "[objective] that compares them (plugin = \"dpo\", \"simpo\" or \"orpo\")");
+    if (env_.ctx.data.task == "unpaired-preference")
+      throw ConfigError(job_.file + ": [data] " + job_.data.plugin +
+                        " gives KTO's unpaired examples with their KL rows, which need " +
+                        "[objective] plugin = \"kto\"");
+    if (env_.ctx.data.task == "reward")
+      throw ConfigError(job_.file + ": [data] " + job_.data.plugin +
+                        " gives pairs laid out for a reward model, which need [objective] " +
+                        "plugin = \"reward\"");
     return;
   }
   v1::Objective& obj = *parts_.objective.obj;
   const std::string task = parts_.objective.call("task", [](v1::Objective& o) { return o.task(); });
   if (task != env_.ctx.data.task)
-    throw ConfigError(job_.file + ": [objective] " + job_.objective.plugin + " trains on '" + task +
-                      "' data, but [data] " + job_.data.plugin + " gives '" + env_.ctx.data.task +
-                      "' data");
+    throw ConfigError(
+        job_.file + ": [objective] " + job_.objective.plugin + " trains on '" + task +
+        "' data, but [data] " + job_.data.plugin + " gives '" + env_.ctx.data.task + "' data" +
+        ((task == "reward" || task == "preference") &&
+                 (env_.ctx.data.task == "reward" || env_.ctx.data.task == "preference")
+             ? std::string(" (the preference dataset lays pairs out for it with "
+                           "[data] trainer = \"") +
+                   (task == "reward" ? "reward" : "dpo") + "\")"
+             : std::string()));
   caps_.objective_model = dynamic_cast<v1::ObjectiveModel*>(parts_.model.obj.get());
   if (caps_.objective_model == nullptr)
     throw ConfigError(job_.file + ": [objective] " + job_.objective.plugin +
                       " needs a model that computes " +
                       "log-probabilities for objectives (ABI 1.8 ObjectiveModel); " +
                       parts_.model.label + " does not");
+  const uint32_t wanted = parts_.objective.call(
+      "wanted_statistics", [](v1::Objective& o) { return o.wanted_statistics(); });
+  if (wanted & v1::Objective::kScores) {
+    // TokenLogProbs::scores (ABI 1.9) exists only in what a SequenceClassifier model fills.
+    auto* sc = dynamic_cast<v1::SequenceClassifier*>(parts_.model.obj.get());
+    if (sc == nullptr || sc->num_labels() < 1)
+      throw ConfigError(job_.file + ": [objective] " + job_.objective.plugin +
+                        " scores whole sequences and needs a model with a sequence-" +
+                        "classification head (ABI 1.9 SequenceClassifier); " + parts_.model.label +
+                        (sc ? " has none this run: set [model] architecture = " +
+                                  std::string("\"sequence_classification\"")
+                            : std::string(" is not one")));
+  }
+  caps_.extremes = dynamic_cast<v1::ObjectiveExtremes*>(parts_.objective.obj.get());
   for (auto& cb : parts_.callbacks)
     if (auto* s = dynamic_cast<v1::AdapterSwitch*>(cb.obj.get()); s && s->has_adapters())
       caps_.adapters = s;
@@ -226,6 +255,8 @@ void Run::prepare_reference() {
   // The objective's figures of these passes are not the run's.
   parts_.objective.obj->take_metrics(v1::Split::Train);
   parts_.objective.obj->take_metrics(v1::Split::Eval);
+  if (caps_.extremes != nullptr)
+    for (v1::Split sp : {v1::Split::Train, v1::Split::Eval}) caps_.extremes->take_extremes(sp);
   const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
   if (env_.lead) {
     fs::create_directories(file.parent_path());
@@ -279,6 +310,7 @@ v1::ModelOutput Run::objective_forward(v1::Split split, const v1::Batch& batch,
     f.reference = table.index_select(0, torch::tensor(indices, torch::kLong));
   }
   f.pass = v1::ObjectivePass::Policy;
+  if (env_.ctx.world_size > 1) f.comm = parts_.comm;  // ABI 1.9: collectives in compute()
   parts_.objective.call("begin_forward", [&](v1::Objective& o) {
     o.begin_forward(f);
     return 0;
@@ -291,6 +323,31 @@ std::vector<v1::ObjectiveMetric> Run::objective_metrics(v1::Split split) {
   if (!parts_.objective.obj) return {};
   auto m = parts_.objective.call("take_metrics",
                                  [&](v1::Objective& o) { return o.take_metrics(split); });
+  if (caps_.extremes != nullptr) {
+    // Minimum (maximum) over the ranks per micro-batch, then the mean over the micro-batches,
+    // handed on as a metric of the lead rank alone (the tail sums every rank's sum and count).
+    auto ex = parts_.objective.call(
+        "take_extremes", [&](v1::Objective&) { return caps_.extremes->take_extremes(split); });
+    std::sort(ex.begin(), ex.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
+    std::vector<double> flat;
+    for (const auto& e : ex)
+      for (double v : e.values) flat.push_back(e.maximum ? -v : v);
+    at::Tensor t = torch::tensor(flat, torch::kDouble);
+    if (env_.ctx.world_size > 1 && !flat.empty()) {
+      v1::AllReduceOptions opts;
+      opts.op = v1::ReduceOp::Min;
+      wait(parts_.comm->all_reduce(t, opts), "wait (objective minima and maxima)");
+    }
+    const double* r = t.data_ptr<double>();
+    size_t at = 0;
+    for (const auto& e : ex) {
+      double sum = 0;
+      int64_t n = 0;
+      for (size_t i = 0; i < e.values.size(); ++i, ++at)
+        if (std::isfinite(r[at])) sum += e.maximum ? -r[at] : r[at], ++n;
+      m.push_back({e.name, env_.lead ? sum : 0.0, env_.lead ? static_cast<double>(n) : 0.0});
+    }
+  }
   std::sort(m.begin(), m.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
   return m;
 }

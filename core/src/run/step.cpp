@@ -348,8 +348,9 @@ void Run::report_step(StepState& st) {
               << std::setprecision(0) << std::fixed << m.samples_per_s << " samples/s";
     if (m.tokens_per_s > 0) std::cout << " | " << m.tokens_per_s << " tokens/s";
     if (scale != 1.0) std::cout << " | loss scale " << fmt_scale(scale);
-    // A preference objective's two figures a user watches (the rest are in metrics.jsonl).
-    for (const char* k : {"rewards/accuracies", "rewards/margins"})
+    // A preference objective's two figures a user watches (the rest are in metrics.jsonl); a
+    // reward model's (objective reward) under TRL's names for them.
+    for (const char* k : {"rewards/accuracies", "rewards/margins", "accuracy", "margin"})
       if (auto it = m.extra.find(k); it != m.extra.end())
         std::cout << " | " << k << " " << std::setprecision(3) << it->second;
     std::cout << std::defaultfloat << std::setprecision(6) << " | eta " << fmt_duration(eta)

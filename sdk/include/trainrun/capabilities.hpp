@@ -78,6 +78,12 @@
 // AdapterSwitch (objective.hpp, since 1.8)
 //   implemented by: lora (a Callback)
 //   queried by:     core/src/run/build.cpp (the reference model of DPO under LoRA)
+// SequenceClassifier (objective.hpp, since 1.9)
+//   implemented by: llama (with architecture = "sequence_classification")
+//   queried by:     core/src/run/build.cpp (objectives wanting kScores), trainrun score
+// ObjectiveExtremes (objective.hpp, since 1.9)
+//   implemented by: reward (an Objective)
+//   queried by:     core/src/run/objective.cpp
 //
 // ReplicatedStrategy is trainrun/strategy/replicated_strategy.hpp, ShardedStrategy
 // trainrun/strategy/sharded_runtime.hpp.

@@ -31,6 +31,8 @@
 
 namespace trainrun::v1 {
 
+class Communicator;
+
 /// ABI 1.8. What a model computes for an objective on one micro-batch of R rows and T positions
 /// (Batch::input [R, T]); one sequence per row (packed rows are not supported with objectives).
 /// Positions whose target is kIgnoreIndex hold 0 in every per-token tensor.
@@ -49,6 +51,14 @@ struct TokenLogProbs {
   at::Tensor mean_logits;
   /// bool [R, T]; kTop1: whether the target is the arg-max of the logits.
   at::Tensor is_top1;
+  // ---- ABI 1.9 ----
+  /// float32 [R, num_labels], differentiable; filled instead of everything above when
+  /// wanted_statistics() has kScores: the sequence-classification head (transformers'
+  /// *ForSequenceClassification `score`) applied to each row's last token that is not the
+  /// model's pad token (SequenceClassifier::pad_token_id), as transformers pools it. Only a
+  /// model that is a SequenceClassifier (ABI >= 1.9) fills it; the core refuses an objective
+  /// wanting kScores with any other model, so an objective never reads it from an older model.
+  at::Tensor scores;
 };
 
 /// ABI 1.8. Which pass of a micro-batch a forward is.
@@ -69,6 +79,13 @@ struct ObjectiveForward {
   /// Policy pass of an objective with reference_width() > 0: float64 [samples, reference_width()],
   /// what take_reference() returned for these samples. Undefined otherwise.
   at::Tensor reference;
+  // ---- ABI 1.9 ----
+  /// Policy passes with more than one rank: the job's communicator (interfaces.hpp), for an
+  /// all-reduce of a few values inside compute() (KTO's batch KL estimate, which TRL averages
+  /// over the processes). Every rank runs the same sequence of policy passes, filler batches
+  /// included, so a collective issued there meets its peers; reference passes do not (the
+  /// precomputed one is rank-strided), and there it is null, as with one rank.
+  Communicator* comm = nullptr;
 };
 
 /// ABI 1.8. One logged figure: the core sums `sum` and `count` over the ranks and logs
@@ -85,6 +102,9 @@ class Objective {
   virtual ~Objective() = default;
   /// Optional per-token figures the model should fill in TokenLogProbs (bits below).
   static constexpr uint32_t kEntropy = 1, kMeanLogits = 2, kTop1 = 4;
+  /// ABI 1.9: the model computes TokenLogProbs::scores (its score head at each row's last
+  /// non-padding token) and no log-probabilities: reward models (Bradley-Terry).
+  static constexpr uint32_t kScores = 8;
 
   /// The DataInfo::task it trains on ("preference"); the core refuses a dataset of another task
   /// before anything runs (exit 2).
@@ -92,7 +112,7 @@ class Objective {
   /// Values per sample it needs from the reference model (0: reference-free, e.g. SimPO, ORPO;
   /// DPO: 2, the chosen and rejected log-probabilities).
   virtual int64_t reference_width() const { return 0; }
-  /// Bits of kEntropy | kMeanLogits | kTop1 it reads.
+  /// Bits of kEntropy | kMeanLogits | kTop1 | kScores it reads.
   virtual uint32_t wanted_statistics() const { return 0; }
   /// Before every forward of the model (training, evaluation, reference passes).
   virtual void begin_forward(const ObjectiveForward& forward) = 0;
@@ -133,6 +153,45 @@ class AdapterSwitch {
   virtual void set_adapters_enabled(bool enabled) = 0;
   /// Whether it added any adapter to the model (on_setup has run).
   virtual bool has_adapters() const = 0;
+};
+
+/// ABI 1.9. A Model with a sequence-classification head (transformers'
+/// LlamaForSequenceClassification: `score`, a bias-free Linear hidden -> num_labels, read at the
+/// last token of each row that is not pad_token_id). Found with dynamic_cast; the core requires it
+/// of the model when the objective wants Objective::kScores.
+class SequenceClassifier {
+ public:
+  virtual ~SequenceClassifier() = default;
+  /// Outputs of the score head (1 for a reward model); 0 when the model has no score head (it is
+  /// a causal LM this run), which the core treats as absent.
+  virtual int64_t num_labels() const = 0;
+  /// The token id whose positions do not count when pooling (config.json's pad_token_id), -1 when
+  /// there is none: the last position of every row is read then.
+  virtual int64_t pad_token_id() const = 0;
+  /// The score head at each row's pooled position, without an objective (`trainrun score`):
+  /// batch.input int64 [B, T] -> float32 [B, num_labels()]. Differentiable when grad mode is on.
+  /// Throws Error when the model has no score head.
+  virtual at::Tensor scores(const Batch& batch) = 0;
+};
+
+/// ABI 1.9. A figure reduced by minimum or maximum instead of a mean (TRL's RewardTrainer logs
+/// min_reward and max_reward): `values` holds one value per micro-batch (evaluation: per
+/// evaluation batch, a filler batch pushing +inf for a minimum, -inf for a maximum) in order.
+/// The core takes the minimum (maximum) over the ranks of each micro-batch's value, then logs the
+/// mean over the micro-batches, which is what TRL logs for a global batch gathered per micro-batch.
+struct ObjectiveExtreme {
+  std::string name;
+  bool maximum = false;  ///< false: minimum over the ranks
+  std::vector<double> values;
+};
+
+/// ABI 1.9. An Objective that logs ObjectiveExtreme figures besides its take_metrics() means.
+/// Found with dynamic_cast; every rank must return the same names with the same number of values.
+class ObjectiveExtremes {
+ public:
+  virtual ~ObjectiveExtremes() = default;
+  /// The figures gathered since the last call for `split` (called right after take_metrics).
+  virtual std::vector<ObjectiveExtreme> take_extremes(Split split) = 0;
 };
 
 }  // namespace trainrun::v1

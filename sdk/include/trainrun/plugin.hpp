@@ -28,8 +28,10 @@ constexpr uint32_t kAbiMajor = 1;
 /// Batch::position_ids/segment_ids, kIgnoreIndex targets, BatchFieldsReader; 1.7:
 /// DeferredWeights, DeferredWeightsLoader (loading weights by shard); 1.8:
 /// ComponentKind::Objective, ObjectiveModel, AdapterSwitch, EvalMetrics::extra (objectives
-/// beyond SFT, objective.hpp). CMakeLists.txt reads the number from the next line: keep it whole.
-constexpr uint32_t kAbiMinor = 8;
+/// beyond SFT, objective.hpp); 1.9: Objective::kScores, TokenLogProbs::scores,
+/// SequenceClassifier, ObjectiveExtremes (reward models). CMakeLists.txt reads the number from the
+/// next line: keep it whole.
+constexpr uint32_t kAbiMinor = 9;
 
 /// Component kinds; values are part of the ABI and never renumbered.
 enum class ComponentKind : uint32_t {
