@@ -1,6 +1,8 @@
 # The preference dataset: token for token against TRL 1.16's DPOTrainer (_prepare_dataset and
-# DataCollatorForPreference) on standard, conversational and implicit-prompt rows with real
-# tokenizers, plus its bad-input errors. preference_dump is the dataset's LibTorch-free part.
+# DataCollatorForPreference), and with trainer = "cpo" / "orpo" against CPOTrainer's and
+# ORPOTrainer's tokenize_row and collator, on standard, conversational and implicit-prompt rows
+# with real tokenizers, plus its bad-input errors. preference_dump is the dataset's LibTorch-free
+# part.
 if(NOT TARGET trainrun_text OR NOT TARGET preference)
   return()
 endif()
@@ -53,6 +55,21 @@ if(TARGET objectives)
   add_test(NAME preference.vs_trl.loss_types
     COMMAND ${TRAINRUN_REF_PYTHON} ${_pvt} $<TARGET_FILE:trainrun> ${_pvt_work}/loss_types --adapters none --extra ""
             --objectives dpo-sigmoid+sft,dpo-exo_pair,dpo-nca_pair,dpo-bco_pair,dpo-sppo_hard,dpo-apo_zero,dpo-apo_down,dpo-discopop,dpo-sigmoid_norm,dpo-sft)
+  # SimPO (CPOTrainer loss_type "simpo": cpo_alpha 0, and TRL's default 1 with label_smoothing)
+  # and ORPO (ORPOTrainer), full fine-tuning and LoRA, plain and conversational pairs, through the
+  # dataset's trainer = "cpo" / "orpo"; simpo under ddp at 2 ranks against the single-process TRL
+  # run (its figures are means over pairs; the NLL of simpo-cpo and orpo is a per-rank token mean
+  # in TRL too, so those compare at one rank).
+  add_test(NAME preference.vs_trl.simpo_orpo
+    COMMAND ${TRAINRUN_REF_PYTHON} ${_pvt} $<TARGET_FILE:trainrun> ${_pvt_work}/simpo_orpo
+            --objectives simpo,simpo-cpo,orpo --adapters none,lora
+            --extra conversational-simpo,conversational-orpo)
+  add_test(NAME preference.vs_trl.simpo_ddp
+    COMMAND ${TRAINRUN_REF_PYTHON} ${_pvt} $<TARGET_FILE:trainrun> ${_pvt_work}/simpo_ddp
+            --strategy ddp --objectives simpo --adapters none,lora --extra "")
+  set_tests_properties(preference.vs_trl.simpo_orpo preference.vs_trl.simpo_ddp PROPERTIES
+    TIMEOUT 600 LABELS "preference;objectives"
+    ENVIRONMENT "HF_HUB_OFFLINE=1;TRANSFORMERS_OFFLINE=1;TOKENIZERS_PARALLELISM=false;OMP_NUM_THREADS=1")
   add_test(NAME preference.checks
     COMMAND ${TRAINRUN_REF_PYTHON} ${_pvt} $<TARGET_FILE:trainrun> ${_pvt_work}/checks --checks)
   set_tests_properties(preference.vs_trl.loss_types preference.checks PROPERTIES TIMEOUT 600

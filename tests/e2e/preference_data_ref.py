@@ -13,6 +13,15 @@
   target = input_ids[:, 1:] where completion_mask[:, 1:], else -100; input = input_ids[:, :-1]
   less each row's last token (the dataset's rows are ids[:-1], padded), the same pad, the same
   real-token count;
+* with trainer = "cpo" and "orpo" (the dataset's option): every pair's two sequences and their
+  labels equal what TRL's CPOTrainer.tokenize_row and ORPOTrainer.tokenize_row make of the rows
+  after maybe_extract_prompt and maybe_apply_chat_template (each sequence split on its own, the
+  BOS id before the prompt, the EOS id after each completion), rows TRL refuses refused too; under
+  max_length (keep_start, CPOTrainer's completion cut) the pairs kept are those whose two
+  sequences keep a counted label in TRL, and the batch equals DPODataCollatorWithPadding +
+  concatenated_inputs (input = input_ids less the last token, target = labels[:, 1:]); for orpo
+  rows 2B..3B-1 hold the chosen rows' prompt tokens as targets (ORPOTrainer's NLL labels less
+  the completion's);
 * bad rows exit 2 naming FILE:LINE and the field.
 
 The mistral fixture goes through PreTrainedTokenizerFast on its tokenizer.json: transformers 5's
@@ -29,10 +38,16 @@ import sys
 import types
 
 import datasets
+import jinja2
 import torch
+from accelerate import PartialState
 from datasets import Dataset
 from tokenizers import Tokenizer
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
+from trl.data_utils import maybe_apply_chat_template, maybe_extract_prompt
+from trl.experimental.cpo import CPOTrainer
+from trl.experimental.orpo import ORPOTrainer
+from trl.experimental.utils import DPODataCollatorWithPadding
 from trl.trainer.dpo_trainer import DataCollatorForPreference, DPOTrainer
 
 EOS = "\u0000EOS\u0000"  # replaced by the tokenizer's EOS text: a completion that already ends with it
@@ -77,6 +92,10 @@ CONV_IMPLICIT = [
     {"chosen": [S("Be kind."), U("Hi"), A("Hello!"), U("How are you?"), A("Fine, thanks.")],
      "rejected": [S("Be kind."), U("Hi"), A("Hello!"), U("How are you?"), A("Leave me alone.")]},
     {"chosen": [U("Count to two."), A("1, 2")], "rejected": [U("Count to two."), A("1, 2"), U("More"), A("3")]},
+]
+CONV_CONTINUE = [  # CPO/ORPO only: maybe_apply_chat_template continues the final message
+    {"prompt": [U("Finish the rhyme."), A("Roses are red,")], "chosen": [A(" violets are blue.")],
+     "rejected": [A(" grass is green.")]},
 ]
 TOOLS = json.dumps([{"type": "function", "function": {
     "name": "get_weather", "description": "Weather of a city",
@@ -150,6 +169,112 @@ def collate_reference(records, pad, max_length, truncation_mode):
         if 0 < n <= inp.size(1):
             inp[row, n - 1] = pad
     return inp.tolist(), target.tolist(), int(am[:, 1:].sum()), cm
+
+
+def trl_cpo_rows(tok, path, max_length, trainer):
+    """CPOTrainer's (trainer "cpo") or ORPOTrainer's ("orpo") tokenize_row of every row of `path`,
+    after maybe_extract_prompt and maybe_apply_chat_template as their __init__ maps the dataset:
+    {row: batch dict, or the exception TRL raised}."""
+    cls = CPOTrainer if trainer == "cpo" else ORPOTrainer
+    PartialState()  # tokenize_row warns through accelerate's logger, which needs the state
+    fake = types.SimpleNamespace(processing_class=tok, is_encoder_decoder=False,
+                                 max_length=max_length or 10**9)
+    fake.build_tokenized_answer = lambda prompt, answer: cls.build_tokenized_answer(fake, prompt, answer)
+    out = {}
+    for line in open(path, encoding="utf-8"):
+        if not line.strip():
+            continue
+        row = json.loads(line)
+        try:
+            ex = maybe_apply_chat_template(maybe_extract_prompt(row), tok)
+            out[row["row"]] = cls.tokenize_row(fake, ex)
+        except (ValueError, jinja2.TemplateError) as e:  # a row TRL refuses
+            out[row["row"]] = e
+    return out
+
+
+def cpo_collate_reference(records, pad, orpo):
+    """The kept records through CPOTrainer's collator and concatenated_inputs, as the dataset's
+    rows: input = input_ids[:, :-1] (a row's last real token padded, as in collate_reference),
+    target = labels[:, 1:]; with orpo the chosen rows again, their targets the prompt tokens of
+    ORPOTrainer's NLL labels (attention_mask == 1, labels == -100), but the first."""
+    feats = [{k: r[k] for k in ("chosen_input_ids", "chosen_attention_mask", "chosen_labels",
+                                "rejected_input_ids", "rejected_attention_mask", "rejected_labels")}
+             for r in records]
+    batch = DPODataCollatorWithPadding(pad_token_id=pad)(feats)
+    cat = CPOTrainer.concatenated_inputs(batch, padding_value=pad)
+    ids, labels, am = cat["concatenated_input_ids"], cat["concatenated_labels"], cat["concatenated_attention_mask"]
+    target = labels[:, 1:]
+    inp = ids[:, :-1].clone()
+    for row, n in enumerate(am.sum(dim=1).tolist()):
+        if 0 < n <= inp.size(1):
+            inp[row, n - 1] = pad
+    if orpo:
+        B = len(records)
+        prompt = (am[:B, 1:] == 1) & (labels[:B, 1:] == -100)
+        target = torch.cat([target, torch.where(prompt, ids[:B, 1:], torch.full_like(ids[:B, 1:], -100))])
+        inp = torch.cat([inp, inp[:B]])
+    return inp.tolist(), target.tolist(), int(am[:, 1:].sum())
+
+
+def check_cpo(a, name, tdir, tok, files, fail):
+    """Section 4 of the docstring for one tokenizer; returns the number of pairs compared."""
+    compared = 0
+    if tok.pad_token is None:  # what CPOTrainer and ORPOTrainer do
+        tok.pad_token = tok.eos_token
+    pad = tok.pad_token_id
+    files = dict(files)
+    if tok.chat_template:  # a prompt ending with the assistant's message: continued, not prompted
+        files["conv_continue"] = os.path.join(a.work, f"{name}-conv_continue.jsonl")
+        write_jsonl(files["conv_continue"], CONV_CONTINUE, tok.eos_token)
+    order = list(files)
+    # orpo tokenizes as cpo (TRL's two tokenize_row are the same code) and lays out 3B rows.
+    for trainer, lengths in (("cpo", (0, 8, 2)), ("orpo", (0, 16))):
+        for max_length in lengths:
+            label = f"{name} trainer={trainer} max_length={max_length}"
+            ref = {s: trl_cpo_rows(tok, files[s], max_length, trainer) for s in order}
+            out, batch = run_dump(a.dump, tdir, [files[s] for s in order], "--trainer", trainer,
+                                  "--max-length", max_length, "--batch")
+            records = [ref[s][i] for s in order for i in sorted(ref[s])]
+            if len(out) != len(records):
+                fail(f"{label}: {len(out)} pairs, TRL {len(records)}")
+                continue
+            kept, refused = [], 0
+            for o, r in zip(out, records):
+                if isinstance(r, Exception) or "error" in o:
+                    if not (isinstance(r, Exception) and "error" in o):
+                        fail(f"{label} {o['where']}: trainrun {o.get('error', 'tokenizes it')}; TRL "
+                             f"{r if isinstance(r, Exception) else 'tokenizes it'}")
+                    refused += 1
+                    continue
+                seqs = {"chosen": o["prompt_ids"], "rejected": o.get("rejected_prompt_ids", o["prompt_ids"])}
+                if max_length == 0:
+                    for k, prompt in seqs.items():
+                        ids = prompt + o[f"{k}_ids"]
+                        labels = [-100] * len(prompt) + o[f"{k}_ids"]
+                        if ids != r[f"{k}_input_ids"] or labels != r[f"{k}_labels"]:
+                            fail(f"{label} {o['where']} {k}: {ids} / {labels} vs TRL {r[f'{k}_input_ids']} / "
+                                 f"{r[f'{k}_labels']}")
+                    compared += 1
+                trl_trains = all(any(x != -100 for x in r[f"{k}_labels"][1:]) for k in seqs)
+                if (o["verdict"] == "keep") != trl_trains:
+                    fail(f"{label} {o['where']}: verdict {o['verdict']}, TRL counts labels in both: {trl_trains}")
+                elif o["verdict"] == "keep":
+                    kept.append(r)
+            summary = f"{label}: {len(kept)} pairs kept, {refused} refused; batch {batch['rows']}x{batch['width']}"
+            if kept:
+                inp, tgt, ntok = cpo_collate_reference(kept, pad, trainer == "orpo")
+                for what, mine, theirs in (("input", batch["input"], inp), ("target", batch["target"], tgt)):
+                    if mine != theirs:
+                        bad_rows = [i for i in range(min(len(mine), len(theirs))) if mine[i] != theirs[i]]
+                        i = bad_rows[0] if bad_rows else 0
+                        fail(f"{label}: batch {what} differs from TRL's in rows {bad_rows[:8]} (of {len(mine)} / "
+                             f"{len(theirs)}), e.g. row {i}: {mine[i] if mine else None} vs "
+                             f"{theirs[i] if theirs else None}")
+                if batch["num_tokens"] != ntok:
+                    fail(f"{label}: num_tokens {batch['num_tokens']} vs {ntok}")
+            print(summary)
+    return compared
 
 
 def main():
@@ -266,6 +391,9 @@ def main():
             if batch["num_tokens"] != ntok:
                 fail(f"{label}: num_tokens {batch['num_tokens']} vs {ntok}")
             print(summary)
+
+        # 4. CPOTrainer's and ORPOTrainer's tokenization (trainer = "cpo" / "orpo").
+        compared += check_cpo(a, name, tdir, tok, files, fail)
 
     # 3. Bad rows: exit 2 naming FILE:LINE and the field.
     for bad_name, (lines, expect) in BAD.items():

@@ -6,15 +6,20 @@ The cells, each 10 AdamW steps in fp32 on one CPU thread:
 
   objectives  dpo-sigmoid dpo-ipo dpo-hinge dpo-robust (trl.DPOTrainer, beta 0.1; robust with
               label_smoothing 0.1); simpo (trl.experimental.cpo.CPOTrainer, loss_type "simpo",
-              cpo_alpha 0) and orpo (trl.experimental.orpo.ORPOTrainer), not in the default list
+              beta 2, cpo_alpha 0), simpo-cpo (the same with TRL's default cpo_alpha 1 and
+              label_smoothing 0.1) and orpo (trl.experimental.orpo.ORPOTrainer), not in the
+              default list; their data go through the preference dataset's trainer = "cpo" /
+              "orpo" (CPOTrainer's and ORPOTrainer's tokenization)
   adapters    none: full fine-tuning (DPO's reference: a frozen copy of the initial model)
               lora: r 4, alpha 8 on q,k,v,o,gate,up,down (DPO's reference: the base with its
               adapters switched off). PEFT draws lora_A with its own generator, trainrun with
               its own, so a LoRA cell first runs trainrun with lr = 0 for one step (an exact
               no-op of AdamW), reads the adapter it wrote (its initial one) and gives TRL's
               model that lora_A; lora_B is zero on both sides.
-  extra cells qwen3 (a tiny Qwen3 instead of Llama, dpo-sigmoid, full fine-tuning) and
-              conversational (the pairs as chat messages, ChatML template, dpo-sigmoid, full)
+  extra cells qwen3 (a tiny Qwen3 instead of Llama, dpo-sigmoid, full fine-tuning),
+              conversational (the pairs as chat messages, ChatML template, dpo-sigmoid, full),
+              conversational-simpo and conversational-orpo (the same with simpo and orpo: the
+              chat rendered to text, a second <|im_end|> appended after ChatML's "\n")
 
 Model: transformers' LlamaForCausalLM / Qwen3ForCausalLM from config (hidden 32, 2 layers,
 GQA 4/2 heads, untied head, norm weights perturbed), saved with chat_data.py's byte-level BPE
@@ -76,8 +81,15 @@ OBJECTIVES = {
     # are beta 0.1, simpo_gamma 0.5, cpo_alpha 1.0 (CPO-SimPO).
     "simpo": ({"plugin": "simpo", "beta": 2.0, "simpo_gamma": 0.5, "cpo_alpha": 0.0, "label_smoothing": 0.0},
               "cpo", {"loss_type": "simpo", "beta": 2.0, "simpo_gamma": 0.5, "cpo_alpha": 0.0, "label_smoothing": 0.0}),
+    # CPO-SimPO: TRL's CPOConfig default cpo_alpha 1.0 (the chosen NLL) and a smoothed sigmoid.
+    "simpo-cpo": ({"plugin": "simpo", "beta": 2.0, "simpo_gamma": 0.5, "cpo_alpha": 1.0, "label_smoothing": 0.1},
+                  "cpo", {"loss_type": "simpo", "beta": 2.0, "simpo_gamma": 0.5, "cpo_alpha": 1.0,
+                          "label_smoothing": 0.1}),
     "orpo": ({"plugin": "orpo", "beta": 0.1}, "orpo", {"beta": 0.1}),
 }
+# The preference dataset's tokenization for each TRL trainer (its option `trainer`): CPOTrainer and
+# ORPOTrainer tokenize alike; "orpo" adds the chosen rows again with their prompts as targets.
+DATA_TRAINER = {"dpo": "dpo", "cpo": "cpo", "orpo": "orpo"}
 # The rest of DPOTrainer's single loss types (exo_pair needs its epsilon > 0: label_smoothing).
 for _lt, _ls in (("exo_pair", 1e-3), ("nca_pair", 0.0), ("bco_pair", 0.0), ("sppo_hard", 0.0),
                  ("apo_zero", 0.0), ("apo_down", 0.0), ("discopop", 0.0), ("sigmoid_norm", 0.0),
@@ -140,7 +152,8 @@ ap.add_argument("work")
 ap.add_argument("--objectives", default=",".join(DEFAULT_OBJECTIVES))
 ap.add_argument("--adapters", default="none,lora")
 ap.add_argument("--extra", default="qwen3,conversational",
-                help="extra dpo-sigmoid full fine-tuning cells: qwen3, conversational ('' for none)")
+                help="extra full fine-tuning cells: qwen3, conversational (dpo-sigmoid), "
+                     "conversational-simpo, conversational-orpo ('' for none)")
 ap.add_argument("--strategy", default="single", choices=sorted(STRATEGIES))
 ap.add_argument("--batch", type=int, default=len(PAIRS), help="pairs per optimizer step (global)")
 ap.add_argument("--world", type=int, default=2, help="ranks of a multi-rank --strategy")
@@ -231,7 +244,9 @@ def write_job(path, model_dir, data_path, run_dir, objective, adapter, lr=LR, st
     job = table("trainer", {"max_steps": steps, "global_batch_size": A.batch, "seed": SEED, "log_every": 1,
                             "eval_max_batches": 1, "run_dir": run_dir})
     job += table("model", {"plugin": "llama", "path": model_dir})
-    job += table("data", {**DATA_TABLE, "paths": [data_path], "tokenizer": model_dir})
+    kind = OBJECTIVES[objective][1]
+    trainer = {"trainer": DATA_TRAINER[kind]} if kind != "dpo" else {}
+    job += table("data", {**DATA_TABLE, **trainer, "paths": [data_path], "tokenizer": model_dir})
     job += table("objective", OBJECTIVES[objective][0])
     job += table("optimizer", {"plugin": "adamw", "lr": lr})
     job += table("accelerator", {"plugin": "cpu", "threads": 1})
@@ -522,6 +537,18 @@ def checks(model_dir, data_path):
     expect_error("robust-smoothing", lambda t: t.replace('loss_type = "sigmoid"', 'loss_type = "robust"')
                  .replace("label_smoothing = 0.0", "label_smoothing = 0.5"), ["label_smoothing"])
 
+    # The dataset's trainer and the objective must agree where the layout differs (exit 2).
+    expect_error("orpo-without-orpo-data", lambda t: t.replace('trainer = "orpo"', 'trainer = "cpo"'),
+                 ["orpo", '[data] trainer = "orpo"'], objective="orpo")
+    expect_error("simpo-with-orpo-data", lambda t: t.replace('trainer = "cpo"', 'trainer = "orpo"'),
+                 ["simpo", '[data] trainer = "cpo"'], objective="simpo")
+    expect_error("dpo-with-orpo-data",
+                 lambda t: t.replace('plugin = "preference"\n', 'plugin = "preference"\ntrainer = "orpo"\n'),
+                 ["32 rows", '[data] trainer = "orpo"'])
+    expect_error("cpo-keep-end",
+                 lambda t: t.replace('trainer = "cpo"\n', 'trainer = "cpo"\ntruncation_mode = "keep_end"\n'),
+                 ["[data]", 'trainer = "cpo"', "keep_start"], objective="simpo")
+
     # The precomputed reference: written by the first run, reused by a second run of the same job,
     # which then logs the same figures; held-out figures with an eval_ prefix.
     held_out = lambda t: t.replace('plugin = "preference"\n', 'plugin = "preference"\nvalidation_fraction = 0.25\n') \
@@ -596,6 +623,9 @@ def main():
             cells.append(("qwen3/dpo-sigmoid/none", "dpo-sigmoid", "none", models["qwen3"], plain))
         elif extra == "conversational":
             cells.append(("llama-chat/dpo-sigmoid/none", "dpo-sigmoid", "none", models["llama"], conv))
+        elif extra in ("conversational-simpo", "conversational-orpo"):
+            objective = extra.split("-")[1]
+            cells.append((f"llama-chat/{objective}/none", objective, "none", models["llama"], conv))
         else:
             sys.exit(f"unknown extra cell '{extra}'")
 

@@ -1,12 +1,16 @@
 // preference_dump: what the `preference` dataset makes of preference files, for comparison with
-// TRL's DPOTrainer (tests/e2e/preference_data_ref.py). No LibTorch.
+// TRL's DPOTrainer, CPOTrainer and ORPOTrainer (tests/e2e/preference_data_ref.py). No LibTorch.
 //   preference_dump --tokenizer DIR [--template NAME] [--max-length N] [--truncation-mode
-//                   keep_start|keep_end] [--max-prompt-length N] [--pad ID] [--batch] FILE...
+//                   keep_start|keep_end] [--max-prompt-length N] [--pad ID] [--trainer
+//                   dpo|cpo|orpo] [--batch] FILE...
 // One JSON line per pair: {"where": "FILE:LINE", "prompt_ids", "chosen_ids", "rejected_ids",
 // "verdict": "keep" | "prompt_fills_max_length" | "no_counted_target"} (prompt_ids after
-// --max-prompt-length), or {"where", "error": MESSAGE} when the pair cannot be tokenized. With
+// --max-prompt-length; with --trainer cpo|orpo also "rejected_prompt_ids" when the rejected
+// sequence's prompt differs), or {"where", "error": MESSAGE} when the pair cannot be tokenized.
+// --trainer is the dataset's option `trainer` (default dpo). With
 // --batch a last line {"batch": {"rows", "width", "input", "target", "num_tokens"}}: the kept pairs
-// as one batch (input and target [rows][width], ignored targets -100). --max-length defaults to
+// as one batch (input and target [rows][width], ignored targets -100; 3 rows per pair with
+// --trainer orpo). --max-length defaults to
 // 0 (none). Exit 2 when the files cannot be read (the message names FILE:LINE and the field).
 #include <iostream>
 #include <memory>
@@ -19,7 +23,7 @@
 using namespace trainrun;
 
 int main(int argc, char** argv) {
-  std::string dir, name, mode = "keep_start";
+  std::string dir, name, mode = "keep_start", trainer = "dpo";
   int64_t max_length = 0, max_prompt_length = 0, pad = -1;
   bool batch = false;
   std::vector<std::string> files;
@@ -37,15 +41,18 @@ int main(int argc, char** argv) {
       max_prompt_length = std::stoll(argv[++i]);
     else if (a == "--pad" && i + 1 < argc)
       pad = std::stoll(argv[++i]);
+    else if (a == "--trainer" && i + 1 < argc)
+      trainer = argv[++i];
     else if (a == "--batch")
       batch = true;
     else
       files.push_back(a);
   }
-  if (dir.empty() || files.empty() || (mode != "keep_start" && mode != "keep_end")) {
+  if (dir.empty() || files.empty() || (mode != "keep_start" && mode != "keep_end") ||
+      (trainer != "dpo" && trainer != "cpo" && trainer != "orpo")) {
     std::cerr << "usage: preference_dump --tokenizer DIR [--template NAME] [--max-length N] "
                  "[--truncation-mode keep_start|keep_end] [--max-prompt-length N] [--pad ID] "
-                 "[--batch] FILE...\n";
+                 "[--trainer dpo|cpo|orpo] [--batch] FILE...\n";
     return 2;
   }
   try {
@@ -63,12 +70,14 @@ int main(int argc, char** argv) {
     for (const auto& r : rows) {
       nlohmann::json out = {{"where", r.where()}};
       try {
-        preference::Pair p = preference::tokenize_row(r, tok, tmpl.get());
+        preference::Pair p = trainer == "dpo" ? preference::tokenize_row(r, tok, tmpl.get())
+                                              : preference::tokenize_row_cpo(r, tok, tmpl.get());
         preference::clip_prompt(p, limits);
         const preference::Verdict v = preference::verdict(p, limits);
         out["prompt_ids"] = p.prompt_ids;
         out["chosen_ids"] = p.chosen_ids;
         out["rejected_ids"] = p.rejected_ids;
+        if (p.rejected_prompt_ids) out["rejected_prompt_ids"] = *p.rejected_prompt_ids;
         out["verdict"] = v == preference::Verdict::Keep ? "keep"
                          : v == preference::Verdict::PromptFillsMaxLength
                              ? "prompt_fills_max_length"
@@ -84,7 +93,8 @@ int main(int argc, char** argv) {
       for (const auto& p : kept) ptrs.push_back(&p);
       const int32_t pad_id = pad >= 0 ? static_cast<int32_t>(pad)
                                       : tok.pad_token_id().value_or(tok.eos_token_id().value_or(0));
-      const preference::Collated c = preference::collate(ptrs, limits, pad_id, -100);
+      const preference::Collated c =
+          preference::collate(ptrs, limits, pad_id, -100, trainer == "orpo");
       nlohmann::json input = nlohmann::json::array(), target = nlohmann::json::array();
       for (int64_t r = 0; r < c.rows; ++r) {
         const auto at = c.input.begin() + r * c.width;

@@ -265,11 +265,130 @@ Pair tokenize_row(const Row& row, const text::Tokenizer& tok, const text::ChatTe
   return p;
 }
 
+namespace {
+
+// The longest common start of `a` and `b` in whole UTF-8 characters (Python compares code points).
+size_t common_text_prefix(const std::string& a, const std::string& b) {
+  const size_t n = std::min(a.size(), b.size());
+  size_t i = 0;
+  while (i < n && a[i] == b[i]) ++i;
+  if (i < a.size() && i < b.size())  // they differ inside a character: back to its first byte
+    while (i > 0 && (continuation(a, i) || continuation(b, i))) --i;
+  return i;
+}
+
+// One sequence of CPOTrainer.build_tokenized_answer: tok(prompt + answer) without special tokens,
+// split where tok(prompt) ends, or one token earlier when tok(prompt) is not its prefix.
+struct CpoSplit {
+  std::vector<int32_t> prompt, answer;
+  bool moved = false;  // the split moved one token earlier
+};
+
+CpoSplit split_sequence(const std::vector<int32_t>& prompt, const std::string& text,
+                        const text::Tokenizer& tok, const std::string& where, const char* which) {
+  const std::vector<int32_t> full = tok.encode(text, /*add_special_tokens=*/false);
+  if (full.size() < prompt.size())
+    bad(where, std::string("prompt + ") + which + " tokenizes to " + std::to_string(full.size()) +
+                   " tokens, fewer than the prompt alone (" + std::to_string(prompt.size()) +
+                   "): TRL's CPOTrainer and ORPOTrainer refuse such a row");
+  CpoSplit s;
+  size_t start = prompt.size();
+  if (!std::equal(prompt.begin(), prompt.end(), full.begin())) {
+    --start;
+    s.moved = true;
+  }
+  s.prompt.assign(full.begin(), full.begin() + static_cast<std::ptrdiff_t>(start));
+  s.answer.assign(full.begin() + static_cast<std::ptrdiff_t>(start), full.end());
+  return s;
+}
+
+}  // namespace
+
+Pair tokenize_row_cpo(const Row& row, const text::Tokenizer& tok, const text::ChatTemplate* tmpl) {
+  const std::string where = row.where();
+  std::string prompt, chosen, rejected;
+  CpoSplit c, r;
+  std::vector<int32_t> prompt_ids;
+  try {
+    if (row.conversational) {
+      // maybe_apply_chat_template: the conversation rendered to text, then handled as text.
+      if (tmpl == nullptr) bad(where, "conversational row but no chat template");
+      const std::string last = row.prompt.back().at("role").get<std::string>();
+      if (last == "system")
+        bad(where,
+            "prompt ends with a system message: TRL's CPOTrainer and ORPOTrainer render the "
+            "prompt with the generation prompt (last message from the user or a tool) or "
+            "continue it (last message from the assistant)");
+      text::ChatTemplateOptions o;
+      o.variables = row.template_kwargs;  // the row's tools are not passed (TRL passes none)
+      auto render = [&](const json& messages) { return tmpl->apply(messages, o).text; };
+      auto joined = [&](const json& completion) {
+        json all = row.prompt;
+        for (const auto& m : completion) all.push_back(m);
+        return all;
+      };
+      o.add_generation_prompt = last != "assistant";
+      o.continue_final_message = last == "assistant";
+      prompt = render(row.prompt);
+      o.add_generation_prompt = o.continue_final_message = false;
+      const std::string with_chosen = render(joined(row.chosen));
+      const std::string with_rejected = render(joined(row.rejected));
+      // The prompt text is cut to what both conversations start with (TRL's DeepSeek-R1 case).
+      prompt.resize(common_text_prefix(prompt, with_chosen));
+      prompt.resize(common_text_prefix(prompt, with_rejected));
+      chosen = with_chosen.substr(prompt.size());
+      rejected = with_rejected.substr(prompt.size());
+    } else {
+      prompt = row.prompt.get<std::string>();
+      chosen = row.chosen.get<std::string>();
+      rejected = row.rejected.get<std::string>();
+    }
+    prompt_ids = tok.encode(prompt, /*add_special_tokens=*/false);
+    c = split_sequence(prompt_ids, prompt + chosen, tok, where, "chosen");
+    r = split_sequence(prompt_ids, prompt + rejected, tok, where, "rejected");
+  } catch (const text::ChatTemplateError& e) {
+    bad(where, std::string("chat template: ") + e.what());
+  } catch (const std::invalid_argument& e) {
+    bad(where, std::string("tokenizer: ") + e.what());
+  }
+  // TRL: "Chosen and rejected prompt_input_ids might only differ on the last token".
+  size_t differing = 0;
+  for (size_t i = 0; i < std::min(c.prompt.size(), r.prompt.size()); ++i)
+    differing += c.prompt[i] != r.prompt[i];
+  const size_t len_diff = c.prompt.size() > r.prompt.size() ? c.prompt.size() - r.prompt.size()
+                                                            : r.prompt.size() - c.prompt.size();
+  if (differing > 1 || len_diff > 1)
+    bad(where,
+        "the prompt tokenizes differently before chosen and before rejected beyond its last "
+        "token: TRL's CPOTrainer and ORPOTrainer refuse such a row");
+  if (const auto bos = tok.bos_token_id())
+    for (CpoSplit* s : {&c, &r})
+      if (s->prompt.empty() || s->prompt.front() != *bos) s->prompt.insert(s->prompt.begin(), *bos);
+  const auto eos = tok.eos_token_id();
+  if (!eos)
+    bad(where, "the tokenizer (" + tok.directory() +
+                   ") names no eos_token, which CPOTrainer and ORPOTrainer end every completion "
+                   "with");
+  for (CpoSplit* s : {&c, &r})
+    if (s->answer.empty() || s->answer.back() != *eos) s->answer.push_back(*eos);
+  Pair p;
+  p.where = where;
+  p.prompt_diverged = c.moved || r.moved;
+  p.prompt_ids = std::move(c.prompt);
+  p.chosen_ids = std::move(c.answer);
+  p.rejected_ids = std::move(r.answer);
+  if (r.prompt != p.prompt_ids) p.rejected_prompt_ids = std::move(r.prompt);
+  return p;
+}
+
 void clip_prompt(Pair& pair, const Limits& limits) {
-  const auto n = static_cast<int64_t>(pair.prompt_ids.size());
-  if (limits.max_prompt_length > 0 && n > limits.max_prompt_length)
-    pair.prompt_ids.erase(pair.prompt_ids.begin(),
-                          pair.prompt_ids.begin() + (n - limits.max_prompt_length));
+  auto clip = [&](std::vector<int32_t>& prompt) {
+    const auto n = static_cast<int64_t>(prompt.size());
+    if (limits.max_prompt_length > 0 && n > limits.max_prompt_length)
+      prompt.erase(prompt.begin(), prompt.begin() + (n - limits.max_prompt_length));
+  };
+  clip(pair.prompt_ids);
+  if (pair.rejected_prompt_ids) clip(*pair.rejected_prompt_ids);
 }
 
 int64_t Sequence::counted_targets() const {
@@ -279,10 +398,11 @@ int64_t Sequence::counted_targets() const {
 
 Sequence make_sequence(const Pair& pair, bool rejected, const Limits& limits) {
   const std::vector<int32_t>& completion = rejected ? pair.rejected_ids : pair.chosen_ids;
+  const std::vector<int32_t>& prompt = pair.prompt_of(rejected);
   Sequence s;
-  s.ids = pair.prompt_ids;
+  s.ids = prompt;
   s.ids.insert(s.ids.end(), completion.begin(), completion.end());
-  s.completion_begin = pair.prompt_ids.size();
+  s.completion_begin = prompt.size();
   const auto max = static_cast<size_t>(limits.max_length);
   if (limits.max_length > 0 && s.ids.size() > max) {
     if (limits.keep_end) {
@@ -298,9 +418,10 @@ Sequence make_sequence(const Pair& pair, bool rejected, const Limits& limits) {
 }
 
 Verdict verdict(const Pair& pair, const Limits& limits) {
-  if (limits.max_length > 0 && !limits.keep_end &&
-      static_cast<int64_t>(pair.prompt_ids.size()) >= limits.max_length)
-    return Verdict::PromptFillsMaxLength;
+  if (limits.max_length > 0 && !limits.keep_end)
+    for (bool rejected : {false, true})
+      if (static_cast<int64_t>(pair.prompt_of(rejected).size()) >= limits.max_length)
+        return Verdict::PromptFillsMaxLength;
   for (bool rejected : {false, true})
     if (make_sequence(pair, rejected, limits).counted_targets() == 0)
       return Verdict::NoCountedTarget;
@@ -308,12 +429,14 @@ Verdict verdict(const Pair& pair, const Limits& limits) {
 }
 
 Collated collate(const std::vector<const Pair*>& pairs, const Limits& limits, int32_t pad,
-                 int64_t ignore_index) {
+                 int64_t ignore_index, bool chosen_prompt_rows) {
   const size_t B = pairs.size();
   std::vector<Sequence> seqs;
-  seqs.reserve(2 * B);
+  seqs.reserve(3 * B);
   for (bool rejected : {false, true})
     for (const Pair* p : pairs) seqs.push_back(make_sequence(*p, rejected, limits));
+  if (chosen_prompt_rows)
+    for (size_t i = 0; i < B; ++i) seqs.push_back(seqs[i]);
   Collated c;
   c.rows = static_cast<int64_t>(seqs.size());
   for (const auto& s : seqs)
@@ -323,11 +446,12 @@ Collated collate(const std::vector<const Pair*>& pairs, const Limits& limits, in
   c.target.assign(seqs.size() * W, ignore_index);
   for (size_t r = 0; r < seqs.size(); ++r) {
     const Sequence& s = seqs[r];
+    const bool prompt_targets = r >= 2 * B;  // ORPO's copy of a chosen row: its prompt's targets
     for (size_t t = 0; t + 1 < s.ids.size(); ++t) {
       c.input[r * W + t] = s.ids[t];
-      if (t + 1 >= s.completion_begin) c.target[r * W + t] = s.ids[t + 1];
+      if ((t + 1 >= s.completion_begin) != prompt_targets) c.target[r * W + t] = s.ids[t + 1];
     }
-    if (s.ids.size() > 1) c.num_tokens += static_cast<int64_t>(s.ids.size()) - 1;
+    if (s.ids.size() > 1 && !prompt_targets) c.num_tokens += static_cast<int64_t>(s.ids.size()) - 1;
   }
   return c;
 }

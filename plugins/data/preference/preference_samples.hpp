@@ -1,15 +1,17 @@
 #pragma once
 // The `preference` dataset without LibTorch: reading preference pairs (JSONL rows of prompt /
-// chosen / rejected), tokenizing them as TRL 1.16's DPOTrainer does (_prepare_dataset), and
-// laying pairs out as next-token rows as its DataCollatorForPreference does. preference.cpp
-// turns the rows into tensors; tests/tools/preference_dump.cpp prints them for comparison with
-// TRL itself (tests/e2e/preference_data_ref.py).
+// chosen / rejected), tokenizing them as TRL 1.16's DPOTrainer does (_prepare_dataset) or as its
+// CPOTrainer and ORPOTrainer do (their shared tokenize_row), and laying pairs out as next-token
+// rows as its DataCollatorForPreference does. preference.cpp turns the rows into tensors;
+// tests/tools/preference_dump.cpp prints them for comparison with TRL itself
+// (tests/e2e/preference_data_ref.py).
 #include <chat_samples.hpp>
 #include <trainrun/text/chat_template.hpp>
 #include <trainrun/text/tokenizer.hpp>
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -54,6 +56,14 @@ struct Pair {
   /// The tokenized prompt alone was longer than the shared start it keeps (its end tokenizes
   /// differently, or renders differently, once a completion follows).
   bool prompt_diverged = false;
+  /// CPO/ORPO tokenization only: the rejected sequence's own prompt, set when it differs from
+  /// prompt_ids (TRL's CPOTrainer splits each sequence on its own, so the two prompts can differ
+  /// in their last token or by one token in length); unset: both sequences start with prompt_ids.
+  std::optional<std::vector<int32_t>> rejected_prompt_ids;
+  /// The prompt the chosen (false) or rejected (true) sequence starts with.
+  const std::vector<int32_t>& prompt_of(bool rejected) const {
+    return rejected && rejected_prompt_ids ? *rejected_prompt_ids : prompt_ids;
+  }
 };
 
 /// Tokenizes `row` as TRL 1.16's DPOTrainer: standard rows get the EOS token's text appended to
@@ -66,6 +76,21 @@ struct Pair {
 /// without an EOS token (standard rows).
 Pair tokenize_row(const Row& row, const text::Tokenizer& tok, const text::ChatTemplate* tmpl);
 
+/// Tokenizes `row` as TRL 1.16's CPOTrainer and ORPOTrainer (their identical tokenize_row, after
+/// maybe_apply_chat_template): conversational rows are first rendered to text with `tmpl` (the
+/// prompt with the generation prompt, or continuing its last message when that is the
+/// assistant's; the prompt text cut to the characters it shares with both rendered
+/// conversations; the row's "tools" are not passed, as TRL passes none) and then handled as
+/// standard rows. Each sequence is `tok(prompt + completion)` without special tokens, split where
+/// `tok(prompt)` ends, or one token earlier when `tok(prompt)` is not its prefix, each sequence on
+/// its own (Pair::rejected_prompt_ids); the BOS id is put before a prompt that does not start with
+/// it (when the tokenizer has one) and the EOS id after a completion that does not end with it,
+/// so ChatML completions end in "<|im_end|>\n<|im_end|>". Throws v1::ConfigError naming
+/// row.where() for a template error, a prompt whose last message is a system message, a
+/// tokenizer without an EOS token, or chosen and rejected prompts that differ by more than their
+/// last token (TRL refuses those rows too).
+Pair tokenize_row_cpo(const Row& row, const text::Tokenizer& tok, const text::ChatTemplate* tmpl);
+
 /// How pairs are cut (DPOConfig's max_length and truncation_mode, plus max_prompt_length).
 struct Limits {
   int64_t max_length = 1024;      ///< tokens of prompt + completion kept; 0: no limit
@@ -73,8 +98,8 @@ struct Limits {
   int64_t max_prompt_length = 0;  ///< prompt tokens kept (the last ones); 0: no limit
 };
 
-/// Keeps the last `limits.max_prompt_length` tokens of the prompt (when set). Not in TRL 1.16;
-/// applied before everything else, the max_length drop included.
+/// Keeps the last `limits.max_prompt_length` tokens of the prompt (both prompts of a CPO/ORPO pair)
+/// (when set). Not in TRL 1.16; applied before everything else, the max_length drop included.
 void clip_prompt(Pair& pair, const Limits& limits);
 
 /// One of a pair's two training sequences after truncation: prompt + completion ids, the
@@ -86,15 +111,16 @@ struct Sequence {
   int64_t counted_targets() const;
 };
 
-/// prompt_ids + (rejected ? rejected_ids : chosen_ids), cut to limits.max_length as TRL's
-/// collator does (keep_start: the first max_length tokens; keep_end: the last).
+/// pair.prompt_of(rejected) + (rejected ? rejected_ids : chosen_ids), cut to limits.max_length as
+/// TRL's collator does (keep_start: the first max_length tokens; keep_end: the last). keep_start is
+/// also CPOTrainer's cut (the completion to max_length - prompt tokens).
 Sequence make_sequence(const Pair& pair, bool rejected, const Limits& limits);
 
 /// Whether a pair trains, and if not why.
 enum class Verdict {
   Keep,
-  PromptFillsMaxLength,  ///< keep_start and the prompt alone has >= max_length tokens (TRL drops
-                         ///< it)
+  PromptFillsMaxLength,  ///< keep_start and a prompt alone has >= max_length tokens (DPOTrainer
+                         ///< drops it; CPOTrainer would train on an empty completion, a NaN)
   NoCountedTarget,       ///< chosen or rejected keeps no counted target after truncation
 };
 
@@ -104,15 +130,18 @@ Verdict verdict(const Pair& pair, const Limits& limits);
 /// Pairs laid out as one batch, row-major [rows, width] with rows = 2 * pairs: rows 0..B-1 are
 /// prompt+chosen, rows B..2B-1 prompt+rejected in the same order. input = ids[:-1], target =
 /// ids[1:] where that token is a completion token, else `ignore_index`; right-padded with `pad`
-/// (target ignored) to width = the longest row's ids minus one.
+/// (target ignored) to width = the longest row's ids minus one. With chosen_prompt_rows (the
+/// ORPO layout) rows = 3 * pairs: rows 2B..3B-1 repeat the chosen rows' input with the targets
+/// of their prompt tokens instead (every prompt token but the first), since ORPOTrainer's NLL
+/// counts the prompt of the chosen sequence too and a row carries one set of targets.
 struct Collated {
   int64_t rows = 0, width = 0;
   std::vector<int64_t> input, target;
-  int64_t num_tokens = 0;  ///< real (non-pad) input positions
+  int64_t num_tokens = 0;  ///< real (non-pad) input positions of the first 2B rows
 };
 
 /// Lays out `pairs` (pointers into the caller's pairs) as above.
 Collated collate(const std::vector<const Pair*>& pairs, const Limits& limits, int32_t pad,
-                 int64_t ignore_index);
+                 int64_t ignore_index, bool chosen_prompt_rows = false);
 
 }  // namespace trainrun::preference
