@@ -4,9 +4,9 @@
 #include "trainrun/plugin.hpp"
 
 namespace trainrun::objectives {
-extern const trainrun_component_v1 kComponents[4];
+extern const trainrun_component_v1 kComponents[5];
 }
 
 TRAINRUN_PLUGIN("objectives", "0.1.0", trainrun::objectives::kComponents[0],
                 trainrun::objectives::kComponents[1], trainrun::objectives::kComponents[2],
-                trainrun::objectives::kComponents[3])
+                trainrun::objectives::kComponents[3], trainrun::objectives::kComponents[4])
