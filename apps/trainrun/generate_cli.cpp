@@ -94,7 +94,10 @@ double lora_scaling(const json& c, const std::string& file) {
   return c.value("use_rslora", false) ? alpha / std::sqrt(r) : alpha / r;
 }
 
-// Merges a PEFT adapter into the model's parameters (names: base_model.model.<HF name>).
+}  // namespace
+
+// Merges a PEFT adapter into the model's parameters (names: base_model.model.<HF name>); tensors
+// that are not lora_A/lora_B pairs (trained biases, modules_to_save) replace the parameter.
 int apply_adapter(v1::Model& model, const std::string& dir) {
   const fs::path cfg_path = fs::path(dir) / "adapter_config.json";
   const fs::path weights = fs::path(dir) / "adapter_model.safetensors";
@@ -140,6 +143,8 @@ int apply_adapter(v1::Model& model, const std::string& dir) {
   if (merged == 0) throw ConfigError(weights.string() + ": no lora_A/lora_B pairs");
   return merged;
 }
+
+namespace {
 
 std::vector<std::string> read_prompts_file(const std::string& path) {
   std::ifstream f(path);

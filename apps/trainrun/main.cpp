@@ -20,6 +20,7 @@
 #include "commands.hpp"
 #include "export_cli.hpp"
 #include "generate_cli.hpp"
+#include "score_cli.hpp"
 #include "merge_lora.hpp"
 #include "report.hpp"
 #include "text_cli.hpp"
@@ -194,6 +195,10 @@ const std::vector<Command>& subcommands() {
        "trainrun generate "
        "--help)",
        run_generate_command},
+      {"score",
+       "score --model HF_DIR --input pairs.jsonl | --text TEXT [--jsonl] (a reward model's scores; "
+       "see trainrun score --help)",
+       run_score_command},
       {"chat-template", "chat-template --tokenizer DIR [--add-generation-prompt] [--template NAME]",
        run_chat_template_command},
       {"report", "report RUN_DIR [--compare OTHER_RUN_DIR]... [--output FILE]", run_report_command},

@@ -100,6 +100,11 @@ void LoraCallback::declare_options(OptionSchema& s) {
   s.boolean("use_rslora", false, "rank-stabilised scaling lora_alpha / sqrt(r)");
   s.choice("bias", "none", {"none", "all", "lora_only"},
            "which biases train: none, every bias, or the adapted layers' biases");
+  s.string_list("modules_to_save", {},
+                "modules trained whole and saved beside the adapters (PEFT's modules_to_save, "
+                "matched as target_modules are); a sequence-classification model (task SEQ_CLS, "
+                "llama with architecture = \"sequence_classification\") adds its head \"score\" "
+                "as PEFT adds \"classifier\" and \"score\"");
   s.boolean("save_adapter", true, "write the adapters in PEFT's layout at the end of training");
   s.string("adapter_dir", "adapter", "directory for the adapter files, relative to run_dir");
 }
@@ -116,6 +121,7 @@ LoraCallback::LoraCallback(const Options& o, const RunContext& ctx)
       targets_(o.get_string_list("target_modules")),
       rank_(ctx.rank) {
   TR_CHECK_TYPED(ConfigError, !targets_.empty(), o.context(), ": target_modules is empty");
+  modules_to_save_ = o.get_string_list("modules_to_save");
   TR_CHECK_TYPED(ConfigError, !adapter_dir_.empty(), o.context(), ": adapter_dir is empty");
 }
 
@@ -153,12 +159,16 @@ static nlohmann::ordered_json describe_quantized_base(LinearImpl& layer, LinearB
 
 void LoraCallback::on_setup(Model& model, const RunContext&) {
   TR_CHECK(adapters_.empty(), "callback 'lora': on_setup called twice");
-  const auto layers = find_linear_layers(model, targets_, {}, "callback 'lora'");
   // A model with HF names says what PEFT should call the base and the task.
   if (const auto* hf = dynamic_cast<const HfModelSource*>(&model)) {
     base_model_ = hf->hf_model_dir();
     task_type_ = hf->hf_task_type();
   }
+  // PeftModelForSequenceClassification: the classification heads train whole.
+  if (task_type_ == "SEQ_CLS")
+    for (const char* head : {"classifier", "score"}) modules_to_save_.push_back(head);
+  // Layers trained whole are never adapted (PEFT guards target matching against them).
+  const auto layers = find_linear_layers(model, targets_, modules_to_save_, "callback 'lora'");
   // PEFT: freeze the whole base model, then add trainable adapters.
   for (auto& p : model.named_parameters()) p.tensor.requires_grad_(false);
   std::set<const void*> adapted_bias;
@@ -171,6 +181,16 @@ void LoraCallback::on_setup(Model& model, const RunContext&) {
     if (auto base = layer->base()) base_quantization_[name] = describe_quantized_base(*layer, *base);
     if (layer->bias.defined()) adapted_bias.insert(layer->bias.unsafeGetTensorImpl());
   }
+  // modules_to_save: every parameter under a matching module trains and is saved whole.
+  if (!modules_to_save_.empty())
+    for (auto& p : model.named_parameters()) {
+      const size_t dot = p.name.rfind('.');
+      if (dot == std::string::npos ||
+          !v1::module_name_matches(p.name.substr(0, dot), modules_to_save_))
+        continue;
+      p.tensor.requires_grad_(true);
+      saved_whole_.push_back(p);
+    }
   for (auto& p : model.named_parameters()) {
     const bool is_bias = p.name == "bias" ||
                          (p.name.size() > 5 && p.name.compare(p.name.size() - 5, 5, ".bias") == 0);
@@ -235,6 +255,9 @@ void LoraCallback::save(const std::string& dir, const std::map<std::string, at::
     targets.push_back(name);
   }
   for (const auto& b : biases_) tensors.push_back({"base_model.model." + b.name, get(b.name, b.tensor)});
+  // PEFT saves a ModulesToSaveWrapper's copy under the module's own name.
+  for (const auto& m : saved_whole_)
+    tensors.push_back({"base_model.model." + m.name, get(m.name, m.tensor)});
   write_safetensors_f32((fs::path(dir) / "adapter_model.safetensors").string(), tensors,
                         base_quantization_.empty() ? std::string() : base_quantization_.dump());
   // PEFT's LoraConfig keys (peft/tuners/lora/config.py); target_modules lists the adapted
@@ -250,7 +273,8 @@ void LoraCallback::save(const std::string& dir, const std::map<std::string, at::
   c["layers_to_transform"] = nullptr;
   c["lora_alpha"] = alpha_;
   c["lora_dropout"] = dropout_;
-  c["modules_to_save"] = nullptr;
+  c["modules_to_save"] = modules_to_save_.empty() ? nlohmann::ordered_json(nullptr)
+                                                  : nlohmann::ordered_json(modules_to_save_);
   c["peft_type"] = "LORA";
   c["r"] = r_;
   c["rank_pattern"] = nlohmann::json::object();
@@ -276,7 +300,7 @@ void LoraCallback::on_final_state_dict(const std::vector<NamedTensor>& state) {
   saved_ = true;
   v1::Logger("lora", rank_)
       .info(v1::detail::cat("wrote ", dir, "/adapter_model.safetensors (",
-                            2 * adapters_.size() + biases_.size(),
+                            2 * adapters_.size() + biases_.size() + saved_whole_.size(),
                             " tensors) and adapter_config.json"));
 }
 
@@ -286,7 +310,7 @@ void LoraCallback::on_train_end(const TrainSummary& summary) {
   save(dir);
   v1::Logger("lora", rank_)
       .info(v1::detail::cat("wrote ", dir, "/adapter_model.safetensors (",
-                            2 * adapters_.size() + biases_.size(),
+                            2 * adapters_.size() + biases_.size() + saved_whole_.size(),
                             " tensors) and adapter_config.json"));
 }
 

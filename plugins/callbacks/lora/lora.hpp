@@ -97,6 +97,9 @@ class LoraCallback final : public v1::Callback,
   int rank_;
   std::vector<std::pair<std::string, std::shared_ptr<LoraAdapter>>> adapters_;
   std::vector<v1::NamedTensor> biases_;  ///< trainable biases saved with the adapters
+  std::vector<std::string>
+      modules_to_save_;  ///< [[callbacks]] modules_to_save, + "score" (SEQ_CLS)
+  std::vector<v1::NamedTensor> saved_whole_;  ///< their parameters, trained and saved whole
   /// What each adapted layer's frozen base was during training when a Precision quantized it
   /// (layer -> {"format", "blocksize", "dq_blocksize"}), recorded in the adapter's metadata so
   /// that merge-lora rebuilds the base the adapter was trained against.

@@ -1,12 +1,14 @@
 // Dataset `preference`: prompt / chosen / rejected pairs for preference objectives (DPO and its
-// kin), tokenized exactly as TRL 1.16's DPOTrainer does (preference_samples.hpp).
+// kin), tokenized exactly as TRL 1.16's DPOTrainer does, or (trainer = "cpo" / "orpo") as its
+// CPOTrainer and ORPOTrainer do (preference_samples.hpp).
 //
 // A sample is one pair. A batch of B pairs is 2B rows, TRL's concatenated layout: rows 0..B-1
 // prompt+chosen, rows B..2B-1 prompt+rejected, pair i in row i and B + i. Each row holds
 // input = ids[:-1], target = ids[1:] where that token belongs to the completion, else
-// kIgnoreIndex; rows are right-padded (pad token, target ignored) to the longest. num_samples =
-// num_targets = B (the loss unit of a paired objective is the pair); num_tokens counts the real
-// input positions of all 2B rows.
+// kIgnoreIndex; rows are right-padded (pad token, target ignored) to the longest. With trainer =
+// "orpo" rows 2B..3B-1 repeat the chosen rows with their prompt tokens as targets (ORPOTrainer's
+// NLL counts them). num_samples = num_targets = B (the loss unit of a paired objective is the
+// pair); num_tokens counts the real input positions of the first 2B rows.
 #include <torch/types.h>
 #include <torch/utils.h>
 
@@ -18,6 +20,7 @@
 #include <vector>
 
 #include "preference_samples.hpp"
+#include "reward_layout.hpp"
 #include "trainrun/interfaces.hpp"
 #include "trainrun/plugin.hpp"
 #include <trainrun/log.hpp>
@@ -87,6 +90,14 @@ class PreferenceDataset final : public v1::Dataset {
     s.real("validation_fraction", 0.0, "fraction of the pairs held out for evaluation", 0.0, 0.9);
     s.integer("split_seed", 0,
               "seed of the held-out choice (the same seed holds out the same pairs)", 0);
+    s.choice("trainer", "dpo", {"dpo", "cpo", "orpo", "reward"},
+             "whose tokenization: TRL's DPOTrainer (dpo: EOS text appended to text rows, the "
+             "prompt split at the common prefix); CPOTrainer (cpo, for simpo: BOS and EOS ids "
+             "added, conversations rendered to text, each sequence split on its own); "
+             "ORPOTrainer (orpo, for orpo: cpo's tokens plus each chosen row again with its "
+             "prompt as targets, 3B rows); RewardTrainer (reward, for the reward objective: dpo's "
+             "tokens as whole sequences without targets, a pair longer than max_length dropped, "
+             "not cut)");
   }
 
   /// Reads, tokenizes and checks every pair; rank 0 logs what was kept and dropped.
@@ -107,6 +118,18 @@ class PreferenceDataset final : public v1::Dataset {
     limits_.keep_end = o.get_string("truncation_mode") == "keep_end";
     limits_.max_prompt_length = o.get_int("max_prompt_length");
     pad_ = tok.pad_token_id().value_or(tok.eos_token_id().value_or(0));
+    const std::string trainer = o.get_string("trainer");
+    const bool cpo = trainer == "cpo" || trainer == "orpo";
+    reward_ = trainer == "reward";
+    TR_CHECK_TYPED(ConfigError, !reward_ || (!limits_.keep_end && limits_.max_prompt_length == 0),
+                   context,
+                   ": trainer = \"reward\" drops a pair longer than max_length, as TRL's "
+                   "RewardTrainer does, and cuts nothing: leave truncation_mode and "
+                   "max_prompt_length unset");
+    chosen_prompt_rows_ = trainer == "orpo";
+    TR_CHECK_TYPED(ConfigError, !cpo || !limits_.keep_end, context, ": trainer = \"", trainer,
+                   "\" takes truncation_mode = \"keep_start\" only (TRL's CPOTrainer and "
+                   "ORPOTrainer cut the end of the completion)");
 
     const std::vector<Row> rows[2] = {read_rows(files), read_rows(eval_files)};
     TR_CHECK_TYPED(ConfigError, !rows[0].empty(), context, ": the files in paths hold no pair");
@@ -126,7 +149,7 @@ class PreferenceDataset final : public v1::Dataset {
           }
         }
 
-    Tally prompt_fills, no_target, same, diverged;
+    Tally prompt_fills, no_target, same, diverged, too_long;
     int64_t conversational = 0, implicit = 0, prompt_tokens = 0, chosen_tokens = 0,
             rejected_tokens = 0;
     std::vector<int64_t> kept[2];
@@ -134,10 +157,14 @@ class PreferenceDataset final : public v1::Dataset {
       for (const Row& r : rows[k]) {
         conversational += r.conversational;
         implicit += r.implicit_prompt;
-        Pair p = tokenize_row(r, tok, tmpl.get());
+        Pair p = cpo ? tokenize_row_cpo(r, tok, tmpl.get()) : tokenize_row(r, tok, tmpl.get());
         if (p.prompt_diverged) diverged.add(p.where);
         clip_prompt(p, limits_);
-        const Verdict v = verdict(p, limits_);
+        if (reward_ && limits_.max_length > 0 && longest_sequence(p) > limits_.max_length) {
+          too_long.add(p.where);
+          continue;
+        }
+        const Verdict v = reward_ ? Verdict::Keep : verdict(p, limits_);
         if (v == Verdict::PromptFillsMaxLength) {
           prompt_fills.add(p.where);
           continue;
@@ -150,15 +177,16 @@ class PreferenceDataset final : public v1::Dataset {
         prompt_tokens += static_cast<int64_t>(p.prompt_ids.size());
         chosen_tokens += static_cast<int64_t>(p.chosen_ids.size());
         rejected_tokens += static_cast<int64_t>(p.rejected_ids.size());
-        longest_ = std::max(
-            longest_, static_cast<int64_t>(p.prompt_ids.size() +
-                                           std::max(p.chosen_ids.size(), p.rejected_ids.size())));
+        longest_ = std::max(longest_, static_cast<int64_t>(std::max(
+                                          p.prompt_of(false).size() + p.chosen_ids.size(),
+                                          p.prompt_of(true).size() + p.rejected_ids.size())));
         kept[k].push_back(static_cast<int64_t>(pairs_.size()));
         pairs_.push_back(std::move(p));
       }
     TR_CHECK_TYPED(ConfigError, !kept[0].empty(), context, ": no pair is left to train on (",
                    prompt_fills.text("whose prompt fills max_length"), ", ",
-                   no_target.text("without a counted target after truncation"), ")");
+                   no_target.text("without a counted target after truncation"), ", ",
+                   too_long.text("longer than max_length"), ")");
 
     if (eval_files.empty()) {
       // Held-out choice: the chat dataset's permutation from split_seed.
@@ -176,25 +204,28 @@ class PreferenceDataset final : public v1::Dataset {
       members_[1] = kept[1];
     }
 
-    info_.task = "preference";
+    info_.task = reward_ ? "reward" : "preference";
     info_.sample_shape = {limits_.max_length > 0 ? limits_.max_length : longest_};
     info_.vocab_size = tok.vocab_size();
     if (ctx.rank == 0) {
       const v1::Logger log("preference", ctx.rank);
       const size_t read = rows[0].size() + rows[1].size();
       std::ostringstream os;
-      os << read << " pairs from " << files.size() + eval_files.size() << " file"
+      os << read << " pairs (" << trainer << " tokenization) from "
+         << files.size() + eval_files.size() << " file"
          << (files.size() + eval_files.size() == 1 ? "" : "s") << " (" << conversational
          << " conversational" << (tmpl ? ", template " + tmpl->origin() : std::string()) << "; "
          << implicit << " with an implicit prompt); dropped: "
-         << prompt_fills.text("whose prompt fills max_length") << ", "
-         << no_target.text("without a counted chosen or rejected target after truncation") << "; "
-         << members_[0].size() << " train / " << members_[1].size() << " held out"
+         << (reward_ ? too_long.text("longer than max_length")
+                     : prompt_fills.text("whose prompt fills max_length") + ", " +
+                           no_target.text(
+                               "without a counted chosen or rejected target after truncation"))
+         << "; " << members_[0].size() << " train / " << members_[1].size() << " held out"
          << (eval_files.empty() ? "" : " (eval_paths)") << "; tokens: " << prompt_tokens
          << " prompt, " << chosen_tokens << " chosen, " << rejected_tokens
          << " rejected; longest pair " << longest_ << " tokens (max_length = "
-         << (limits_.max_length > 0 ? std::to_string(limits_.max_length) : std::string("none"))
-         << ", " << o.get_string("truncation_mode");
+         << (limits_.max_length > 0 ? std::to_string(limits_.max_length) : std::string("none"));
+      if (!reward_) os << ", " << o.get_string("truncation_mode");
       if (limits_.max_prompt_length > 0)
         os << ", max_prompt_length = " << limits_.max_prompt_length;
       os << ")";
@@ -210,6 +241,9 @@ class PreferenceDataset final : public v1::Dataset {
                  ": the prompt leaves no room for the completion within max_length = " +
                  std::to_string(limits_.max_length) +
                  " (truncation_mode = keep_start), as TRL drops them");
+      if (too_long.n)
+        log.warn(too_long.text("dropped") + ": a sequence is longer than max_length = " +
+                 std::to_string(limits_.max_length) + " (as TRL's RewardTrainer drops them)");
       if (no_target.n)
         log.warn(no_target.text("dropped") +
                  ": chosen or rejected keeps no counted target after truncation");
@@ -230,7 +264,8 @@ class PreferenceDataset final : public v1::Dataset {
                " out of range [0, ", table.size(), ")");
       chosen.push_back(&pairs_[static_cast<size_t>(table[static_cast<size_t>(i)])]);
     }
-    Collated c = collate(chosen, limits_, pad_, v1::kIgnoreIndex);
+    Collated c = reward_ ? collate_sequences(chosen, pad_, v1::kIgnoreIndex)
+                         : collate(chosen, limits_, pad_, v1::kIgnoreIndex, chosen_prompt_rows_);
     Batch b;
     b.input = torch::from_blob(c.input.data(), {c.rows, c.width}, torch::kLong).clone();
     b.target = torch::from_blob(c.target.data(), {c.rows, c.width}, torch::kLong).clone();
@@ -247,7 +282,9 @@ class PreferenceDataset final : public v1::Dataset {
   std::vector<int64_t> members_[2];  // [train, eval]: indices into pairs_
   Limits limits_;
   int32_t pad_ = 0;
-  int64_t longest_ = 0;  // tokens of the longest kept prompt + completion
+  bool reward_ = false;              // trainer = "reward": whole sequences (reward_layout.hpp)
+  bool chosen_prompt_rows_ = false;  // trainer = "orpo": 3B rows, see the top of this file
+  int64_t longest_ = 0;              // tokens of the longest kept prompt + completion
   DataInfo info_;
 };
 
@@ -256,7 +293,8 @@ extern const trainrun_component_v1 kComponents[] = {
     v1::component<v1::Dataset, PreferenceDataset>(
         "preference",
         "Preference pairs (prompt, chosen, rejected; text or chat) for DPO-style "
-        "objectives, tokenized as TRL's DPOTrainer; batches of 2B rows"),
+        "objectives, tokenized as TRL's DPOTrainer (or CPOTrainer / ORPOTrainer: trainer); "
+        "batches of 2B rows"),
 };
 
 }  // namespace trainrun::preference

@@ -82,15 +82,35 @@ LlamaConfig LlamaConfig::from_json(const std::string& text, const std::string& s
   TR_CHECK_TYPED(
       ConfigError, kModelTypes.count(c.model_type), src, ": model_type \"", c.model_type,
       "\" is not supported by the llama plugin (supported: llama, mistral, qwen2, qwen3)");
+  auto ends_with = [](const std::string& s, const std::string& tail) {
+    return s.size() > tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+  };
+  bool classifier = false;
   if (const json* a = key(j, "architectures"); a && a->is_array())
     for (const auto& name : *a) {
       const std::string s = name.is_string() ? name.get<std::string>() : name.dump();
-      TR_CHECK_TYPED(
-          ConfigError, s.size() > 11 && s.compare(s.size() - 11, 11, "ForCausalLM") == 0, src,
-          ": architectures lists \"", s,
-          "\"; the llama plugin builds *ForCausalLM "
-          "models (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM)");
+      classifier = classifier || ends_with(s, "ForSequenceClassification");
+      TR_CHECK_TYPED(ConfigError,
+                     ends_with(s, "ForCausalLM") || ends_with(s, "ForSequenceClassification"), src,
+                     ": architectures lists \"", s,
+                     "\"; the llama plugin builds *ForCausalLM models (LlamaForCausalLM, "
+                     "MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM) and their "
+                     "*ForSequenceClassification (reward models)");
     }
+  if (classifier) {
+    // transformers: num_labels is len(id2label) when the file has one, else 2 (its default).
+    c.num_labels = 2;
+    if (const json* l = key(j, "id2label"); l && l->is_object() && !l->empty())
+      c.num_labels = static_cast<int64_t>(l->size());
+    else if (const json* n = key(j, "num_labels"); n && n->is_number_integer())
+      c.num_labels = n->get<int64_t>();
+    TR_CHECK_TYPED(ConfigError, c.num_labels > 0, src, ": num_labels must be positive");
+  }
+  if (const json* p = key(j, "pad_token_id"); p && !p->is_null()) {
+    TR_CHECK_TYPED(ConfigError, p->is_number_integer() && p->get<int64_t>() >= 0, src,
+                   ": \"pad_token_id\" must be a token id or null, got ", p->dump());
+    c.pad_token_id = p->get<int64_t>();
+  }
   c.vocab_size = get_int("vocab_size", 32000);
   c.hidden_size = get_int("hidden_size", 4096);
   c.intermediate_size = get_int("intermediate_size", 11008);
@@ -204,11 +224,21 @@ LlamaConfig LlamaConfig::from_json(const std::string& text, const std::string& s
 
 std::string LlamaConfig::to_json(const std::string& original, const std::string& dtype) const {
   json j = original.empty() ? json::object() : json::parse(original);
-  static const std::map<std::string, std::string> arch = {{"llama", "LlamaForCausalLM"},
-                                                          {"mistral", "MistralForCausalLM"},
-                                                          {"qwen2", "Qwen2ForCausalLM"},
-                                                          {"qwen3", "Qwen3ForCausalLM"}};
-  j["architectures"] = {arch.at(model_type)};
+  static const std::map<std::string, std::string> arch = {
+      {"llama", "Llama"}, {"mistral", "Mistral"}, {"qwen2", "Qwen2"}, {"qwen3", "Qwen3"}};
+  j["architectures"] = {arch.at(model_type) +
+                        (num_labels > 0 ? "ForSequenceClassification" : "ForCausalLM")};
+  if (num_labels > 0) {
+    // transformers derives num_labels from id2label; both maps as its save_pretrained writes them.
+    json id2label = json::object(), label2id = json::object();
+    for (int64_t i = 0; i < num_labels; ++i) {
+      id2label[std::to_string(i)] = "LABEL_" + std::to_string(i);
+      label2id["LABEL_" + std::to_string(i)] = i;
+    }
+    j["id2label"] = id2label;
+    j["label2id"] = label2id;
+  }
+  if (pad_token_id >= 0) j["pad_token_id"] = pad_token_id;
   j["model_type"] = model_type;
   j["vocab_size"] = vocab_size;
   j["hidden_size"] = hidden_size;

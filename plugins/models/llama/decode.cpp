@@ -93,6 +93,9 @@ torch::Tensor decode_layer(DecoderLayerImpl& layer, const LlamaConfig& c, const 
 
 std::unique_ptr<v1::DecodeState> LlamaModel::new_decode_state(int64_t batch_size,
                                                               int64_t max_length) {
+  TR_CHECK(cfg_.num_labels == 0,
+           "llama: a sequence-classification model (score head) scores text and does not "
+           "generate it: use `trainrun score`");
   TR_CHECK(batch_size > 0 && max_length > 0,
            "llama: a KV cache needs a positive batch size and length, got ", batch_size, " and ",
            max_length);

@@ -55,6 +55,19 @@ void LlamaModel::declare_options(v1::OptionSchema& s) {
   s.boolean("tie_word_embeddings", false, "inline config: lm_head reuses embed_tokens.weight");
   s.boolean("attention_bias", false, "inline config (llama): biases on q/k/v/o_proj");
   s.integer("sliding_window", 0, "inline config (mistral): keys a query sees; 0 = all", 0);
+  s.choice("architecture", "auto", {"auto", "causal_lm", "sequence_classification"},
+           "auto = as path's config.json says (causal_lm for an inline config); "
+           "sequence_classification = transformers' *ForSequenceClassification: a `score` head "
+           "(hidden -> num_labels, no bias) read at each row's last non-padding token, added "
+           "with N(0, initializer_range) weights to a causal LM's directory (its lm_head is "
+           "dropped): a reward model for [objective] plugin = \"reward\"");
+  s.integer("num_labels", 1,
+            "architecture = \"sequence_classification\": outputs of the score head", 1, 1 << 20);
+  s.integer("pad_token_id", -2,
+            "sequence classification: the token whose positions pooling skips (written to "
+            "config.json); -2 = config.json's, else the tokenizer's pad token, else its EOS "
+            "(as TRL's RewardTrainer sets it); -1 = none (read the last position)",
+            -2);
   s.boolean("save_hf", true, "write <run_dir>/hf/ (an HF model directory) at the end of training");
   s.choice("save_dtype", "auto", {"auto", "float32", "bfloat16", "float16"},
            "dtype of the saved weights; auto = the input's (float32 for an inline config)");
@@ -72,15 +85,22 @@ LlamaModel::LlamaModel(const v1::Options& o, const v1::RunContext& ctx)
   const v1::DataInfo& data = ctx.data;
   // Preference data (ABI 1.8) is token rows too; its objective computes the loss.
   TR_CHECK_TYPED(ConfigError,
-                 data.task.empty() || data.task == "language_modeling" || data.task == "preference",
+                 data.task.empty() || data.task == "language_modeling" ||
+                     data.task == "preference" || data.task == "unpaired-preference" ||
+                     data.task == "reward",
                  o.context(),
-                 ": llama needs a language-modelling or preference dataset, but the "
+                 ": llama needs a language-modelling, preference or reward dataset, but the "
                  "dataset's task is '",
                  data.task, "'");
   save_hf_ = o.get_bool("save_hf");
   fused_head_loss_ = o.get_bool("fused_head_loss");
   save_dtype_ = o.get_string("save_dtype");
   max_shard_bytes_ = hf::parse_size(o.get_string("max_shard_size"));
+  const std::string architecture = o.get_string("architecture");
+  want_labels_ = architecture == "auto"                      ? -1
+                 : architecture == "sequence_classification" ? o.get_int("num_labels")
+                                                             : 0;
+  want_pad_ = o.get_int("pad_token_id");
   const std::string path = o.get_string("path");
   if (!path.empty()) {
     load(path, /*defer=*/true);  // the host loads them whole, or a sharded strategy by shard
@@ -102,6 +122,10 @@ LlamaModel::LlamaModel(const v1::Options& o, const v1::RunContext& ctx)
     j["attention_bias"] = o.get_bool("attention_bias");
     if (o.get_int("sliding_window") > 0) j["sliding_window"] = o.get_int("sliding_window");
     cfg_ = LlamaConfig::from_json(j.dump(), o.context());
+    if (want_labels_ > 0) {
+      cfg_.num_labels = want_labels_;
+      cfg_.pad_token_id = want_pad_ >= 0 ? want_pad_ : -1;
+    }
     build(false);
     // transformers' _init_weights: N(0, initializer_range) for Linear and Embedding weights,
     // zero biases, unit RMSNorm gains.
@@ -146,6 +170,8 @@ at::Tensor LlamaModel::logits(const v1::Batch& batch) { return head(hidden_state
 
 at::Tensor LlamaModel::head(const at::Tensor& x) {
   auto& net = net_of(net_);
+  TR_CHECK(cfg_.num_labels == 0,
+           "llama: the model has a score head (sequence classification), no vocabulary head");
   return cfg_.tie_word_embeddings ? torch::linear(x, net.model->embed_tokens->weight)
                                   : net.lm_head->forward(x);
 }
@@ -183,6 +209,14 @@ v1::ModelOutput LlamaModel::forward(const v1::Batch& b) {
   TR_CHECK(b.target.sizes() == h.sizes().slice(0, 2),
            "llama: target must be [B, T] as the input, got ", b.target.sizes(), " for input ",
            h.sizes().slice(0, 2));
+  if (cfg_.num_labels > 0) {
+    TR_CHECK(objective_ != nullptr && (objective_->wanted_statistics() & v1::Objective::kScores),
+             "llama: a model with a score head (sequence classification) trains with an "
+             "objective that reads scores ([objective] plugin = \"reward\")");
+    v1::TokenLogProbs lp;
+    lp.scores = pool_scores(h, b.input);
+    return objective_->compute(lp, b);
+  }
   if (objective_ != nullptr) {
     TR_CHECK(!b.segment_ids.defined(),
              "llama: objectives take one sequence per row, not packed rows");
@@ -226,6 +260,26 @@ v1::ModelOutput LlamaModel::forward(const v1::Batch& b) {
   return v1::cross_entropy_sum(logits, target);
 }
 
+// transformers' pooling for *ForSequenceClassification: the rightmost position whose token is
+// not pad_token_id (0 when every token is), or the last position without a pad token; the score
+// head runs on those B rows only (the same numbers as scoring every position, then picking).
+at::Tensor LlamaModel::pool_scores(const at::Tensor& h, const at::Tensor& ids) {
+  const int64_t B = ids.size(0), T = ids.size(1);
+  torch::Tensor last;
+  if (cfg_.pad_token_id >= 0)
+    last =
+        (torch::arange(T, ids.options()) * ids.ne(cfg_.pad_token_id).to(torch::kLong)).argmax(-1);
+  else
+    last = torch::full({B}, T - 1, ids.options());
+  const torch::Tensor rows = h.index({torch::arange(B, ids.options()), last});  // [B, hidden]
+  return net_of(net_).score->forward(rows).to(torch::kFloat);
+}
+
+at::Tensor LlamaModel::scores(const v1::Batch& batch) {
+  TR_CHECK(cfg_.num_labels > 0, "llama: scores: the model has no score head (it is a causal LM)");
+  return pool_scores(hidden_states(batch), batch.input);
+}
+
 std::vector<v1::Unit*> LlamaModel::units() {
   std::vector<v1::Unit*> out;
   for (auto& u : units_) out.push_back(u.get());
@@ -233,13 +287,17 @@ std::vector<v1::Unit*> LlamaModel::units() {
 }
 
 std::string LlamaModel::describe() const {
-  return v1::detail::cat("llama (", cfg_.model_type, "): ", cfg_.num_hidden_layers,
-                         " layers, hidden ", cfg_.hidden_size, ", heads ", cfg_.num_attention_heads,
-                         "/", cfg_.num_key_value_heads, " (q/kv), head_dim ", cfg_.head_dim,
-                         ", vocab ", cfg_.vocab_size,
-                         cfg_.tie_word_embeddings ? ", tied embeddings" : "",
-                         cfg_.rope_type != "default" ? ", rope " + cfg_.rope_type : std::string(),
-                         dir_.empty() ? ", random init" : ", from " + dir_);
+  return v1::detail::cat(
+      "llama (", cfg_.model_type, "): ", cfg_.num_hidden_layers, " layers, hidden ",
+      cfg_.hidden_size, ", heads ", cfg_.num_attention_heads, "/", cfg_.num_key_value_heads,
+      " (q/kv), head_dim ", cfg_.head_dim, ", vocab ", cfg_.vocab_size,
+      cfg_.tie_word_embeddings ? ", tied embeddings" : "",
+      cfg_.num_labels > 0 ? v1::detail::cat(", score head (", cfg_.num_labels,
+                                            cfg_.num_labels == 1 ? " label" : " labels", ", pad ",
+                                            cfg_.pad_token_id, ")")
+                          : std::string(),
+      cfg_.rope_type != "default" ? ", rope " + cfg_.rope_type : std::string(),
+      dir_.empty() ? ", random init" : ", from " + dir_);
 }
 
 void LlamaModel::save_hf(const std::string& out, const std::vector<v1::NamedTensor>& state,

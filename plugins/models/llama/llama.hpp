@@ -44,6 +44,10 @@ struct LlamaConfig {
   bool qk_norm = false;   ///< Qwen3: RMSNorm over each head of q and k before RoPE
   int64_t sliding_window = 0;  ///< Mistral: a query sees the last sliding_window keys; 0 = all
   std::string dtype = "float32";  ///< torch_dtype / dtype: the weights' dtype on disk
+  /// Outputs of the sequence-classification head `score` (transformers'
+  /// *ForSequenceClassification: num_labels, or len(id2label)); 0 = a causal LM with lm_head.
+  int64_t num_labels = 0;
+  int64_t pad_token_id = -1;  ///< config.json's pad_token_id; -1 = none
 
   /// Parses config.json text. Throws v1::ConfigError naming `source` and the key when
   /// model_type, a rope type, hidden_act or another value is not supported.
@@ -61,7 +65,8 @@ class LlamaModel final : public v1::ModuleModel,
                          public v1::HfModelSource,
                          public v1::IncrementalDecoder,
                          public v1::DeferredWeights,
-                         public v1::ObjectiveModel {
+                         public v1::ObjectiveModel,
+                         public v1::SequenceClassifier {
  public:
   static void declare_options(v1::OptionSchema& s);
   LlamaModel(const v1::Options& o, const v1::RunContext& ctx);
@@ -79,7 +84,9 @@ class LlamaModel final : public v1::ModuleModel,
   /// Writes <run_dir>/hf/ (config, generation config, weights, tokenizer files) on rank 0.
   void on_final_state_dict(const std::vector<v1::NamedTensor>& state) override;
   std::string hf_model_dir() const override { return dir_; }
-  std::string hf_task_type() const override { return "CAUSAL_LM"; }
+  std::string hf_task_type() const override {
+    return cfg_.num_labels > 0 ? "SEQ_CLS" : "CAUSAL_LM";
+  }
 
   /// DeferredWeights (ABI 1.7): built from an HF directory through the plugin, the model checks
   /// every tensor's header but reads no weight until the host or a sharded strategy asks.
@@ -100,6 +107,15 @@ class LlamaModel final : public v1::ModuleModel,
   /// counted targets to `objective` (the head runs on those positions only, as for the loss).
   void set_objective(v1::Objective* objective) override { objective_ = objective; }
 
+  /// SequenceClassifier (ABI 1.9): with a `score` head (architecture = "sequence_classification",
+  /// or a *ForSequenceClassification directory) forward() hands the objective
+  /// TokenLogProbs::scores instead of log-probabilities.
+  int64_t num_labels() const override { return cfg_.num_labels; }
+  int64_t pad_token_id() const override { return cfg_.pad_token_id; }
+  /// The score head at each row's last token that is not pad_token_id (transformers' pooling):
+  /// input int64 [B, T] -> float32 [B, num_labels]. Throws Error without a score head.
+  at::Tensor scores(const v1::Batch& batch) override;
+
   const LlamaConfig& config() const { return cfg_; }
   /// Writes an HF model directory from `state` (names as named_parameters()) in `dtype`.
   void save_hf(const std::string& out, const std::vector<v1::NamedTensor>& state,
@@ -112,6 +128,8 @@ class LlamaModel final : public v1::ModuleModel,
   at::Tensor hidden_states(const v1::Batch& batch);
   /// hidden [..., hidden_size] -> logits [..., vocab_size] (lm_head, or the tied embedding).
   at::Tensor head(const at::Tensor& hidden);
+  /// hidden [B, T, hidden_size], ids [B, T] -> the score head at the pooled positions [B, labels].
+  at::Tensor pool_scores(const at::Tensor& hidden, const at::Tensor& ids);
 
   LlamaConfig cfg_;
   std::string dir_, config_text_, run_dir_, save_dtype_ = "auto";
@@ -120,6 +138,10 @@ class LlamaModel final : public v1::ModuleModel,
   bool fused_head_loss_ = true;
   int rank_ = 0;
   v1::Objective* objective_ = nullptr;  ///< set_objective; not owned
+  /// [model] architecture as num_labels: -1 = as the directory says, 0 = causal LM, n = a score
+  /// head of n outputs (added, initialised as transformers does, to a causal LM's directory).
+  int64_t want_labels_ = -1;
+  int64_t want_pad_ = -2;  ///< [model] pad_token_id; -2 = auto
   std::shared_ptr<torch::nn::Module> net_;
   std::vector<std::unique_ptr<v1::Unit>> units_;
   /// The training loss's logits [tokens * vocab], reused from step to step (HeadCrossEntropySum).

@@ -243,7 +243,11 @@ class CausalLMImpl : public torch::nn::Module {
   CausalLMImpl(const LlamaConfig& c, bool release) : cfg(c) {
     model = register_module("model", Decoder(c, release));
     // Tied: the output projection reuses embed_tokens.weight (not registered twice, ModuleModel).
-    if (!c.tie_word_embeddings) {
+    if (c.num_labels > 0) {
+      // *ForSequenceClassification: `score` instead of lm_head.
+      score = register_module("score", linear(c.hidden_size, c.num_labels, false));
+      release_parameters(*score, release);
+    } else if (!c.tie_word_embeddings) {
       lm_head = register_module("lm_head", linear(c.hidden_size, c.vocab_size, false));
       release_parameters(*lm_head, release);
     }
@@ -276,6 +280,7 @@ class CausalLMImpl : public torch::nn::Module {
   LlamaConfig cfg;
   Decoder model{nullptr};
   v1::Linear lm_head{nullptr};
+  v1::Linear score{nullptr};  ///< sequence classification only (cfg.num_labels > 0)
   torch::Tensor inv_freq;
 };
 TORCH_MODULE(CausalLM);

@@ -9,6 +9,8 @@
 #include "modules.hpp"
 #include "trainrun/hf/model_dir.hpp"
 #include "trainrun/log.hpp"
+#include "trainrun/strategy/sharding.hpp"
+#include "trainrun/text/tokenizer.hpp"
 
 namespace trainrun::llama {
 
@@ -46,13 +48,41 @@ void LlamaModel::load(const std::string& dir, bool defer) {
   hf::ModelDir& md = *md_;
   dir_ = fs::absolute(dir).lexically_normal().string();
   config_text_ = md.config_text();
-  cfg_ = LlamaConfig::from_json(config_text_, (fs::path(dir) / "config.json").string());
+  const std::string config_file = (fs::path(dir) / "config.json").string();
+  cfg_ = LlamaConfig::from_json(config_text_, config_file);
+  // [model] architecture: a score head on a causal LM's weights (TRL's RewardTrainer loads
+  // AutoModelForSequenceClassification from one), never the reverse (there is no lm_head).
+  TR_CHECK_TYPED(ConfigError, !(want_labels_ == 0 && cfg_.num_labels > 0), config_file,
+                 ": a sequence-classification model (", cfg_.num_labels,
+                 " labels) cannot be loaded as a causal LM: it has no lm_head");
+  TR_CHECK_TYPED(ConfigError,
+                 want_labels_ <= 0 || cfg_.num_labels == 0 || cfg_.num_labels == want_labels_,
+                 config_file, ": the score head has ", cfg_.num_labels,
+                 " labels, [model] num_labels ", want_labels_);
+  const bool add_score = want_labels_ > 0 && cfg_.num_labels == 0;
+  if (add_score) cfg_.num_labels = want_labels_;
+  if (cfg_.num_labels > 0 && want_pad_ >= -1) cfg_.pad_token_id = want_pad_;
+  if (cfg_.num_labels > 0 && cfg_.pad_token_id < 0 && want_pad_ == -2) {
+    // As TRL sets config.pad_token_id: the tokenizer's pad token, else its EOS token.
+    std::error_code ec;
+    if (fs::is_regular_file(fs::path(dir) / "tokenizer.json", ec)) {
+      const text::Tokenizer tok = text::Tokenizer::from_directory(dir);
+      cfg_.pad_token_id = tok.pad_token_id().value_or(tok.eos_token_id().value_or(-1));
+    }
+  }
   build(defer);
   std::set<std::string> wanted;
   torch::NoGradGuard no_grad;
   for (auto& item : net_->named_parameters(true)) {
     const std::string& name = item.key();
     wanted.insert(name);
+    if (add_score && name == "score.weight") {
+      // transformers' _init_weights for a Linear: N(0, initializer_range), from the generator
+      // the core seeded with [trainer] seed (the same on every rank).
+      v1::sharding::refill_storage(item.value());
+      item.value().normal_(0.0, cfg_.initializer_range);
+      continue;
+    }
     TR_CHECK_TYPED(ConfigError, md.contains(name), dir, ": tensor '", name,
                    "' is missing from the weights (", cfg_.model_type, " with ",
                    cfg_.num_hidden_layers, " layers", cfg_.qkv_bias ? ", q/k/v biases" : "",
@@ -73,6 +103,7 @@ void LlamaModel::load(const std::string& dir, bool defer) {
     // model (the same matrix as embed_tokens).
     const bool inv_freq = name.size() > 9 && name.compare(name.size() - 9, 9, ".inv_freq") == 0;
     if (inv_freq || (cfg_.tie_word_embeddings && name == "lm_head.weight")) continue;
+    if (add_score && name == "lm_head.weight") continue;  // the causal LM's head, not used
     TR_CHECK_TYPED(ConfigError, false, md.file_of(name), ": unexpected tensor '", name,
                    "' (not a parameter of ", cfg_.model_type, " as config.json describes it)");
   }

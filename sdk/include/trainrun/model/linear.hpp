@@ -230,12 +230,16 @@ TORCH_MODULE(Linear);
 /// `patterns`, with PEFT's rule for plain names (equal to the path, or its last dotted
 /// components: "c_attn", "attn.c_attn") and fnmatch(3) globs ("c_*", "blocks.0.*") tried on the
 /// path and on each such suffix. "all-linear" (PEFT's special value) selects every layer except
-/// an output layer named "lm_head".
+/// an output layer: "lm_head", or a sequence-classification head "score" / "classifier" (PEFT's
+/// SEQ_CLS_HEAD_NAMES, which PEFT trains whole through modules_to_save instead).
 inline bool module_name_matches(const std::string& name, const std::vector<std::string>& patterns) {
   for (const auto& p : patterns) {
     if (p == "all-linear") {
-      const bool head = name == "lm_head" ||
-                        (name.size() > 8 && name.compare(name.size() - 8, 8, ".lm_head") == 0);
+      bool head = false;
+      for (const std::string h : {"lm_head", "score", "classifier"})
+        head = head || name == h ||
+               (name.size() > h.size() &&
+                name.compare(name.size() - h.size() - 1, h.size() + 1, "." + h) == 0);
       if (!head) return true;
       continue;
     }

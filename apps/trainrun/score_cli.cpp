@@ -1,0 +1,271 @@
+// `trainrun score` (see score_cli.hpp). Each input is tokenized as TRL 1.16's RewardTrainer
+// prepares a sequence: plain text is prompt + completion with the EOS token's text appended
+// unless it ends with it, encoded with special tokens; a conversation is rendered with the
+// model's chat template (no generation prompt) and encoded without. The model pools its score
+// head as transformers does (the last token that is not the pad token), one sequence at a time.
+#include "score_cli.hpp"
+#include "generate_cli.hpp"
+#include "command_line.hpp"
+
+#include <ATen/ATen.h>
+#include <boost/program_options.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+
+#include "trainrun/core/registry.hpp"
+#include "trainrun/core/runtime.hpp"
+#include "trainrun/deferred_weights.hpp"
+#include "trainrun/objective.hpp"
+#include "trainrun/text/chat_template.hpp"
+#include "trainrun/text/tokenizer.hpp"
+
+namespace po = boost::program_options;
+namespace fs = std::filesystem;
+using nlohmann::ordered_json;
+
+namespace trainrun::app {
+namespace {
+
+using v1::ConfigError;
+
+// One input line: what to score ("text"; or "prompt"? + "completion"; or "messages"; or
+// "prompt"? + "chosen" + "rejected", a pair scored both ways).
+struct Item {
+  std::string where;
+  ordered_json prompt = nullptr;
+  std::vector<std::pair<std::string, ordered_json>> parts;  // (name, completion or text)
+};
+
+Item parse_line(const ordered_json& j, const std::string& where) {
+  auto bad = [&](const std::string& m) { throw ConfigError(where + ": " + m); };
+  if (!j.is_object()) bad("expected a JSON object");
+  Item it;
+  it.where = where;
+  auto field = [&](const char* k) {
+    const ordered_json& v = j[k];
+    if (!(v.is_string() || (v.is_array() && !v.empty())))
+      bad(std::string("\"") + k + "\" must be a string or a non-empty list of messages");
+    return v;
+  };
+  if (j.contains("prompt")) it.prompt = field("prompt");
+  if (j.contains("chosen") || j.contains("rejected")) {
+    if (!j.contains("chosen") || !j.contains("rejected"))
+      bad("a pair needs both \"chosen\" and \"rejected\"");
+    it.parts = {{"chosen", field("chosen")}, {"rejected", field("rejected")}};
+  } else if (j.contains("completion")) {
+    it.parts = {{"score", field("completion")}};
+  } else if (j.contains("text")) {
+    if (!j["text"].is_string()) bad("\"text\" must be a string");
+    it.parts = {{"score", j["text"]}};
+  } else if (j.contains("messages")) {
+    it.parts = {{"score", field("messages")}};
+  } else {
+    bad("expected \"text\", \"messages\", \"completion\" (with an optional \"prompt\") or "
+        "\"chosen\" and \"rejected\"");
+  }
+  for (const auto& [name, v] : it.parts)
+    if (!it.prompt.is_null() && it.prompt.is_string() != v.is_string())
+      bad("\"prompt\" and \"" + (name == "score" ? std::string("completion") : name) +
+          "\" must both be text or both be messages");
+  return it;
+}
+
+std::vector<int32_t> encode(const Item& it, const ordered_json& completion,
+                            const text::Tokenizer& tok, std::optional<text::ChatTemplate>& tmpl,
+                            const std::string& model_dir) {
+  if (completion.is_string()) {
+    std::string s = (it.prompt.is_string() ? it.prompt.get<std::string>() : std::string()) +
+                    completion.get<std::string>();
+    const std::optional<std::string> eos = tok.eos_token();
+    if (!eos) throw ConfigError(it.where + ": the tokenizer has no EOS token to end a text with");
+    if (s.size() < eos->size() || s.compare(s.size() - eos->size(), eos->size(), *eos) != 0)
+      s += *eos;
+    return tok.encode(s, /*add_special_tokens=*/true);
+  }
+  if (!tmpl) tmpl = text::load_chat_template(model_dir);
+  ordered_json messages = it.prompt.is_array() ? it.prompt : ordered_json::array();
+  for (const auto& m : completion) messages.push_back(m);
+  return tok.encode(tmpl->apply(messages, text::ChatTemplateOptions{}).text,
+                    /*add_special_tokens=*/false);
+}
+
+}  // namespace
+
+int run_score_command(int argc, char** argv) {
+  std::string model_dir, adapter, input, model_plugin = "llama";
+  std::vector<std::string> texts, plugin_paths;
+  int64_t threads = 0;
+  po::options_description opts("trainrun score options");
+  opts.add_options()("help,h", "show this help")(
+      "model", po::value(&model_dir),
+      "Hugging Face *ForSequenceClassification directory (config.json, safetensors, tokenizer "
+      "files), e.g. <run_dir>/hf of a reward run")(
+      "adapter", po::value(&adapter),
+      "PEFT LoRA adapter directory of a reward model (task SEQ_CLS; its score head is saved "
+      "whole), merged into the weights in memory")("text", po::value(&texts)->composing(),
+                                                   "a text to score (repeatable)")(
+      "input", po::value(&input),
+      "JSONL file: per line {\"text\"}, {\"messages\"}, {\"prompt\"?, \"completion\"} or "
+      "{\"prompt\"?, \"chosen\", \"rejected\"} (strings or lists of messages)")(
+      "jsonl", "print one JSON object per input line instead of plain text")(
+      "threads", po::value(&threads), "LibTorch intra-op threads (default: LibTorch's choice)")(
+      "model-plugin", po::value(&model_plugin),
+      "model component to load the directory with (default llama)")(
+      "plugin-path", po::value(&plugin_paths)->composing(),
+      "plugin directory or file, searched first (repeatable)");
+  po::variables_map vm;
+  if (const auto done =
+          parse_command_line(argc, argv, "score",
+                             "usage: trainrun score --model DIR [--adapter DIR] --text TEXT "
+                             "[--text TEXT]... [--jsonl]\n"
+                             "       trainrun score --model DIR --input FILE.jsonl [--jsonl]",
+                             opts, vm))
+    return *done;
+  auto bad = [&](const std::string& m) {
+    std::cerr << "trainrun score: error: " << m << std::endl;
+    return 2;
+  };
+  if (model_dir.empty()) return bad("--model DIR is required");
+  if (texts.empty() == input.empty())
+    return bad("give --text TEXT or --input FILE.jsonl (one of them)");
+  const bool jsonl = vm.count("jsonl") > 0;
+  try {
+    if (!fs::is_regular_file(fs::path(model_dir) / "config.json"))
+      return bad("--model " + model_dir + ": no config.json (not a Hugging Face model directory)");
+    if (threads > 0) at::set_num_threads(static_cast<int>(threads));
+    std::vector<Item> items;
+    for (size_t i = 0; i < texts.size(); ++i)
+      items.push_back(
+          parse_line(ordered_json{{"text", texts[i]}}, "--text " + std::to_string(i + 1)));
+    if (!input.empty()) {
+      std::ifstream f(input);
+      if (!f) return bad("--input " + input + ": cannot be read");
+      std::string line;
+      for (int n = 1; std::getline(f, line); ++n) {
+        if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+        const std::string where = input + ":" + std::to_string(n);
+        ordered_json j;
+        try {
+          j = ordered_json::parse(line);
+        } catch (const ordered_json::exception& e) {
+          return bad(where + ": not valid JSON: " + e.what());
+        }
+        items.push_back(parse_line(j, where));
+      }
+      if (items.empty()) return bad("--input " + input + ": no lines");
+    }
+
+    const text::Tokenizer tok = text::Tokenizer::from_directory(model_dir);
+    std::optional<text::ChatTemplate> tmpl;
+    core::Registry reg;
+    reg.load_search_path(core::Registry::search_path(plugin_paths, {}));
+    const core::ComponentInfo& info =
+        reg.require(v1::ComponentKind::Model, model_plugin, "trainrun score --model-plugin");
+    std::map<std::string, v1::OptionValue> values;
+    for (const auto& s : info.schema.specs()) values[s.name] = s.default_value;
+    values["path"] = model_dir;
+    if (values.count("save_hf")) values["save_hf"] = false;
+    // A SEQ_CLS adapter on a causal LM (PEFT: AutoModelForSequenceClassification on the base, then
+    // the adapter, whose modules_to_save hold the trained score head).
+    if (!adapter.empty() && values.count("architecture")) {
+      const fs::path ac = fs::path(adapter) / "adapter_config.json";
+      std::ifstream f(ac);
+      if (!f) return bad("--adapter " + adapter + ": no adapter_config.json");
+      try {
+        const ordered_json c = ordered_json::parse(f);
+        if (c.value("task_type", ordered_json(nullptr)) == "SEQ_CLS")
+          values["architecture"] = std::string("sequence_classification");
+      } catch (const ordered_json::exception& e) {
+        return bad(ac.string() + ": not valid JSON: " + e.what());
+      }
+    }
+    v1::RunContext ctx;
+    ctx.data.task = "reward";
+    std::unique_ptr<v1::Model> model = reg.create<v1::Model>(
+        info, v1::Options(values, "trainrun score --model " + model_dir), ctx);
+    const std::string label = core::describe_component(info);
+    if (auto* d = dynamic_cast<v1::DeferredWeights*>(model.get()))
+      core::guarded(label, "load_deferred_weights", [&] {
+        d->load_deferred_weights();
+        return 0;
+      });
+    auto* sc = dynamic_cast<v1::SequenceClassifier*>(model.get());
+    if (sc == nullptr || sc->num_labels() < 1)
+      return bad("--model " + model_dir + ": " + label +
+                 " has no sequence-classification head here (config.json's architectures must "
+                 "name a *ForSequenceClassification model, as a reward run writes it)");
+    const int merged = adapter.empty() ? 0 : apply_adapter(*model, adapter);
+    core::guarded(label, "train(false)", [&] {
+      model->train(false);
+      return 0;
+    });
+    std::cerr << "score: " << core::guarded(label, "describe", [&] { return model->describe(); })
+              << (merged ? ", " + std::to_string(merged) + " LoRA adapters merged from " + adapter
+                         : std::string())
+              << std::endl;
+
+    at::NoGradGuard no_grad;
+    int64_t pairs = 0, right = 0;
+    for (const Item& it : items) {
+      ordered_json out = ordered_json::object();
+      out["where"] = it.where;
+      std::vector<double> got;
+      for (const auto& [name, completion] : it.parts) {
+        const std::vector<int32_t> ids32 = encode(it, completion, tok, tmpl, model_dir);
+        if (ids32.empty()) return bad(it.where + ": encodes to no tokens");
+        v1::Batch b;
+        b.input = at::tensor(std::vector<int64_t>(ids32.begin(), ids32.end()), at::kLong)
+                      .view({1, static_cast<int64_t>(ids32.size())});
+        at::Tensor s;
+        try {
+          s = sc->scores(b);
+        } catch (const std::exception& e) {
+          throw std::runtime_error(label + ": scoring failed: " + e.what());
+        }
+        const at::Tensor row = s[0].to(at::kDouble).contiguous();
+        std::vector<double> v(row.data_ptr<double>(), row.data_ptr<double>() + row.numel());
+        out[name] = v.size() == 1 ? ordered_json(v[0]) : ordered_json(v);
+        out[name + "_tokens"] = ids32.size();
+        got.push_back(v[0]);
+      }
+      if (it.parts.size() == 2) {
+        ++pairs;
+        right += got[0] > got[1];
+        out["margin"] = got[0] - got[1];
+      }
+      if (jsonl) {
+        std::cout << out.dump(-1, ' ', false, ordered_json::error_handler_t::replace) << std::endl;
+      } else {
+        std::cout << std::setprecision(7);
+        if (it.parts.size() == 2)
+          std::cout << got[0] << " " << got[1]
+                    << (got[0] > got[1] ? "  chosen wins" : "  rejected wins") << "\n";
+        else
+          std::cout << got[0] << "\n";
+      }
+    }
+    std::cout.flush();
+    if (pairs > 0)
+      std::cerr << "score: " << pairs << " pairs, accuracy " << std::setprecision(4)
+                << static_cast<double>(right) / pairs << " (chosen scored above rejected)"
+                << std::endl;
+    return 0;
+  } catch (const ConfigError& e) {
+    return bad(e.what());
+  } catch (const v1::PluginError& e) {
+    return bad(e.what());
+  } catch (const text::ChatTemplateError& e) {
+    return bad(std::string("chat template: ") + e.what());
+  } catch (const std::exception& e) {
+    std::cerr << "trainrun score: error: " << e.what() << std::endl;
+    return 1;
+  }
+}
+
+}  // namespace trainrun::app
