@@ -29,6 +29,7 @@
 #include "trainrun/core/runtime.hpp"
 #include "trainrun/deferred_weights.hpp"
 #include "trainrun/generation.hpp"
+#include "trainrun/objective.hpp"
 #include "trainrun/hf/safetensors.hpp"
 #include "trainrun/runtime/cpu_runtime.hpp"
 #include "trainrun/text/chat_template.hpp"
@@ -278,6 +279,10 @@ int run_generate_command(int argc, char** argv) {
     const std::string label = core::describe_component(info);
     if (auto* d = dynamic_cast<v1::DeferredWeights*>(model.get()))  // ABI 1.7: read them whole
       core::guarded(label, "load_deferred_weights", [&] { d->load_deferred_weights(); return 0; });
+    if (auto* sc = dynamic_cast<v1::SequenceClassifier*>(model.get()); sc && sc->num_labels() > 0)
+      return bad("--model " + model_dir +
+                 ": a sequence-classification model (a reward model) "
+                 "scores text and does not generate it: use `trainrun score`");
     auto* decoder = dynamic_cast<v1::IncrementalDecoder*>(model.get());
     if (!decoder) return bad(label + " does not offer incremental decoding (v1::IncrementalDecoder)");
     int merged = 0;

@@ -105,7 +105,8 @@ int run_score_command(int argc, char** argv) {
   opts.add_options()("help,h", "show this help")(
       "model", po::value(&model_dir),
       "Hugging Face *ForSequenceClassification directory (config.json, safetensors, tokenizer "
-      "files), e.g. <run_dir>/hf of a reward run")(
+      "files), e.g. <run_dir>/hf of a reward run; or, with --adapter, the causal LM a LoRA "
+      "reward run started from")(
       "adapter", po::value(&adapter),
       "PEFT LoRA adapter directory of a reward model (task SEQ_CLS; its score head is saved "
       "whole), merged into the weights in memory")("text", po::value(&texts)->composing(),
@@ -197,9 +198,16 @@ int run_score_command(int argc, char** argv) {
       });
     auto* sc = dynamic_cast<v1::SequenceClassifier*>(model.get());
     if (sc == nullptr || sc->num_labels() < 1)
-      return bad("--model " + model_dir + ": " + label +
-                 " has no sequence-classification head here (config.json's architectures must "
-                 "name a *ForSequenceClassification model, as a reward run writes it)");
+      return bad(adapter.empty()
+                     ? "--model " + model_dir + ": " + label +
+                           " has no sequence-classification head (config.json's architectures "
+                           "must name a *ForSequenceClassification model, as a full reward run's "
+                           "<run_dir>/hf does; for a LoRA reward run give its base model and "
+                           "--adapter <run_dir>/adapter)"
+                     : "--adapter " + adapter +
+                           ": not a reward model's adapter (adapter_config.json's task_type is "
+                           "not \"SEQ_CLS\"), and --model " +
+                           model_dir + " has no score head");
     const int merged = adapter.empty() ? 0 : apply_adapter(*model, adapter);
     core::guarded(label, "train(false)", [&] {
       model->train(false);
@@ -244,7 +252,7 @@ int run_score_command(int argc, char** argv) {
       } else {
         std::cout << std::setprecision(7);
         if (it.parts.size() == 2)
-          std::cout << got[0] << " " << got[1]
+          std::cout << got[0] << " " << got[1] << "  margin " << got[0] - got[1]
                     << (got[0] > got[1] ? "  chosen wins" : "  rejected wins") << "\n";
         else
           std::cout << got[0] << "\n";

@@ -67,6 +67,7 @@ v1::Options lora_options(int64_t r, double alpha, const std::string& bias,
   m["bias"] = bias;
   m["save_adapter"] = true;
   m["adapter_dir"] = std::string("adapter");
+  m["modules_to_save"] = std::vector<std::string>{};
   return v1::Options(m, "[[callbacks]] lora (test)");
 }
 
@@ -305,6 +306,10 @@ TEST_SUITE("linear") {
     CHECK(module_name_matches("blocks.1.mlp.c_fc", {"c_*"}));
     CHECK(module_name_matches("blocks.1.mlp.c_fc", {"all-linear"}));
     CHECK_FALSE(module_name_matches("lm_head", {"all-linear"}));
+    // Classification heads train whole (PEFT's modules_to_save for SEQ_CLS), never adapted.
+    CHECK_FALSE(module_name_matches("score", {"all-linear"}));
+    CHECK_FALSE(module_name_matches("model.classifier", {"all-linear"}));
+    CHECK(module_name_matches("model.layers.0.mlp.scorer", {"all-linear"}));
     TwoLayerModel ours(false);
     CHECK(v1::find_linear_layers(ours, {"fc2"}, {}, "test").size() == 1);
     CHECK(v1::find_linear_layers(ours, {"fc*"}, {"fc1"}, "test").front().name == "fc2");

@@ -95,6 +95,23 @@ std::optional<std::array<at::Tensor, 2>> read_reference_cache(const fs::path& fi
 
 }  // namespace
 
+// What to change in [data] when an objective meets data of another task, for the shipped
+// datasets' tasks; "" when there is nothing to suggest.
+static std::string data_hint(const std::string& wanted, const std::string& given) {
+  if (given != "preference" && given != "reward" && given != "unpaired-preference") return "";
+  if (wanted == "reward")
+    return " (the preference dataset lays pairs out for it with [data] plugin = \"preference\", "
+           "trainer = \"reward\")";
+  if (wanted == "preference")
+    return " (the preference dataset lays pairs out for it with [data] plugin = \"preference\" "
+           "and trainer = \"dpo\", \"cpo\" or \"orpo\", whichever TRL trainer's tokenization "
+           "the objective follows)";
+  if (wanted == "unpaired-preference")
+    return " (use [data] plugin = \"unpaired\": it reads KTO's {prompt, completion, label} rows "
+           "and also preference pairs, unpaired as TRL does)";
+  return "";
+}
+
 // In build, after the callbacks' on_setup (LoRA's adapters exist) and before Strategy::setup.
 void Run::set_up_objective() {
   if (!parts_.objective.obj) {
@@ -116,15 +133,9 @@ void Run::set_up_objective() {
   v1::Objective& obj = *parts_.objective.obj;
   const std::string task = parts_.objective.call("task", [](v1::Objective& o) { return o.task(); });
   if (task != env_.ctx.data.task)
-    throw ConfigError(
-        job_.file + ": [objective] " + job_.objective.plugin + " trains on '" + task +
-        "' data, but [data] " + job_.data.plugin + " gives '" + env_.ctx.data.task + "' data" +
-        ((task == "reward" || task == "preference") &&
-                 (env_.ctx.data.task == "reward" || env_.ctx.data.task == "preference")
-             ? std::string(" (the preference dataset lays pairs out for it with "
-                           "[data] trainer = \"") +
-                   (task == "reward" ? "reward" : "dpo") + "\")"
-             : std::string()));
+    throw ConfigError(job_.file + ": [objective] " + job_.objective.plugin + " trains on '" + task +
+                      "' data, but [data] " + job_.data.plugin + " gives '" + env_.ctx.data.task +
+                      "' data" + data_hint(task, env_.ctx.data.task));
   caps_.objective_model = dynamic_cast<v1::ObjectiveModel*>(parts_.model.obj.get());
   if (caps_.objective_model == nullptr)
     throw ConfigError(job_.file + ": [objective] " + job_.objective.plugin +

@@ -229,7 +229,7 @@ class PreferenceDataset final : public v1::Dataset {
       if (limits_.max_prompt_length > 0)
         os << ", max_prompt_length = " << limits_.max_prompt_length;
       os << ")";
-      if (diverged.n)
+      if (diverged.n && !reward_)  // where DPO splits a sequence; a reward model reads it whole
         os << "; " << diverged.text("whose tokenized prompt is not a prefix of prompt+completion")
            << ": the completion starts where the two diverge, as in TRL";
       log.info(os.str());
