@@ -145,6 +145,38 @@ int apply_adapter(v1::Model& model, const std::string& dir) {
   return merged;
 }
 
+LoadedModel::LoadedModel() = default;
+LoadedModel::LoadedModel(LoadedModel&&) noexcept = default;
+LoadedModel::~LoadedModel() = default;  // the model first, then the registry holding its code
+
+LoadedModel load_hf_model(const std::string& command, const std::string& dir,
+                          const std::string& plugin, const std::vector<std::string>& plugin_paths,
+                          const std::string& task,
+                          const std::map<std::string, v1::OptionValue>& overrides) {
+  LoadedModel out;
+  out.registry = std::make_unique<core::Registry>();
+  core::Registry& reg = *out.registry;
+  reg.load_search_path(core::Registry::search_path(plugin_paths, {}));
+  const core::ComponentInfo& info =
+      reg.require(v1::ComponentKind::Model, plugin, command + " --model-plugin");
+  std::map<std::string, v1::OptionValue> values;
+  for (const auto& s : info.schema.specs()) values[s.name] = s.default_value;
+  values["path"] = dir;
+  if (values.count("save_hf")) values["save_hf"] = false;
+  for (const auto& [k, v] : overrides)
+    if (values.count(k)) values[k] = v;
+  v1::RunContext ctx;
+  ctx.data.task = task;
+  out.model = reg.create<v1::Model>(info, v1::Options(values, command + " --model " + dir), ctx);
+  out.label = core::describe_component(info);
+  if (auto* d = dynamic_cast<v1::DeferredWeights*>(out.model.get()))  // ABI 1.7: read them whole
+    core::guarded(out.label, "load_deferred_weights", [&] {
+      d->load_deferred_weights();
+      return 0;
+    });
+  return out;
+}
+
 namespace {
 
 std::vector<std::string> read_prompts_file(const std::string& path) {
@@ -264,21 +296,11 @@ int run_generate_command(int argc, char** argv) {
     if (chat) tmpl = text::load_chat_template(model_dir);
     const std::set<int64_t> eos = eos_ids(model_dir, tok);
 
-    core::Registry reg;
-    reg.load_search_path(core::Registry::search_path(plugin_paths, {}));
-    const core::ComponentInfo& info = reg.require(v1::ComponentKind::Model, model_plugin, "trainrun generate --model-plugin");
-    std::map<std::string, v1::OptionValue> values;
-    for (const auto& s : info.schema.specs()) values[s.name] = s.default_value;
-    values["path"] = model_dir;
-    if (values.count("save_hf")) values["save_hf"] = false;
-    v1::RunContext ctx;
-    ctx.data.task = "language_modeling";
     const auto t_load = std::chrono::steady_clock::now();
-    std::unique_ptr<v1::Model> model =
-        reg.create<v1::Model>(info, v1::Options(values, "trainrun generate --model " + model_dir), ctx);
-    const std::string label = core::describe_component(info);
-    if (auto* d = dynamic_cast<v1::DeferredWeights*>(model.get()))  // ABI 1.7: read them whole
-      core::guarded(label, "load_deferred_weights", [&] { d->load_deferred_weights(); return 0; });
+    LoadedModel loaded = load_hf_model("trainrun generate", model_dir, model_plugin, plugin_paths,
+                                       "language_modeling", {});
+    std::unique_ptr<v1::Model>& model = loaded.model;
+    const std::string& label = loaded.label;
     if (auto* sc = dynamic_cast<v1::SequenceClassifier*>(model.get()); sc && sc->num_labels() > 0)
       return bad("--model " + model_dir +
                  ": a sequence-classification model (a reward model) "

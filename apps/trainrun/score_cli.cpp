@@ -20,7 +20,6 @@
 
 #include "trainrun/core/registry.hpp"
 #include "trainrun/core/runtime.hpp"
-#include "trainrun/deferred_weights.hpp"
 #include "trainrun/objective.hpp"
 #include "trainrun/text/chat_template.hpp"
 #include "trainrun/text/tokenizer.hpp"
@@ -164,38 +163,25 @@ int run_score_command(int argc, char** argv) {
 
     const text::Tokenizer tok = text::Tokenizer::from_directory(model_dir);
     std::optional<text::ChatTemplate> tmpl;
-    core::Registry reg;
-    reg.load_search_path(core::Registry::search_path(plugin_paths, {}));
-    const core::ComponentInfo& info =
-        reg.require(v1::ComponentKind::Model, model_plugin, "trainrun score --model-plugin");
-    std::map<std::string, v1::OptionValue> values;
-    for (const auto& s : info.schema.specs()) values[s.name] = s.default_value;
-    values["path"] = model_dir;
-    if (values.count("save_hf")) values["save_hf"] = false;
     // A SEQ_CLS adapter on a causal LM (PEFT: AutoModelForSequenceClassification on the base, then
     // the adapter, whose modules_to_save hold the trained score head).
-    if (!adapter.empty() && values.count("architecture")) {
+    std::map<std::string, v1::OptionValue> overrides;
+    if (!adapter.empty()) {
       const fs::path ac = fs::path(adapter) / "adapter_config.json";
       std::ifstream f(ac);
       if (!f) return bad("--adapter " + adapter + ": no adapter_config.json");
       try {
         const ordered_json c = ordered_json::parse(f);
         if (c.value("task_type", ordered_json(nullptr)) == "SEQ_CLS")
-          values["architecture"] = std::string("sequence_classification");
+          overrides["architecture"] = std::string("sequence_classification");
       } catch (const ordered_json::exception& e) {
         return bad(ac.string() + ": not valid JSON: " + e.what());
       }
     }
-    v1::RunContext ctx;
-    ctx.data.task = "reward";
-    std::unique_ptr<v1::Model> model = reg.create<v1::Model>(
-        info, v1::Options(values, "trainrun score --model " + model_dir), ctx);
-    const std::string label = core::describe_component(info);
-    if (auto* d = dynamic_cast<v1::DeferredWeights*>(model.get()))
-      core::guarded(label, "load_deferred_weights", [&] {
-        d->load_deferred_weights();
-        return 0;
-      });
+    LoadedModel loaded =
+        load_hf_model("trainrun score", model_dir, model_plugin, plugin_paths, "reward", overrides);
+    std::unique_ptr<v1::Model>& model = loaded.model;
+    const std::string& label = loaded.label;
     auto* sc = dynamic_cast<v1::SequenceClassifier*>(model.get());
     if (sc == nullptr || sc->num_labels() < 1)
       return bad(adapter.empty()

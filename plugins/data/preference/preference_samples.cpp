@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <set>
 #include <sstream>
@@ -29,38 +30,10 @@ const std::set<std::string> kRoles = {"system", "user", "assistant", "tool"};
   throw ConfigError(where + ": " + msg);
 }
 
-std::string read_file(const std::string& path) {
+std::string read_file(const std::string& path, const std::string& who) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw ConfigError("preference: cannot open '" + path + "': " + std::strerror(errno));
+  if (!in) throw ConfigError(who + ": cannot open '" + path + "': " + std::strerror(errno));
   return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
-
-// A short rendering of a JSON value for error messages.
-std::string excerpt(const json& v) {
-  std::string s = v.dump();
-  if (s.size() > 60) s = s.substr(0, 57) + "...";
-  return s;
-}
-
-// Checks a conversational field: a non-empty list of {role, content} messages.
-void check_messages(const json& list, const std::string& field, const std::string& where) {
-  if (list.empty()) bad(where, field + " is an empty list of messages");
-  for (size_t i = 0; i < list.size(); ++i) {
-    const std::string path = field + "[" + std::to_string(i) + "]";
-    const json& m = list[i];
-    if (!m.is_object())
-      bad(where, path + " must be an object with \"role\" and \"content\", got " + excerpt(m));
-    auto role = m.find("role");
-    if (role == m.end()) bad(where, "no \"role\" in " + path);
-    if (!role->is_string()) bad(where, path + ".role must be a string, got " + excerpt(*role));
-    if (!kRoles.count(role->get<std::string>()))
-      bad(where, path + ".role: unknown role \"" + role->get<std::string>() +
-                     "\" (expected system, user, assistant or tool)");
-    auto content = m.find("content");
-    if (content == m.end()) bad(where, "no \"content\" in " + path);
-    if (!content->is_string() && !(content->is_null() && *role == "assistant"))
-      bad(where, path + ".content must be a string, got " + excerpt(*content));
-  }
 }
 
 const char* kind_of(const json& v) {
@@ -157,25 +130,7 @@ Row parse_row(const json& rec, Row r) {
     r.chosen = c.substr(end);
     r.rejected = j.substr(end);
   }
-  if (r.conversational) {
-    if (auto t = rec.find("tools"); t != rec.end() && !t->is_null()) {
-      if (t->is_string()) {  // TRL accepts the tools as a JSON string too
-        try {
-          r.tools = json::parse(t->get<std::string>());
-        } catch (const json::exception& e) {
-          bad(where, "tools: malformed JSON string: " + v1::parse_error_text(e.what()));
-        }
-      } else {
-        r.tools = *t;
-      }
-      if (!r.tools.is_array())
-        bad(where, "tools must be a list of JSON-schema objects, got " + excerpt(r.tools));
-    }
-    if (auto k = rec.find("chat_template_kwargs"); k != rec.end() && !k->is_null()) {
-      if (!k->is_object()) bad(where, "chat_template_kwargs must be an object, got " + excerpt(*k));
-      r.template_kwargs = *k;
-    }
-  }
+  if (r.conversational) read_chat_extras(rec, r);
   return r;
 }
 
@@ -187,10 +142,57 @@ std::vector<std::string> expand_paths(const std::vector<std::string>& patterns,
   return chat::expand_paths(patterns, context, key);
 }
 
-std::vector<Row> read_rows(const std::vector<std::string>& files) {
-  std::vector<Row> out;
+std::string excerpt(const json& v) {
+  std::string s = v.dump();
+  if (s.size() > 60) s = s.substr(0, 57) + "...";
+  return s;
+}
+
+void check_messages(const json& list, const std::string& field, const std::string& where) {
+  if (list.empty()) bad(where, field + " is an empty list of messages");
+  for (size_t i = 0; i < list.size(); ++i) {
+    const std::string path = field + "[" + std::to_string(i) + "]";
+    const json& m = list[i];
+    if (!m.is_object())
+      bad(where, path + " must be an object with \"role\" and \"content\", got " + excerpt(m));
+    auto role = m.find("role");
+    if (role == m.end()) bad(where, "no \"role\" in " + path);
+    if (!role->is_string()) bad(where, path + ".role must be a string, got " + excerpt(*role));
+    if (!kRoles.count(role->get<std::string>()))
+      bad(where, path + ".role: unknown role \"" + role->get<std::string>() +
+                     "\" (expected system, user, assistant or tool)");
+    auto content = m.find("content");
+    if (content == m.end()) bad(where, "no \"content\" in " + path);
+    if (!content->is_string() && !(content->is_null() && *role == "assistant"))
+      bad(where, path + ".content must be a string, got " + excerpt(*content));
+  }
+}
+
+void read_chat_extras(const json& rec, Row& r) {
+  const std::string where = r.where();
+  if (auto t = rec.find("tools"); t != rec.end() && !t->is_null()) {
+    if (t->is_string()) {  // TRL accepts the tools as a JSON string too
+      try {
+        r.tools = json::parse(t->get<std::string>());
+      } catch (const json::exception& e) {
+        bad(where, "tools: malformed JSON string: " + v1::parse_error_text(e.what()));
+      }
+    } else {
+      r.tools = *t;
+    }
+    if (!r.tools.is_array())
+      bad(where, "tools must be a list of JSON-schema objects, got " + excerpt(r.tools));
+  }
+  if (auto k = rec.find("chat_template_kwargs"); k != rec.end() && !k->is_null()) {
+    if (!k->is_object()) bad(where, "chat_template_kwargs must be an object, got " + excerpt(*k));
+    r.template_kwargs = *k;
+  }
+}
+
+void for_each_jsonl_line(const std::vector<std::string>& files, const std::string& who,
+                         const std::function<void(const json&, Row)>& f) {
   for (const auto& file : files) {
-    const std::string text = read_file(file);
+    const std::string text = read_file(file, who);
     std::istringstream lines(text);
     std::string line;
     for (int64_t n = 1; std::getline(lines, line); ++n) {
@@ -206,9 +208,15 @@ std::vector<Row> read_rows(const std::vector<std::string>& files) {
       } catch (const json::exception& e) {
         bad(r.where(), "malformed JSON line: " + v1::parse_error_text(e.what()));
       }
-      out.push_back(parse_row(rec, std::move(r)));
+      f(rec, std::move(r));
     }
   }
+}
+
+std::vector<Row> read_rows(const std::vector<std::string>& files) {
+  std::vector<Row> out;
+  for_each_jsonl_line(files, "preference",
+                      [&](const json& rec, Row r) { out.push_back(parse_row(rec, std::move(r))); });
   return out;
 }
 

@@ -10,6 +10,7 @@
 #include <trainrun/text/tokenizer.hpp>
 
 #include <cstdint>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -37,6 +38,26 @@ struct Row {
 /// v1::ConfigError for an empty list, a pattern matching nothing, or a folder.
 std::vector<std::string> expand_paths(const std::vector<std::string>& patterns,
                                       const std::string& context, const std::string& key);
+
+/// A short rendering of a JSON value for error messages (at most 60 characters).
+std::string excerpt(const nlohmann::ordered_json& v);
+
+/// Throws v1::ConfigError "WHERE: ..." naming `field` and the message's index unless `list` is a
+/// non-empty list of {"role", "content"} objects whose role is system, user, assistant or tool
+/// (the chat dataset's roles) and whose content is a string (null only for an assistant).
+void check_messages(const nlohmann::ordered_json& list, const std::string& field,
+                    const std::string& where);
+
+/// A conversational row's "tools" (a list, or a JSON string holding one) and
+/// "chat_template_kwargs" (an object) from `rec` into r.tools / r.template_kwargs, as TRL reads
+/// them; absent or null leaves the defaults. Throws v1::ConfigError naming r.where() and the field.
+void read_chat_extras(const nlohmann::ordered_json& rec, Row& r);
+
+/// Calls f(record, row) for every non-blank line of the JSONL `files`, in order, with row.file
+/// and row.line set. Throws v1::ConfigError "`who`: cannot open FILE" for an unreadable file and
+/// "FILE:LINE: ..." for a line that is not JSON or is nested too deeply (v1::kMaxJsonDepth).
+void for_each_jsonl_line(const std::vector<std::string>& files, const std::string& who,
+                         const std::function<void(const nlohmann::ordered_json&, Row)>& f);
 
 /// Reads JSONL `files` (one object per line, blank lines skipped). A row holds "chosen" and
 /// "rejected", and optionally "prompt": all three strings (standard) or all three non-empty lists

@@ -39,20 +39,14 @@
 #include <torch/utils.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <cstdint>
-#include <cstring>
-#include <fstream>
-#include <iterator>
 #include <memory>
-#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "preference_samples.hpp"
 #include "trainrun/interfaces.hpp"
-#include "trainrun/json_depth.hpp"
 #include "trainrun/plugin.hpp"
 #include <trainrun/log.hpp>
 
@@ -73,46 +67,14 @@ constexpr int64_t kUndesirable = 0, kDesirable = 1, kKlRow = 2;
 
 namespace {
 
+using preference::check_messages;
+using preference::excerpt;
+
 // TRL's datasets map() batch size: unpair_preference_dataset puts each chunk's chosen rows first.
 constexpr size_t kUnpairChunk = 1000;
 
-const std::set<std::string> kRoles = {"system", "user", "assistant", "tool"};
-
 [[noreturn]] void bad(const std::string& where, const std::string& msg) {
   throw ConfigError(where + ": " + msg);
-}
-
-std::string excerpt(const json& v) {
-  std::string s = v.dump();
-  if (s.size() > 60) s = s.substr(0, 57) + "...";
-  return s;
-}
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw ConfigError("unpaired: cannot open '" + path + "': " + std::strerror(errno));
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
-
-// A non-empty list of {role, content} messages (the preference and chat datasets' rule).
-void check_messages(const json& list, const std::string& field, const std::string& where) {
-  if (list.empty()) bad(where, field + " is an empty list of messages");
-  for (size_t i = 0; i < list.size(); ++i) {
-    const std::string path = field + "[" + std::to_string(i) + "]";
-    const json& m = list[i];
-    if (!m.is_object())
-      bad(where, path + " must be an object with \"role\" and \"content\", got " + excerpt(m));
-    auto role = m.find("role");
-    if (role == m.end()) bad(where, "no \"role\" in " + path);
-    if (!role->is_string()) bad(where, path + ".role must be a string, got " + excerpt(*role));
-    if (!kRoles.count(role->get<std::string>()))
-      bad(where, path + ".role: unknown role \"" + role->get<std::string>() +
-                     "\" (expected system, user, assistant or tool)");
-    auto content = m.find("content");
-    if (content == m.end()) bad(where, "no \"content\" in " + path);
-    if (!content->is_string() && !(content->is_null() && *role == "assistant"))
-      bad(where, path + ".content must be a string, got " + excerpt(*content));
-  }
 }
 
 /// One example before tokenization.
@@ -148,23 +110,7 @@ Example parse_unpaired(const json& rec, preference::Row r) {
   if (r.conversational) {
     check_messages(prompt, "prompt", where);
     check_messages(completion, "completion", where);
-    if (auto t = rec.find("tools"); t != rec.end() && !t->is_null()) {
-      if (t->is_string()) {  // TRL accepts the tools as a JSON string too
-        try {
-          r.tools = json::parse(t->get<std::string>());
-        } catch (const json::exception& e) {
-          bad(where, "tools: malformed JSON string: " + v1::parse_error_text(e.what()));
-        }
-      } else {
-        r.tools = *t;
-      }
-      if (!r.tools.is_array())
-        bad(where, "tools must be a list of JSON-schema objects, got " + excerpt(r.tools));
-    }
-    if (auto k = rec.find("chat_template_kwargs"); k != rec.end() && !k->is_null()) {
-      if (!k->is_object()) bad(where, "chat_template_kwargs must be an object, got " + excerpt(*k));
-      r.template_kwargs = *k;
-    }
+    preference::read_chat_extras(rec, r);
   } else if (completion.get_ref<const std::string&>().empty()) {
     bad(where, "completion is empty");
   }
@@ -184,44 +130,26 @@ std::vector<Example> read_examples(const std::vector<std::string>& files, const 
   std::vector<Example> out;
   int paired = -1;  // unknown until the first row
   std::string first_where;
-  for (const auto& file : files) {
-    const std::string text = read_file(file);
-    std::istringstream lines(text);
-    std::string line;
-    for (int64_t n = 1; std::getline(lines, line); ++n) {
-      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-      preference::Row r;
-      r.file = file;
-      r.line = n;
-      const std::string where = r.where();
-      if (v1::json_too_deep(line))
-        bad(where, "JSON nested deeper than " + std::to_string(v1::kMaxJsonDepth) + " levels");
-      json rec;
-      try {
-        rec = json::parse(line);
-      } catch (const json::exception& e) {
-        bad(where, "malformed JSON line: " + v1::parse_error_text(e.what()));
-      }
-      if (!rec.is_object())
-        bad(where, "expected a JSON object, got " + std::string(rec.type_name()));
-      const bool is_unpaired = rec.contains("completion") || rec.contains("label");
-      const bool is_paired = rec.contains("chosen") || rec.contains("rejected");
-      if (is_unpaired == is_paired)
-        bad(where, is_paired ? "a row has either \"completion\" and \"label\" (unpaired) or "
-                               "\"chosen\" and \"rejected\" (paired), not both"
-                             : "no \"completion\"/\"label\" (unpaired) nor \"chosen\"/\"rejected\" "
-                               "(paired) field");
-      if (paired < 0) {
-        paired = is_paired;
-        first_where = where;
-      } else if (paired != is_paired) {
-        bad(where, std::string("a ") + (is_paired ? "paired" : "unpaired") + " row among " +
-                       (paired ? "paired" : "unpaired") + " ones (the first, " + first_where +
-                       ", decides for every file of " + key + ", as TRL decides for a dataset)");
-      }
-      if (!is_paired) out.push_back(parse_unpaired(rec, std::move(r)));
+  preference::for_each_jsonl_line(files, "unpaired", [&](const json& rec, preference::Row r) {
+    const std::string where = r.where();
+    if (!rec.is_object()) bad(where, "expected a JSON object, got " + std::string(rec.type_name()));
+    const bool is_unpaired = rec.contains("completion") || rec.contains("label");
+    const bool is_paired = rec.contains("chosen") || rec.contains("rejected");
+    if (is_unpaired == is_paired)
+      bad(where, is_paired ? "a row has either \"completion\" and \"label\" (unpaired) or "
+                             "\"chosen\" and \"rejected\" (paired), not both"
+                           : "no \"completion\"/\"label\" (unpaired) nor \"chosen\"/\"rejected\" "
+                             "(paired) field");
+    if (paired < 0) {
+      paired = is_paired;
+      first_where = where;
+    } else if (paired != is_paired) {
+      bad(where, std::string("a ") + (is_paired ? "paired" : "unpaired") + " row among " +
+                     (paired ? "paired" : "unpaired") + " ones (the first, " + first_where +
+                     ", decides for every file of " + key + ", as TRL decides for a dataset)");
     }
-  }
+    if (!is_paired) out.push_back(parse_unpaired(rec, std::move(r)));
+  });
   *paired_out = paired == 1;
   if (paired == 1) {
     // The preference dataset's reader: its checks, its implicit prompt (TRL's extract_prompt).
