@@ -65,9 +65,9 @@ os.environ.setdefault("TQDM_DISABLE", "1")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+from trl_harness import load_initial_lora_a, metrics_files, table, trl_common_args, trainrun_order_sampler  # noqa: E402
 
 STEPS, SEED, LR, MAX_LENGTH, BATCH = 10, 3, 1e-3, 1024, 8
-ADAMW = {"beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "weight_decay": 0.01}  # trainrun's adamw defaults
 LORA_TABLE = {"plugin": "lora", "r": 4, "lora_alpha": 8.0, "target_modules": ["all-linear"]}
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 METRIC_ALIAS = {"learning_rate": "lr"}
@@ -197,23 +197,6 @@ def write_jsonl(path, rows):
     return path
 
 
-def toml_value(v):
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (int, float)):
-        return repr(v)
-    if isinstance(v, str):
-        return json.dumps(v)
-    if isinstance(v, list):
-        return "[" + ", ".join(toml_value(x) for x in v) + "]"
-    raise TypeError(v)
-
-
-def table(name, d, array=False):
-    head = f"[[{name}]]" if array else f"[{name}]"
-    return head + "\n" + "".join(f"{k} = {toml_value(v)}\n" for k, v in d.items()) + "\n"
-
-
 def write_job(path, model_dir, data_path, run_dir, objective, kl_block, adapter, lr=LR, steps=STEPS):
     job = table("trainer", {"max_steps": steps, "global_batch_size": BATCH, "seed": SEED, "log_every": 1,
                             "run_dir": run_dir})
@@ -250,46 +233,7 @@ def read_metrics(run_dir):
     names = sorted(n for n in os.listdir(run_dir) if n.startswith("metrics") and n.endswith(".jsonl"))
     if len(names) != WORLD:
         fail(f"{len(names)} metrics*.jsonl in {run_dir} for {WORLD} rank(s): {names}")
-    out = {}
-    for name in names:
-        rows = [json.loads(l) for l in open(os.path.join(run_dir, name)) if l.strip()]
-        out[name] = {r["step"]: r for r in rows if "loss" in r and "eval_loss" not in r}
-    return out
-
-
-def trainrun_order_sampler(n, batch):
-    """trainrun's order (core/src/sampler.cpp): epoch e is randperm(n) from a CPU generator seeded
-    seed * 1000003 + e, cut into global batches (drop_last)."""
-    class Sampler(torch.utils.data.Sampler):
-        def __init__(self):
-            self.epoch = 0
-
-        def __len__(self):
-            return (n // batch) * batch
-
-        def __iter__(self):
-            g = torch.Generator().manual_seed(SEED * 1000003 + self.epoch)
-            self.epoch += 1
-            return iter(torch.randperm(n, generator=g)[: len(self)].tolist())
-    return Sampler()
-
-
-def load_initial_lora_a(model, adapter_dir):
-    """trainrun's initial lora_A (PEFT layout) into the PeftModel; lora_B is zero on both sides."""
-    from safetensors.torch import load_file
-    sd = load_file(os.path.join(adapter_dir, "adapter_model.safetensors"))
-    done = 0
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if ".lora_A.default." in name:
-                key = name.replace(".lora_A.default.", ".lora_A.")
-                if key not in sd or sd[key].shape != p.shape:
-                    raise RuntimeError(f"trainrun's initial adapter has no {key} of shape {tuple(p.shape)}")
-                p.copy_(sd[key])
-                done += 1
-    if done != len([k for k in sd if ".lora_A." in k]):
-        raise RuntimeError("trainrun's adapter and TRL's model target other modules")
-    return done
+    return metrics_files(run_dir)
 
 
 def run_trl(cell, model_dir, data_path, out_dir, init_adapter):
@@ -298,15 +242,8 @@ def run_trl(cell, model_dir, data_path, out_dir, init_adapter):
     from transformers import AutoTokenizer, PrinterCallback
     from trl import KTOConfig, KTOTrainer
 
-    args = KTOConfig(output_dir=out_dir, per_device_train_batch_size=BATCH // ACCUM,
-                     gradient_accumulation_steps=ACCUM,
-                     learning_rate=LR, lr_scheduler_type="constant", warmup_steps=0,
-                     weight_decay=ADAMW["weight_decay"], adam_beta1=ADAMW["beta1"], adam_beta2=ADAMW["beta2"],
-                     adam_epsilon=ADAMW["eps"], optim="adamw_torch", max_grad_norm=0.0, max_steps=STEPS,
-                     logging_steps=1, save_strategy="no", eval_strategy="no", report_to="none", seed=SEED,
-                     data_seed=SEED, use_cpu=True, bf16=False, fp16=False, gradient_checkpointing=False,
-                     disable_dropout=True, dataloader_drop_last=True, dataloader_num_workers=0,
-                     max_length=MAX_LENGTH, disable_tqdm=True, **CELLS[cell][1])
+    args = KTOConfig(**trl_common_args(out_dir, BATCH // ACCUM, LR, STEPS, SEED, MAX_LENGTH, accumulation=ACCUM),
+                     **CELLS[cell][1])
     args.model_init_kwargs = {"dtype": torch.float32, "attn_implementation": "eager"}
     tok = AutoTokenizer.from_pretrained(model_dir)
     ds = load_dataset("json", data_files=data_path, split="train")
@@ -315,7 +252,7 @@ def run_trl(cell, model_dir, data_path, out_dir, init_adapter):
 
     class Trainer(KTOTrainer):  # TRL's trainer drawing trainrun's data order
         def _get_train_sampler(self, *a, **k):
-            return trainrun_order_sampler(len(self.train_dataset), BATCH)
+            return trainrun_order_sampler(len(self.train_dataset), BATCH, SEED)
 
     trainer = Trainer(model=model_dir, args=args, train_dataset=ds, processing_class=tok, peft_config=peft_config)
     trainer.remove_callback(PrinterCallback)

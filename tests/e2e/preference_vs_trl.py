@@ -61,6 +61,7 @@ os.environ.setdefault("TQDM_DISABLE", "1")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+from trl_harness import load_initial_lora_a, metrics_files, table, trl_common_args, trainrun_order_sampler  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------
 # The contract with the C++ side, in one place: job-file names and the metric names trainrun
@@ -115,7 +116,6 @@ ABS_FLOOR = 1e-6
 STRATEGIES = {"single": ([], 1), "ddp": (["strategy.plugin=ddp"], 2),
               "fsdp": (["strategy.plugin=fsdp"], 2),
               "zero3": (["strategy.plugin=zero", "strategy.stage=3"], 2)}
-ADAMW = {"beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "weight_decay": 0.01}  # trainrun's adamw defaults
 # ---------------------------------------------------------------------------------------------
 
 # 16 pairs, plain text. Two prompts end in a space ("A: "): where the byte-level BPE has the merge
@@ -223,23 +223,6 @@ def write_data(work):
 # ---------------------------------------------------------------------------------------------
 # trainrun
 
-def toml_value(v):
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (int, float)):
-        return repr(v)
-    if isinstance(v, str):
-        return json.dumps(v)
-    if isinstance(v, list):
-        return "[" + ", ".join(toml_value(x) for x in v) + "]"
-    raise TypeError(v)
-
-
-def table(name, d, array=False):
-    head = f"[[{name}]]" if array else f"[{name}]"
-    return head + "\n" + "".join(f"{k} = {toml_value(v)}\n" for k, v in d.items()) + "\n"
-
-
 def write_job(path, model_dir, data_path, run_dir, objective, adapter, lr=LR, steps=STEPS):
     job = table("trainer", {"max_steps": steps, "global_batch_size": A.batch, "seed": SEED, "log_every": 1,
                             "eval_max_batches": 1, "run_dir": run_dir})
@@ -274,16 +257,7 @@ def run_trainrun(job):
     return r.returncode, r.stdout + r.stderr
 
 
-def read_metrics(run_dir):
-    """{metrics file: {step: row}} for the training rows of every rank's file."""
-    out = {}
-    if not os.path.isdir(run_dir):
-        return out
-    for name in sorted(os.listdir(run_dir)):
-        if name.startswith("metrics") and name.endswith(".jsonl"):
-            rows = [json.loads(l) for l in open(os.path.join(run_dir, name)) if l.strip()]
-            out[name] = {r["step"]: r for r in rows if "loss" in r and "eval_loss" not in r}
-    return out
+read_metrics = metrics_files
 
 
 def missing_plugins():
@@ -301,14 +275,7 @@ def missing_plugins():
 # TRL
 
 def trl_args(kind, out_dir, extra):
-    common = dict(output_dir=out_dir, per_device_train_batch_size=A.batch, gradient_accumulation_steps=1,
-                  learning_rate=LR, lr_scheduler_type="constant", warmup_steps=0,
-                  weight_decay=ADAMW["weight_decay"], adam_beta1=ADAMW["beta1"], adam_beta2=ADAMW["beta2"],
-                  adam_epsilon=ADAMW["eps"], optim="adamw_torch", max_grad_norm=0.0, max_steps=STEPS,
-                  logging_steps=1, save_strategy="no", eval_strategy="no", report_to="none", seed=SEED,
-                  data_seed=SEED, use_cpu=True, bf16=False, fp16=False, gradient_checkpointing=False,
-                  disable_dropout=True, dataloader_drop_last=True, dataloader_num_workers=0,
-                  max_length=MAX_LENGTH, disable_tqdm=True, **extra)
+    common = {**trl_common_args(out_dir, A.batch, LR, STEPS, SEED, MAX_LENGTH), **extra}
     if kind == "dpo":
         from trl import DPOConfig
         return DPOConfig(**common)
@@ -317,45 +284,6 @@ def trl_args(kind, out_dir, extra):
         return CPOConfig(**common)
     from trl.experimental.orpo import ORPOConfig
     return ORPOConfig(**common)
-
-
-def trainrun_order_sampler(n, batch):
-    """trainrun's order (core/src/sampler.cpp): epoch e is randperm(n) from a CPU generator
-    seeded seed * 1000003 + e, cut into global batches (drop_last); a step's batch is a set, so
-    one process reading it in order sees what the ranks see together."""
-    class Sampler(torch.utils.data.Sampler):
-        def __init__(self):
-            self.epoch = 0
-
-        def __len__(self):
-            return (n // batch) * batch
-
-        def __iter__(self):
-            g = torch.Generator().manual_seed(SEED * 1000003 + self.epoch)
-            self.epoch += 1
-            return iter(torch.randperm(n, generator=g)[: len(self)].tolist())
-    return Sampler()
-
-
-def load_initial_lora_a(model, adapter_dir):
-    """Copy trainrun's initial lora_A (PEFT layout, base_model.model.<module>.lora_A.weight) into
-    the PeftModel's lora_A.default weights; lora_B is zero on both sides."""
-    from safetensors.torch import load_file
-    sd = load_file(os.path.join(adapter_dir, "adapter_model.safetensors"))
-    done = 0
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if ".lora_A.default." in name:
-                key = name.replace(".lora_A.default.", ".lora_A.")
-                if key not in sd or sd[key].shape != p.shape:
-                    raise RuntimeError(f"trainrun's initial adapter has no {key} of shape {tuple(p.shape)}")
-                p.copy_(sd[key])
-                done += 1
-            elif ".lora_B.default." in name and p.abs().max() != 0:
-                raise RuntimeError(f"{name} is not zero at initialisation")
-    if done != len([k for k in sd if ".lora_A." in k]):
-        raise RuntimeError("trainrun's adapter and TRL's model target other modules")
-    return done
 
 
 def run_trl(objective, model_dir, data_path, adapter, out_dir, init_adapter):
@@ -385,7 +313,7 @@ def run_trl(objective, model_dir, data_path, adapter, out_dir, init_adapter):
 
         class cls(base):  # noqa: N801 - TRL's trainer drawing trainrun's data order
             def _get_train_sampler(self, *a, **k):
-                return trainrun_order_sampler(len(self.train_dataset), A.batch)
+                return trainrun_order_sampler(len(self.train_dataset), A.batch, SEED)
     trainer = cls(model=model, args=args, train_dataset=ds, processing_class=tok, peft_config=peft_config)
     trainer.remove_callback(PrinterCallback)  # the table below prints what matters
     if adapter == "lora" and init_adapter:

@@ -42,11 +42,11 @@ os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
 os.environ.setdefault("TQDM_DISABLE", "1")
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+from trl_harness import load_initial_lora_a, metrics_files, table, trl_common_args  # noqa: E402
 
 STEPS, SEED, LR, MAX_LENGTH = 10, 3, 1e-3, 1024
 TOL = {1: 1e-5, STEPS: 1e-4}
 ABS_FLOOR = 1e-6
-ADAMW = {"beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "weight_decay": 0.01}
 REQUIRED = ["loss", "accuracy", "margin", "min_reward", "mean_reward", "max_reward"]
 METRIC_ALIAS = {"learning_rate": "lr"}
 SKIP = {"epoch", "step", "num_tokens"}
@@ -137,23 +137,6 @@ def write_data(work):
     return {"plain": plain, "chat": chat}
 
 
-def toml_value(v):
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (int, float)):
-        return repr(v)
-    if isinstance(v, str):
-        return json.dumps(v)
-    if isinstance(v, list):
-        return "[" + ", ".join(toml_value(x) for x in v) + "]"
-    raise TypeError(v)
-
-
-def table(name, d, array=False):
-    head = f"[[{name}]]" if array else f"[{name}]"
-    return head + "\n" + "".join(f"{k} = {toml_value(v)}\n" for k, v in d.items()) + "\n"
-
-
 def write_job(path, model, data, run_dir, objective_extra, lr=LR, steps=STEPS, arch=None, lora=False):
     job = table("trainer", {"max_steps": steps, "global_batch_size": len(PAIRS), "seed": SEED,
                             "log_every": 1, "run_dir": run_dir})
@@ -186,34 +169,16 @@ def run_trainrun(job, strategy="single"):
     return r.returncode, r.stdout + r.stderr
 
 
-def read_metrics(run_dir):
-    out = {}
-    for name in sorted(os.listdir(run_dir)) if os.path.isdir(run_dir) else []:
-        if name.startswith("metrics") and name.endswith(".jsonl"):
-            rows = [json.loads(l) for l in open(os.path.join(run_dir, name)) if l.strip()]
-            out[name] = {r["step"]: r for r in rows if "loss" in r and "eval_loss" not in r}
-    return out
+read_metrics = metrics_files
 
 
-def load_initial_lora_a(model, adapter_dir):
-    """trainrun's initial lora_A into the PeftModel (PEFT draws its own); lora_B is zero on both
-    sides, and the score head's trainable copy starts from the model's on both."""
+def load_initial_adapter(model, adapter_dir):
+    """trainrun's initial lora_A into the PeftModel (trl_harness); the score head's trainable copy
+    starts from the model's on both sides, and trainrun's adapter must save it."""
     from safetensors.torch import load_file
-    sd = load_file(os.path.join(adapter_dir, "adapter_model.safetensors"))
-    done = 0
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if ".lora_A.default." in name:
-                key = name.replace(".lora_A.default.", ".lora_A.")
-                if key not in sd or sd[key].shape != p.shape:
-                    raise RuntimeError(f"trainrun's initial adapter has no {key} of shape {tuple(p.shape)}")
-                p.copy_(sd[key])
-                done += 1
-    if done != len([k for k in sd if ".lora_A." in k]):
-        raise RuntimeError("trainrun's adapter and TRL's model target other modules")
-    if "base_model.model.score.weight" not in sd:
+    if "base_model.model.score.weight" not in load_file(os.path.join(adapter_dir, "adapter_model.safetensors")):
         raise RuntimeError("trainrun's adapter does not save the score head (modules_to_save)")
-    return done
+    return load_initial_lora_a(model, adapter_dir)
 
 
 def run_trl(model_dir, data, out_dir, extra, init_adapter=None):
@@ -221,14 +186,7 @@ def run_trl(model_dir, data, out_dir, extra, init_adapter=None):
     from transformers import AutoModelForSequenceClassification, AutoTokenizer, PrinterCallback
     from trl import RewardConfig, RewardTrainer
 
-    args = RewardConfig(output_dir=out_dir, per_device_train_batch_size=len(PAIRS), gradient_accumulation_steps=1,
-                        learning_rate=LR, lr_scheduler_type="constant", warmup_steps=0,
-                        weight_decay=ADAMW["weight_decay"], adam_beta1=ADAMW["beta1"], adam_beta2=ADAMW["beta2"],
-                        adam_epsilon=ADAMW["eps"], optim="adamw_torch", max_grad_norm=0.0, max_steps=STEPS,
-                        logging_steps=1, save_strategy="no", eval_strategy="no", report_to="none", seed=SEED,
-                        data_seed=SEED, use_cpu=True, bf16=False, fp16=False, gradient_checkpointing=False,
-                        disable_dropout=True, dataloader_drop_last=True, dataloader_num_workers=0,
-                        max_length=MAX_LENGTH, disable_tqdm=True, **extra)
+    args = RewardConfig(**trl_common_args(out_dir, len(PAIRS), LR, STEPS, SEED, MAX_LENGTH), **extra)
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForSequenceClassification.from_pretrained(model_dir, dtype=torch.float32,
                                                                attn_implementation="eager")
@@ -241,7 +199,7 @@ def run_trl(model_dir, data, out_dir, extra, init_adapter=None):
     trainer = RewardTrainer(model=model, args=args, train_dataset=ds, processing_class=tok, peft_config=peft_config)
     trainer.remove_callback(PrinterCallback)
     if init_adapter:
-        n = load_initial_lora_a(trainer.model, init_adapter)
+        n = load_initial_adapter(trainer.model, init_adapter)
         print(f"    TRL: lora_A of {n} modules from trainrun's initial adapter")
     trainer.train()
     rows = {r["step"]: r for r in trainer.state.log_history if "loss" in r and "train_runtime" not in r}
