@@ -343,6 +343,8 @@ def checks(model_dir, data):
          ["truncation_mode", "RewardTrainer"]),
         ("seq-cls model as causal LM", lambda j: j.replace('plugin = "llama"', 'plugin = "llama"\narchitecture = "causal_lm"'),
          ["cannot be loaded as a causal LM"]),
+        ("kto on reward data", lambda j: j.replace('plugin = "reward"', 'plugin = "kto"'),
+         ["[objective] kto", 'plugin = "unpaired"']),
     ]
     base = os.path.join(A.work, "base.toml")
     write_job(base, model_dir, data, os.path.join(A.work, "checks-run"), {})
@@ -357,6 +359,19 @@ def checks(model_dir, data):
         print(f"  check {name}: exit {rc}: {msg}")
         if not ok:
             fail(f"check {name}: expected exit 2 naming {words}, got exit {rc}:\n{out[-1200:]}")
+    # The commands around a reward model: scoring a causal LM says how to score a LoRA run;
+    # generating with a reward model says to score instead.
+    commands = [
+        ("score a causal LM", ["score", "--model", causal, "--text", "hello"], ["no sequence-classification head", "--adapter"]),
+        ("generate with a reward model", ["generate", "--model", model_dir, "--prompt", "hi", "--max-new-tokens", "2"],
+         ["does not generate", "trainrun score"]),
+    ]
+    for name, args, words in commands:
+        r = subprocess.run([A.trainrun] + args, capture_output=True, text=True, timeout=120)
+        out = r.stdout + r.stderr
+        print(f"  check {name}: exit {r.returncode}: {out.strip().splitlines()[-1:]}")
+        if r.returncode != 2 or not all(w in out for w in words):
+            fail(f"check {name}: expected exit 2 naming {words}, got exit {r.returncode}:\n{out[-1200:]}")
 
 
 def main():

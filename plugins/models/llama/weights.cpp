@@ -54,7 +54,8 @@ void LlamaModel::load(const std::string& dir, bool defer) {
   // AutoModelForSequenceClassification from one), never the reverse (there is no lm_head).
   TR_CHECK_TYPED(ConfigError, !(want_labels_ == 0 && cfg_.num_labels > 0), config_file,
                  ": a sequence-classification model (", cfg_.num_labels,
-                 " labels) cannot be loaded as a causal LM: it has no lm_head");
+                 cfg_.num_labels == 1 ? " label" : " labels",
+                 ") cannot be loaded as a causal LM: it has no lm_head");
   TR_CHECK_TYPED(ConfigError,
                  want_labels_ <= 0 || cfg_.num_labels == 0 || cfg_.num_labels == want_labels_,
                  config_file, ": the score head has ", cfg_.num_labels,
