@@ -29,7 +29,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "precisions/quant/quant.hpp"
+#include "trainrun/core/registry.hpp"
+#include "trainrun/model/linear.hpp"
 #include "trainrun/core/safetensors.hpp"
 #include "trainrun/hf/model_dir.hpp"
 #include "trainrun/error.hpp"
@@ -66,27 +67,93 @@ double scaling_of(const nlohmann::json& c, const std::string& file) {
   return c.value("use_rslora", false) ? alpha / std::sqrt(r) : alpha / r;
 }
 
-// W as the adapter's training saw it: the full-precision weight quantized as recorded (NF4 with
-// its blocksize and double quantization, or int8) and dequantized; float32.
-at::Tensor trained_base(const at::Tensor& W, const nlohmann::json& q, const std::string& layer,
-                        const std::string& adapter_file) {
-  const std::string format = q.value("format", std::string());
-  if (format.rfind("nf4", 0) == 0) {
-    if (!q.value("blocksize_exact", true))
-      std::cerr << "merge-lora: warning: layer '" << layer << "': the NF4 blocksize recorded in "
-                << adapter_file << " (" << q.value("blocksize", int64_t{0})
-                << ") was inferred from a weight whose size is not a multiple of it\n";
-    quant::Nf4Options o;
-    o.blocksize = q.value("blocksize", int64_t{64});
-    o.double_quant = q.value("double_quant", false);
-    o.dq_blocksize = q.value("dq_blocksize", int64_t{256});
-    return quant::nf4_dequantize(quant::nf4_quantize(W.to(at::kFloat), o, layer));
+// A model of one trainrun Linear holding W, for the precision plugin to convert (it finds layers
+// through Model::module(), as in a run).
+class OneLinear final : public v1::Model {
+ public:
+  explicit OneLinear(const at::Tensor& W) : layer_(W.size(1), W.size(0)) {
+    layer_->weight.set_data(W.to(at::kFloat).contiguous());
+    root_.register_module("layer", layer_.ptr());
   }
-  if (format == "int8") return quant::int8_dequantize(quant::int8_quantize(W.to(at::kFloat), layer));
-  throw ConfigError(adapter_file + ": layer '" + layer + "' was trained against a base in format '" +
-                    format + "', which merge-lora cannot rebuild; use --plain-base to merge into the "
-                    "full-precision weight (a different model from the one trained)");
-}
+  std::vector<v1::NamedTensor> named_parameters() override {
+    return {{"layer.weight", layer_->weight}};
+  }
+  void train(bool) override {}
+  v1::ModelOutput forward(const v1::Batch&) override {
+    throw std::logic_error("merge-lora's one-layer model has no forward");
+  }
+  torch::nn::Module* module() override { return &root_; }
+  std::string describe() const override { return "merge-lora's one-layer model"; }
+  v1::Linear& layer() { return layer_; }
+
+ private:
+  torch::nn::Module root_;
+  v1::Linear layer_;
+};
+
+// W as the adapter's training saw it: the full-precision weight quantized as recorded (NF4 with
+// its blocksize and double quantization, or int8) and dequantized, float32. The precision plugin
+// that trained it does both (quant-nf4 / quant-int8, found on the plugin search path as a job's
+// components are), through the SDK's interfaces only: Precision::convert, then the layer's
+// LinearBase::dequantized_weight().
+class TrainedBase {
+ public:
+  explicit TrainedBase(std::vector<std::string> plugin_paths)
+      : plugin_paths_(std::move(plugin_paths)) {}
+
+  at::Tensor operator()(const at::Tensor& W, const nlohmann::json& q, const std::string& layer,
+                        const std::string& adapter_file) {
+    const std::string format = q.value("format", std::string());
+    std::string plugin;
+    std::map<std::string, v1::OptionValue> set;
+    if (format.rfind("nf4", 0) == 0) {
+      if (!q.value("blocksize_exact", true))
+        std::cerr << "merge-lora: warning: layer '" << layer << "': the NF4 blocksize recorded in "
+                  << adapter_file << " (" << q.value("blocksize", int64_t{0})
+                  << ") was inferred from a weight whose size is not a multiple of it\n";
+      // The recorded dq_blocksize is inferred from shapes too; quant-nf4 always used 256.
+      plugin = "quant-nf4";
+      set["blocksize"] = q.value("blocksize", int64_t{64});
+      set["double_quant"] = q.value("double_quant", false);
+    } else if (format == "int8") {
+      plugin = "quant-int8";
+    } else {
+      throw ConfigError(adapter_file + ": layer '" + layer +
+                        "' was trained against a base in format '" + format +
+                        "', which merge-lora cannot rebuild; use --plain-base to merge into the "
+                        "full-precision weight (a different model from the one trained)");
+    }
+    set["target_modules"] = std::vector<std::string>{"layer"};
+    OneLinear model(W);
+    create(plugin, set, layer)->convert(model);
+    TR_CHECK(model.layer()->base(), plugin, " did not quantize layer '", layer, "'");
+    return model.layer()->base()->dequantized_weight().to(at::kFloat);
+  }
+
+ private:
+  std::unique_ptr<v1::Precision> create(const std::string& plugin,
+                                        const std::map<std::string, v1::OptionValue>& set,
+                                        const std::string& layer) {
+    if (!registry_) {
+      registry_ = std::make_unique<core::Registry>();
+      registry_->load_search_path(core::Registry::search_path(plugin_paths_, {}));
+    }
+    const core::ComponentInfo& info = registry_->require(
+        v1::ComponentKind::Precision, plugin, "merge-lora (the quantized base of '" + layer + "')");
+    std::map<std::string, v1::OptionValue> values;
+    for (const auto& spec : info.schema.specs()) values[spec.name] = spec.default_value;
+    for (const auto& [k, v] : set) values[k] = v;
+    v1::RunContext ctx;
+    // As a run's non-lead rank: the plugin's banner line is a run's, and here would come once per
+    // layer.
+    ctx.rank = 1;
+    ctx.world_size = 2;
+    return registry_->create<v1::Precision>(info, v1::Options(values, "merge-lora " + plugin), ctx);
+  }
+
+  std::vector<std::string> plugin_paths_;
+  std::unique_ptr<core::Registry> registry_;  // outlives every component it created
+};
 
 // An adapter trained on another model whose tensors have the same names and shapes (a Mistral
 // adapter on a Llama base) would merge without a shape error. PEFT's adapter_config.json names
@@ -119,117 +186,113 @@ void check_trained_base(const nlohmann::json& adapter_cfg, const fs::path& adapt
                       theirs + "\": an adapter only fits the model it was trained on");
 }
 
-int merge(const std::string& base_path, const std::string& adapter_dir, const std::string& output,
-          int64_t max_shard_bytes, bool plain_base) {
-  const fs::path cfg_path = fs::path(adapter_dir) / "adapter_config.json";
-  const fs::path ad_path = fs::path(adapter_dir) / "adapter_model.safetensors";
-  const bool hf_dir = fs::is_directory(base_path);
-  if (!hf_dir && !fs::is_regular_file(base_path)) throw ConfigError("--base " + base_path + ": no such file or directory");
-  for (const auto& p : {cfg_path, ad_path})
-    if (!fs::is_regular_file(p)) throw ConfigError("--adapter " + adapter_dir + ": no " + p.filename().string());
-  nlohmann::json cfg;
+nlohmann::json read_json_file(const fs::path& path) {
   try {
-    std::ifstream f(cfg_path);
-    cfg = nlohmann::json::parse(f);
+    std::ifstream f(path);
+    return nlohmann::json::parse(f);
   } catch (const nlohmann::json::exception& e) {
-    throw ConfigError(cfg_path.string() + ": not valid JSON: " + trainrun::v1::parse_error_text(e.what()));
+    throw ConfigError(path.string() +
+                      ": not valid JSON: " + trainrun::v1::parse_error_text(e.what()));
   }
-  const double scaling = scaling_of(cfg, cfg_path.string());
-  if (hf_dir) check_trained_base(cfg, cfg_path, base_path);
+}
 
+// The base's tensors in file order (an HF directory's shards, or one safetensors file).
+std::vector<v1::NamedTensor> read_base(const std::string& base_path, bool hf_dir) {
+  if (!hf_dir) return core::read_safetensors(base_path);
   std::vector<v1::NamedTensor> base;
-  if (hf_dir) {
-    const hf::ModelDir md(base_path);  // ConfigError naming a missing config.json, shard, ...
-    for (const auto& name : md.tensor_names()) base.push_back({name, md.read(name)});
-  } else {
-    base = core::read_safetensors(base_path);
-  }
-  std::map<std::string, size_t> index;
-  for (size_t i = 0; i < base.size(); ++i) index[base[i].name] = i;
-  std::map<std::string, at::Tensor> adapter;
-  std::map<std::string, std::string> ad_meta;
-  for (auto& t : core::read_safetensors(ad_path.string(), &ad_meta)) adapter[t.name] = t.tensor;
-  nlohmann::json quantized_layers = nlohmann::json::object();
-  if (auto it = ad_meta.find("trainrun_base_quantization"); it != ad_meta.end()) {
-    try {
-      quantized_layers = nlohmann::json::parse(it->second);
-    } catch (const nlohmann::json::exception& e) {
-      throw ConfigError(ad_path.string() + ": metadata trainrun_base_quantization is not valid JSON: " + e.what());
-    }
-  }
-  double max_diff = 0, sum_sq_diff = 0, sum_sq = 0;
-  int dequantized = 0;
+  const hf::ModelDir md(base_path);  // ConfigError naming a missing config.json, shard, ...
+  for (const auto& name : md.tensor_names()) base.push_back({name, md.read(name)});
+  return base;
+}
 
-  int merged = 0, replaced = 0;
-  std::set<std::string> used;
-  for (const auto& [name, a] : adapter) {
-    if (name.rfind(kPrefix, 0) != 0)
-      throw ConfigError(ad_path.string() + ": tensor '" + name + "' does not start with '" + kPrefix + "'");
-    const std::string path = name.substr(std::string(kPrefix).size());
+// The adapter's tensors merged into (or, for trained biases, replacing) the base's, with what
+// rebuilding the quantized base changed.
+struct Merger {
+  std::vector<v1::NamedTensor>& base;
+  std::map<std::string, size_t> index;  // base tensor name -> position
+  const std::string& base_path;
+  const fs::path& ad_path;
+  double scaling = 1.0;
+  bool plain_base = false;
+  nlohmann::json quantized_layers = nlohmann::json::object();
+  double max_diff = 0, sum_sq_diff = 0, sum_sq = 0;
+  int dequantized = 0, merged = 0, replaced = 0;
+
+  // W <- W0 + scaling x B A for `layer`, W0 the base as training saw it.
+  void merge_layer(const std::string& layer, const at::Tensor& a, const at::Tensor& b,
+                   TrainedBase& trained_base) {
+    auto w = index.find(layer + ".weight");
+    if (w == index.end()) {
+      const bool quantized =
+          index.count(layer + ".weight_nf4") || index.count(layer + ".weight_int8");
+      throw ConfigError(
+          base_path + ": no tensor '" + layer + ".weight' for the adapter of '" + layer + "'" +
+          (quantized ? " (the base holds it quantized: give the full-precision base model)" : ""));
+    }
+    at::Tensor& W = base[w->second].tensor;
+    const at::Tensor A = a.to(at::kDouble), B = b.to(at::kDouble);
+    at::Tensor W0 = W;
+    if (quantized_layers.contains(layer)) {
+      const at::Tensor Wq = trained_base(W, quantized_layers[layer], layer, ad_path.string());
+      const at::Tensor d = (Wq.to(at::kDouble) - W.to(at::kDouble));
+      max_diff = std::max(max_diff, d.abs().max().item<double>());
+      sum_sq_diff += d.pow(2).sum().item<double>();
+      sum_sq += W.to(at::kDouble).pow(2).sum().item<double>();
+      if (!plain_base) {
+        W0 = Wq;
+        ++dequantized;
+      }
+    }
+    if (A.dim() != 2 || B.dim() != 2 || W.dim() != 2 || B.size(1) != A.size(0) ||
+        B.size(0) != W.size(0) || A.size(1) != W.size(1))
+      throw ConfigError("adapter of '" + layer + "': lora_A " + c10::str(a.sizes()) + ", lora_B " +
+                        c10::str(b.sizes()) + " do not fit the base weight " + c10::str(W.sizes()));
+    // In float64, then back to the base's dtype: the sum is rounded once.
+    W = (W0.to(at::kDouble) + at::matmul(B, A) * scaling).to(W.scalar_type());
+    ++merged;
+  }
+
+  // Every lora_A/lora_B pair merged; anything else the adapter trained (biases with bias = "all"
+  // / "lora_only") replaces the base's tensor, as PEFT's set_peft_model_state_dict does.
+  void merge_all(const std::map<std::string, at::Tensor>& adapter, TrainedBase& trained_base) {
+    std::set<std::string> used;
     const std::string suffix = ".lora_A.weight";
-    if (path.size() > suffix.size() && path.compare(path.size() - suffix.size(), suffix.size(), suffix) == 0) {
+    for (const auto& [name, a] : adapter) {
+      if (name.rfind(kPrefix, 0) != 0)
+        throw ConfigError(ad_path.string() + ": tensor '" + name + "' does not start with '" +
+                          kPrefix + "'");
+      const std::string path = name.substr(std::string(kPrefix).size());
+      if (path.size() <= suffix.size() ||
+          path.compare(path.size() - suffix.size(), suffix.size(), suffix) != 0)
+        continue;
       const std::string layer = path.substr(0, path.size() - suffix.size());
       const std::string b_name = std::string(kPrefix) + layer + ".lora_B.weight";
       auto b = adapter.find(b_name);
       if (b == adapter.end()) throw ConfigError(ad_path.string() + ": '" + name + "' has no '" + b_name + "'");
-      auto w = index.find(layer + ".weight");
-      if (w == index.end()) {
-        const bool quantized = index.count(layer + ".weight_nf4") || index.count(layer + ".weight_int8");
-        throw ConfigError(base_path + ": no tensor '" + layer + ".weight' for the adapter of '" + layer + "'" +
-                          (quantized ? " (the base holds it quantized: give the full-precision base model)" : ""));
-      }
-      at::Tensor& W = base[w->second].tensor;
-      const at::Tensor A = a.to(at::kDouble), B = b->second.to(at::kDouble);
-      at::Tensor W0 = W;
-      if (quantized_layers.contains(layer)) {
-        const at::Tensor Wq = trained_base(W, quantized_layers[layer], layer, ad_path.string());
-        const at::Tensor d = (Wq.to(at::kDouble) - W.to(at::kDouble));
-        max_diff = std::max(max_diff, d.abs().max().item<double>());
-        sum_sq_diff += d.pow(2).sum().item<double>();
-        sum_sq += W.to(at::kDouble).pow(2).sum().item<double>();
-        if (!plain_base) {
-          W0 = Wq;
-          ++dequantized;
-        }
-      }
-      if (A.dim() != 2 || B.dim() != 2 || W.dim() != 2 || B.size(1) != A.size(0) ||
-          B.size(0) != W.size(0) || A.size(1) != W.size(1))
-        throw ConfigError("adapter of '" + layer + "': lora_A " + c10::str(a.sizes()) + ", lora_B " +
-                          c10::str(b->second.sizes()) + " do not fit the base weight " + c10::str(W.sizes()));
-      // In float64, then back to the base's dtype: the sum is rounded once.
-      W = (W0.to(at::kDouble) + at::matmul(B, A) * scaling).to(W.scalar_type());
+      merge_layer(layer, a, b->second, trained_base);
       used.insert(name);
       used.insert(b_name);
-      ++merged;
     }
+    for (const auto& [name, t] : adapter) {
+      if (used.count(name)) continue;
+      const std::string path = name.substr(std::string(kPrefix).size());
+      if (path.find(".lora_B.weight") != std::string::npos)
+        throw ConfigError(ad_path.string() + ": '" + name + "' has no matching lora_A");
+      auto it = index.find(path);
+      if (it == index.end())
+        throw ConfigError(base_path + ": no tensor '" + path + "' for adapter tensor '" + name +
+                          "'");
+      if (base[it->second].tensor.sizes() != t.sizes())
+        throw ConfigError("adapter tensor '" + name + "' has shape " + c10::str(t.sizes()) +
+                          ", the base's " + c10::str(base[it->second].tensor.sizes()));
+      base[it->second].tensor = t.to(base[it->second].tensor.scalar_type());
+      ++replaced;
+    }
+    if (merged == 0) throw ConfigError(ad_path.string() + ": no lora_A/lora_B pairs to merge");
   }
-  for (const auto& [name, t] : adapter) {
-    if (used.count(name)) continue;
-    const std::string path = name.substr(std::string(kPrefix).size());
-    if (path.find(".lora_B.weight") != std::string::npos)
-      throw ConfigError(ad_path.string() + ": '" + name + "' has no matching lora_A");
-    // Anything else the adapter trained (biases with bias = "all" / "lora_only") replaces the
-    // base's tensor, as PEFT's set_peft_model_state_dict does.
-    auto it = index.find(path);
-    if (it == index.end()) throw ConfigError(base_path + ": no tensor '" + path + "' for adapter tensor '" + name + "'");
-    if (base[it->second].tensor.sizes() != t.sizes())
-      throw ConfigError("adapter tensor '" + name + "' has shape " + c10::str(t.sizes()) + ", the base's " +
-                        c10::str(base[it->second].tensor.sizes()));
-    base[it->second].tensor = t.to(base[it->second].tensor.scalar_type());
-    ++replaced;
-  }
-  if (merged == 0) throw ConfigError(ad_path.string() + ": no lora_A/lora_B pairs to merge");
-  if (hf_dir) {
-    fs::create_directories(output);
-    hf::write_model_weights(output, base, max_shard_bytes);
-    for (const char* f : {"config.json", "generation_config.json"})
-      if (fs::is_regular_file(fs::path(base_path) / f))
-        fs::copy_file(fs::path(base_path) / f, fs::path(output) / f, fs::copy_options::overwrite_existing);
-    hf::copy_tokenizer_files(base_path, output);
-  } else {
-    core::write_safetensors(output, base, {{"format", "pt"}, {"trainrun_merged_adapter", adapter_dir}});
-  }
-  if (!quantized_layers.empty()) {
+
+  void print_quantized_base() const {
+    if (quantized_layers.empty()) return;
     const std::string fmt = quantized_layers.begin()->value("format", std::string("?"));
     std::ostringstream diff;
     diff << "the dequantized base differs from the full-precision one by up to " << max_diff
@@ -245,8 +308,54 @@ int merge(const std::string& base_path, const std::string& adapter_dir, const st
                 << "which reproduces the trained model; " << diff.str()
                 << " (--plain-base merges into the full-precision base instead)" << std::endl;
   }
-  std::cout << "merge-lora: " << merged << " adapter(s) merged (scaling " << scaling << ")"
-            << (replaced ? ", " + std::to_string(replaced) + " tensor(s) replaced" : std::string())
+};
+
+int merge(const std::string& base_path, const std::string& adapter_dir, const std::string& output,
+          int64_t max_shard_bytes, bool plain_base, const std::vector<std::string>& plugin_paths) {
+  const fs::path cfg_path = fs::path(adapter_dir) / "adapter_config.json";
+  const fs::path ad_path = fs::path(adapter_dir) / "adapter_model.safetensors";
+  const bool hf_dir = fs::is_directory(base_path);
+  if (!hf_dir && !fs::is_regular_file(base_path))
+    throw ConfigError("--base " + base_path + ": no such file or directory");
+  for (const auto& p : {cfg_path, ad_path})
+    if (!fs::is_regular_file(p))
+      throw ConfigError("--adapter " + adapter_dir + ": no " + p.filename().string());
+  const nlohmann::json cfg = read_json_file(cfg_path);
+  const double scaling = scaling_of(cfg, cfg_path.string());
+  if (hf_dir) check_trained_base(cfg, cfg_path, base_path);
+
+  std::vector<v1::NamedTensor> base = read_base(base_path, hf_dir);
+  Merger m{base, {}, base_path, ad_path, scaling, plain_base};
+  for (size_t i = 0; i < base.size(); ++i) m.index[base[i].name] = i;
+  std::map<std::string, at::Tensor> adapter;
+  std::map<std::string, std::string> ad_meta;
+  for (auto& t : core::read_safetensors(ad_path.string(), &ad_meta)) adapter[t.name] = t.tensor;
+  if (auto it = ad_meta.find("trainrun_base_quantization"); it != ad_meta.end()) {
+    try {
+      m.quantized_layers = nlohmann::json::parse(it->second);
+    } catch (const nlohmann::json::exception& e) {
+      throw ConfigError(ad_path.string() +
+                        ": metadata trainrun_base_quantization is not valid JSON: " + e.what());
+    }
+  }
+  TrainedBase trained_base(plugin_paths);
+  m.merge_all(adapter, trained_base);
+  if (hf_dir) {
+    fs::create_directories(output);
+    hf::write_model_weights(output, base, max_shard_bytes);
+    for (const char* f : {"config.json", "generation_config.json"})
+      if (fs::is_regular_file(fs::path(base_path) / f))
+        fs::copy_file(fs::path(base_path) / f, fs::path(output) / f,
+                      fs::copy_options::overwrite_existing);
+    hf::copy_tokenizer_files(base_path, output);
+  } else {
+    core::write_safetensors(output, base,
+                            {{"format", "pt"}, {"trainrun_merged_adapter", adapter_dir}});
+  }
+  m.print_quantized_base();
+  std::cout << "merge-lora: " << m.merged << " adapter(s) merged (scaling " << scaling << ")"
+            << (m.replaced ? ", " + std::to_string(m.replaced) + " tensor(s) replaced"
+                           : std::string())
             << ", " << base.size() << " tensors written to " << output << std::endl;
   return 0;
 }
@@ -255,18 +364,26 @@ int merge(const std::string& base_path, const std::string& adapter_dir, const st
 
 int run_merge_lora_command(int argc, char** argv) {
   std::string base, adapter, output, max_shard = "5GB";
+  std::vector<std::string> plugin_paths;
   bool plain_base = false;
   po::options_description opts("trainrun merge-lora options");
   opts.add_options()("help,h", "show this help")(
-      "base", po::value(&base), "full-precision base model: a safetensors file (trainrun names) or a "
+      "base", po::value(&base),
+      "full-precision base model: a safetensors file (trainrun names) or a "
       "Hugging Face model directory")(
-      "adapter", po::value(&adapter), "adapter directory (adapter_config.json + adapter_model.safetensors)")(
-      "output,o", po::value(&output), "merged model to write (safetensors file; a directory for an HF base)")(
-      "max-shard-size", po::value(&max_shard), "HF output: largest weight file before sharding (default 5GB)")(
+      "adapter", po::value(&adapter),
+      "adapter directory (adapter_config.json + adapter_model.safetensors)")(
+      "output,o", po::value(&output),
+      "merged model to write (safetensors file; a directory for an HF base)")(
+      "max-shard-size", po::value(&max_shard),
+      "HF output: largest weight file before sharding (default 5GB)")(
       "plain-base", po::bool_switch(&plain_base),
       "QLoRA adapters: add BA to the full-precision base weight instead of to the base as "
       "training quantized it (the default, which reproduces the trained model); the result is "
-      "a different model");
+      "a different model")(
+      "plugin-path", po::value(&plugin_paths)->composing(),
+      "QLoRA adapters: where the quant plugin that rebuilds the base is (a directory or .so; "
+      "repeatable; before TRAINRUN_PLUGIN_PATH and the install's plugin directory)");
   po::variables_map vm;
   if (const auto done = parse_command_line(
           argc, argv, "merge-lora",
@@ -280,7 +397,7 @@ int run_merge_lora_command(int argc, char** argv) {
     return 2;
   }
   try {
-    return merge(base, adapter, output, hf::parse_size(max_shard), plain_base);
+    return merge(base, adapter, output, hf::parse_size(max_shard), plain_base, plugin_paths);
   } catch (const ConfigError& e) {
     std::cerr << "trainrun merge-lora: error: " << e.what() << std::endl;
     return 2;
