@@ -2,6 +2,8 @@
 // Jinja2's builtin filters and tests, Python's methods of str/dict/list and its operators, as the
 // chat-template renderer (jinja_render.cpp) needs them. Each follows the behaviour of jinja2 3.1's
 // filters.py/tests.py and CPython, checked against them in tests/e2e/chat_template_reference.py.
+// Defined in jinja_filters.cpp, jinja_tests.cpp, jinja_str_methods.cpp (on jinja_str.hpp) and
+// jinja_builtins.cpp (the rest).
 #include <string>
 #include <vector>
 

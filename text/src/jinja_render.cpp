@@ -1,5 +1,5 @@
 // The chat-template interpreter: statements, expressions and Python's operator semantics.
-// Filters, tests and methods of builtin types are in jinja_builtins.cpp.
+// Filters, tests and methods of builtin types are behind jinja_builtins.hpp.
 #include "jinja_render.hpp"
 
 #include <cmath>
