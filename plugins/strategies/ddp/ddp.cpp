@@ -183,9 +183,7 @@ void DdpStrategy::on_grad_ready(size_t i) {
   std::lock_guard<std::mutex> g(mu_);
   // Accumulation micro-batches: autograd sums into .grad locally; nothing to send yet.
   if (!sync_) return;
-  TR_CHECK(!grads_[i].ready, kName, ": parameter '", grads_[i].name, "' received a gradient "
-           "twice in one synchronised backward (one backward per micro-batch, with "
-           "before_backward() before each)");
+  check_gradient_once(i, grads_[i].ready);
   mark_ready_locked(i, /*used=*/true);
   if (overlap_) launch_ready_buckets_locked(/*from_backward=*/true);
 }

@@ -2,7 +2,7 @@
 
 #include <trainrun/plugin.hpp>
 #include <trainrun/strategy/memory_estimate.hpp>
-
+#include <trainrun/strategy/strategy_helpers.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -81,6 +81,40 @@ FsdpStrategy::FsdpStrategy(const Options& o, const RunContext& ctx)
 
 sharding::ShardedStrategy::Plan FsdpStrategy::plan(Model& model, Communicator& world,
                                                    const TrainPlan&) {
+  apply_dtypes(model);
+  // A shard group larger than the world is the world (a 1-rank run of a hybrid job).
+  const int group = static_cast<int>(std::min<int64_t>(
+      shard_group_size_ > 0 ? shard_group_size_ : memory_inputs_.local_world_size, world_size_));
+  TR_CHECK_TYPED(ConfigError, world_size_ % group == 0, kName, ": a shard group of ", group,
+                 " ranks does not divide world_size ", world_size_,
+                 " (set [strategy] shard_group_size)");
+  std::string reason = choose_strategy(estimate_memory(model, group), group);
+  if (param_dtype_ != "fp32" || reduce_dtype_ != "fp32")
+    reason += "; parameters in " + param_dtype_ + ", gradients reduced in " + reduce_dtype_;
+  if (strategy_ == "HYBRID_SHARD") {
+    reason +=
+        detail::cat("; shard groups of ", group, " ranks, ", world_size_ / group, " replica(s)");
+  }
+  if (rank_ == 0) std::cout << "  fsdp        " << reason << std::endl;
+
+  Plan p;
+  create_groups(world, group, p);
+  sharding::RuntimeOptions& ro = p.options;
+  ro.name = kName;
+  ro.grouping = sharding::RuntimeOptions::Grouping::Units;
+  ro.min_unit_params = min_num_params_;
+  ro.keep_full = strategy_ == "NO_SHARD";
+  ro.reshard_after_forward = strategy_ != "SHARD_GRAD_OP";
+  ro.forward_prefetch_elements = forward_prefetch_ ? 1 : 0;  // one unit ahead
+  ro.backward_prefetch_elements = backward_prefetch_ != "none" ? 1 : 0;
+  ro.backward_prefetch_post = backward_prefetch_ == "BACKWARD_POST";
+  ro.limit_all_gathers = limit_all_gathers_;
+  ro.param_dtype = dtype_of(param_dtype_);
+  ro.reduce_dtype = dtype_of(reduce_dtype_);
+  return p;
+}
+
+void FsdpStrategy::apply_dtypes(Model& model) const {
   // LibTorch 1.13 has no float16 matmul on CPU: fail here, naming the key, not in the first
   // forward.
   for (const auto& [key, value] : {std::pair<const char*, std::string>{"param_dtype", param_dtype_},
@@ -94,6 +128,9 @@ sharding::ShardedStrategy::Plan FsdpStrategy::plan(Model& model, Communicator& w
       if (at::isFloatingType(b.tensor.scalar_type()))
         b.tensor.set_data(b.tensor.to(dtype_of(buffer_dtype_)));
   }
+}
+
+FsdpStrategy::Estimates FsdpStrategy::estimate_memory(Model& model, int group) {
   MemoryInputs mem = memory_inputs_;
   if (param_dtype_ != "fp32") {
     // Gathered parameters and whole gradients in the low-precision dtype; the float32 shard is
@@ -102,90 +139,65 @@ sharding::ShardedStrategy::Plan FsdpStrategy::plan(Model& model, Communicator& w
     mem.grad_bytes = 2;
     mem.master_bytes = 4;
   }
-
-  // A shard group larger than the world is the world (a 1-rank run of a hybrid job).
-  const int group = static_cast<int>(std::min<int64_t>(
-      shard_group_size_ > 0 ? shard_group_size_ : memory_inputs_.local_world_size, world_size_));
-  TR_CHECK_TYPED(ConfigError, world_size_ % group == 0, kName, ": a shard group of ", group,
-                 " ranks does not divide world_size ", world_size_,
-                 " (set [strategy] shard_group_size)");
-
-  // Memory estimates per sharding strategy (the ZeRO formulas: NO_SHARD = stage 0,
-  // SHARD_GRAD_OP keeps whole parameters between forward and backward ~ stage 2, FULL_SHARD =
-  // stage 3 over the world, HYBRID_SHARD = stage 3 over the shard group).
+  // The ZeRO formulas: NO_SHARD = stage 0, SHARD_GRAD_OP keeps whole parameters between forward
+  // and backward ~ stage 2, FULL_SHARD = stage 3 over the world, HYBRID_SHARD = stage 3 over the
+  // shard group.
   const sharding::ModelStatistics stats = sharding::model_statistics(model);
   largest_unit_bytes_ = static_cast<double>(c10::elementSize(dtype_of(param_dtype_))) *
                         static_cast<double>(stats.largest_unit);
-  auto estimate = [&](int n, int stage) {
+  auto inputs = [&](int n) {
     memory::ZeroEstimateInputs in = memory::zero_inputs(mem, stats.params, n);
     in.largest_unit_params = stats.largest_unit;
     in.prefetch_elems = backward_prefetch_ != "none" ? stats.largest_unit : 0;
-    return memory::estimate_zero_stage(in, stage).total_bytes;
+    return in;
   };
-  const double est_no = estimate(world_size_, 0), est_grad_op = estimate(world_size_, 2),
-               est_hybrid = estimate(group, 3), est_full = estimate(world_size_, 3);
-  std::string reason;
-  if (requested_ == "auto") {
-    const double budget = memory_budget_gb_ > 0
-                              ? memory_budget_gb_ * 1e9
-                              : static_cast<double>(memory_inputs_.memory_budget_bytes);
-    TR_CHECK_TYPED(ConfigError, budget > 0, kName, ": sharding_strategy = \"auto\" needs a "
-                   "memory budget: set [strategy] memory_budget_gb");
-    const bool nodes = world_size_ / group > 1;
-    if (est_no <= budget)
-      strategy_ = "NO_SHARD";
-    else if (est_grad_op <= budget)
-      strategy_ = "SHARD_GRAD_OP";
-    else if (nodes && est_hybrid <= budget)
-      strategy_ = "HYBRID_SHARD";
-    else if (est_full <= budget)
-      strategy_ = "FULL_SHARD";
-    if (strategy_.empty()) {
-      int64_t need = 0;
-      for (int n = world_size_ + 1; n <= (1 << 20) && need == 0; ++n)
-        if (estimate(n, 3) <= budget) need = n;
-      TR_CHECK_TYPED(ConfigError, need > 0, kName, ": no sharding strategy fits the memory budget "
-                     "of ", memory::format_bytes(budget), " per rank at any world size: the "
-                     "gathered units alone exceed it");
-      TR_CHECK_TYPED(ConfigError, false, kName, ": no sharding strategy fits the memory budget "
-                     "of ", memory::format_bytes(budget), " per rank: FULL_SHARD needs ",
-                     memory::format_bytes(est_full), " per rank at world size ", world_size_,
-                     "; a world size of at least ", need, " would fit");
-    }
-    reason = detail::cat(strategy_, " chosen: estimate ",
-                         memory::format_bytes(strategy_ == "NO_SHARD"        ? est_no
-                                              : strategy_ == "SHARD_GRAD_OP" ? est_grad_op
-                                              : strategy_ == "HYBRID_SHARD"  ? est_hybrid
-                                                                             : est_full),
-                         " per rank fits the budget of ", memory::format_bytes(budget));
-    if (strategy_ != "NO_SHARD") reason += " (NO_SHARD needs " + memory::format_bytes(est_no) + ")";
-  } else {
-    strategy_ = requested_;
-    reason = strategy_ + " as configured";
-  }
-  if (param_dtype_ != "fp32" || reduce_dtype_ != "fp32")
-    reason += "; parameters in " + param_dtype_ + ", gradients reduced in " + reduce_dtype_;
-  if (strategy_ == "HYBRID_SHARD") {
-    reason += detail::cat("; shard groups of ", group, " ranks, ", world_size_ / group,
-                          " replica(s)");
-  }
-  if (rank_ == 0) std::cout << "  fsdp        " << reason << std::endl;
+  Estimates e;
+  e.world = inputs(world_size_);
+  e.no_shard = memory::estimate_zero_stage(e.world, 0).total_bytes;
+  e.grad_op = memory::estimate_zero_stage(e.world, 2).total_bytes;
+  e.hybrid = memory::estimate_zero_stage(inputs(group), 3).total_bytes;
+  e.full = memory::estimate_zero_stage(e.world, 3).total_bytes;
+  return e;
+}
 
-  Plan p;
-  create_groups(world, group, p);
-  sharding::RuntimeOptions& ro = p.options;
-  ro.name = kName;
-  ro.grouping = sharding::RuntimeOptions::Grouping::Units;
-  ro.min_unit_params = min_num_params_;
-  ro.keep_full = strategy_ == "NO_SHARD";
-  ro.reshard_after_forward = strategy_ != "SHARD_GRAD_OP";
-  ro.forward_prefetch_elements = forward_prefetch_ ? 1 : 0;   // one unit ahead
-  ro.backward_prefetch_elements = backward_prefetch_ != "none" ? 1 : 0;
-  ro.backward_prefetch_post = backward_prefetch_ == "BACKWARD_POST";
-  ro.limit_all_gathers = limit_all_gathers_;
-  ro.param_dtype = dtype_of(param_dtype_);
-  ro.reduce_dtype = dtype_of(reduce_dtype_);
-  return p;
+std::string FsdpStrategy::choose_strategy(const Estimates& est, int group) {
+  if (requested_ != "auto") {
+    strategy_ = requested_;
+    return strategy_ + " as configured";
+  }
+  const double budget = memory::budget_bytes(memory_budget_gb_, memory_inputs_);
+  TR_CHECK_TYPED(ConfigError, budget > 0, kName,
+                 ": sharding_strategy = \"auto\" needs a memory budget: set [strategy] "
+                 "memory_budget_gb");
+  const bool nodes = world_size_ / group > 1;
+  if (est.no_shard <= budget)
+    strategy_ = "NO_SHARD";
+  else if (est.grad_op <= budget)
+    strategy_ = "SHARD_GRAD_OP";
+  else if (nodes && est.hybrid <= budget)
+    strategy_ = "HYBRID_SHARD";
+  else if (est.full <= budget)
+    strategy_ = "FULL_SHARD";
+  if (strategy_.empty()) {
+    const int64_t need = memory::smallest_fitting_world_size(est.world, 3, budget);
+    TR_CHECK_TYPED(ConfigError, need > 0, kName,
+                   ": no sharding strategy fits the memory budget of ",
+                   memory::format_bytes(budget),
+                   " per rank at any world size: the gathered units alone exceed it");
+    TR_CHECK_TYPED(ConfigError, false, kName, ": no sharding strategy fits the memory budget of ",
+                   memory::format_bytes(budget), " per rank: FULL_SHARD needs ",
+                   memory::format_bytes(est.full), " per rank at world size ", world_size_,
+                   "; a world size of at least ", need, " would fit");
+  }
+  const double chosen = strategy_ == "NO_SHARD"        ? est.no_shard
+                        : strategy_ == "SHARD_GRAD_OP" ? est.grad_op
+                        : strategy_ == "HYBRID_SHARD"  ? est.hybrid
+                                                       : est.full;
+  std::string reason = detail::cat(strategy_, " chosen: estimate ", memory::format_bytes(chosen),
+                                   " per rank fits the budget of ", memory::format_bytes(budget));
+  if (strategy_ != "NO_SHARD")
+    reason += " (NO_SHARD needs " + memory::format_bytes(est.no_shard) + ")";
+  return reason;
 }
 
 void FsdpStrategy::create_groups(Communicator& world, int group, Plan& p) {
@@ -200,19 +212,9 @@ void FsdpStrategy::create_groups(Communicator& world, int group, Plan& p) {
     shard = shard_group_.get();
     replicate = &world;
   } else if (strategy_ == "HYBRID_SHARD" && group < world_size_) {
-    const int groups = world_size_ / group;
-    for (int k = 0; k < groups; ++k) {
-      std::vector<int> ranks(static_cast<size_t>(group));
-      for (int i = 0; i < group; ++i) ranks[static_cast<size_t>(i)] = k * group + i;
-      auto g = world.new_group(ranks);
-      if (k == rank_ / group) shard_group_ = g;
-    }
-    for (int i = 0; i < group; ++i) {
-      std::vector<int> ranks;
-      for (int k = 0; k < groups; ++k) ranks.push_back(k * group + i);
-      auto g = world.new_group(ranks);
-      if (i == rank_ % group) replicate_group_ = g;
-    }
+    BlockGroups groups = new_block_groups(world, group);
+    shard_group_ = std::move(groups.block);
+    replicate_group_ = std::move(groups.across);
     TR_CHECK(shard_group_ && replicate_group_, kName, ": rank ", rank_,
              ": new_group did not return this rank's shard or replicate group");
     shard = shard_group_.get();

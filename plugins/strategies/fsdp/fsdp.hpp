@@ -18,6 +18,7 @@
 // Units are the model's Unit wrappers (the gpt's blocks; a model without units is one unit),
 // merged in forward order until each holds at least min_num_params parameters.
 #include <trainrun/interfaces.hpp>
+#include <trainrun/strategy/memory_estimate.hpp>
 #include <trainrun/strategy/sharded_runtime.hpp>
 
 #include <cstdint>
@@ -49,6 +50,21 @@ class FsdpStrategy final : public v1::sharding::ShardedStrategy {
   const std::string& sharding_strategy() const { return strategy_; }
 
  private:
+  /// Per-rank memory estimates (bytes) of the sharding strategies "auto" chooses from, and the
+  /// estimator's inputs at the current world size.
+  struct Estimates {
+    double no_shard = 0, grad_op = 0, hybrid = 0, full = 0;
+    v1::memory::ZeroEstimateInputs world;
+  };
+
+  /// Refuses param_dtype/buffer_dtype fp16 on CPU, then casts the floating buffers to
+  /// buffer_dtype.
+  void apply_dtypes(v1::Model& model) const;
+  /// The estimates for shard groups of `group` ranks; sets largest_unit_bytes_.
+  Estimates estimate_memory(v1::Model& model, int group);
+  /// Sets strategy_ (the configured one, or for "auto" the first that fits the budget) and
+  /// returns the banner's reason.
+  std::string choose_strategy(const Estimates& est, int group);
   /// The shard and replicate groups of strategy_ with shard groups of `group` ranks, into `p`.
   void create_groups(v1::Communicator& world, int group, Plan& p);
 

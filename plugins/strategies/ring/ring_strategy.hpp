@@ -28,6 +28,10 @@
 //  - At setup every rank checks that all ranks hold the same parameters and buffers (names,
 //    shapes, dtypes, trainable; the first difference is an error naming the tensor and the
 //    ranks), then rank 0's values are broadcast, as ddp does.
+//
+// The parts, one concern each, tied together by RingStrategy: fusion.hpp (the fusion plan and
+// buffers), negotiation.hpp (the vote), hierarchy.hpp (the flat or hierarchical all-reduce of a
+// fused buffer) and timeline.hpp (the Chrome trace).
 #include <trainrun/interfaces.hpp>
 #include <trainrun/strategy/replicated_strategy.hpp>
 
@@ -44,30 +48,12 @@
 #include <thread>
 #include <vector>
 
+#include "fusion.hpp"
+#include "hierarchy.hpp"
+#include "negotiation.hpp"
+#include "timeline.hpp"
+
 namespace trainrun::plugins {
-
-namespace ring_strategy {
-
-/// One agreed gradient to be placed in a fusion buffer.
-struct FusionItem {
-  size_t index = 0;  ///< in the caller's numbering
-  int64_t bytes = 0;
-  c10::ScalarType dtype = c10::ScalarType::Float;
-};
-
-/// Groups `items` (in reduction order) into fusion buffers, Horovod's fusion rule: per dtype,
-/// consecutive items while the buffer stays within `threshold_bytes`; an item larger than the
-/// threshold goes alone; threshold 0 disables fusion (every item alone). Buffers come in the
-/// order of their first item. Pure function (unit-tested).
-std::vector<std::vector<size_t>> plan_fusion(const std::vector<FusionItem>& items,
-                                             int64_t threshold_bytes);
-
-/// The per-rank timeline file, named as the metrics callback names per-rank files:
-/// "dir/t.json" -> "dir/t-rank-3.json" ("-rank-3" appended when the name has no extension); a
-/// relative path is taken relative to `run_dir`.
-std::string timeline_path_for_rank(const std::string& path, const std::string& run_dir, int rank);
-
-}  // namespace ring_strategy
 
 /// The `ring` strategy. Options: fusion_threshold_mb (128), cycle_time_ms (1), op
 /// ("average" | "sum"), gradient_compression ("none" | "fp16" | "bf16"; `compression` is its
@@ -96,9 +82,9 @@ class RingStrategy final : public v1::ReplicatedStrategy {
  private:
   using Clock = std::chrono::steady_clock;
 
-  /// One distinct trainable tensor. `ready`, `used`, `grad` and `t_ready` are written by the
-  /// hook (main thread) and read by the background thread, under mu_; the rest of the
-  /// per-pass fields belong to the background thread while a pass runs.
+  /// One distinct trainable tensor. `ready`, `used` and `grad` are written by the hook (main
+  /// thread) and read by the background thread, under mu_; `done` belongs to the background
+  /// thread while a pass runs.
   struct Slot {
     std::string name;
     at::Tensor param;
@@ -109,39 +95,31 @@ class RingStrategy final : public v1::ReplicatedStrategy {
     bool ready = false;
     bool used = false;
     at::Tensor grad;
-    double t_ready = 0;  ///< µs (steady clock)
     // Per pass, background thread.
     bool done = false;
-    double t_agreed = 0, t_in0 = 0, t_in1 = 0, t_red0 = 0, t_red1 = 0, t_out0 = 0, t_out1 = 0;
-    int buffer = -1;  ///< fused buffer number within the step
-  };
-  /// One timeline event ("X" = complete event).
-  struct Event {
-    std::string name;
-    int tid = 0;
-    double ts = 0, dur = 0;
-    std::string args;  ///< JSON object body, without braces
   };
 
   void check_device(c10::Device device) const override;
   void check_parameter(const v1::NamedTensor& p) const override;
-  void setup_hierarchy();
   void on_grad_ready(size_t i);
   void mark_ready_locked(size_t i, bool used, double t);
   void start_pass_locked();
+  /// Once every tensor is marked: starts the pass if no hook did, lets it run its remaining
+  /// rounds back to back and waits for its end.
+  void finish_pass_locked(std::unique_lock<std::mutex>& lk);
+  /// Ready for the next step: the pass's hand-over state and the tensors' marks cleared.
+  void reset_pass_locked();
   /// Background thread: waits for a pass, runs it, reports its end.
   void background_loop();
   /// One whole reduction pass (rounds until every tensor is reduced). Throws on failure.
   void run_pass();
   /// Fuses and reduces the agreed tensors (reduction order) of one round.
   void reduce_agreed(const std::vector<size_t>& agreed, int64_t round);
-  /// All-reduces `wire` (flat, contiguous) over the world: flat ring, or hierarchical.
+  /// All-reduces a fused buffer over the world; a failure names the step and what is pending.
   void all_reduce(at::Tensor& wire, v1::ReduceOp op);
   /// "name, name, ... and N more" of the tensors not yet reduced in this pass.
   std::string pending_names() const;
-  void record_pass_events();
   void write_timeline();
-  static double now_us();
 
   // Options.
   int64_t threshold_bytes_;
@@ -151,19 +129,13 @@ class RingStrategy final : public v1::ReplicatedStrategy {
   bool hierarchical_;
   bool find_unused_;
   int64_t chunk_bytes_;
-  std::string timeline_path_;  ///< per rank, resolved; empty = off
-  int64_t timeline_max_steps_;
   int local_rank_;
   int local_world_size_;
 
-  std::vector<Slot> slots_;            ///< distinct trainable tensors, registration order
-  std::vector<size_t> reduce_order_;   ///< slots_ indices in reduction order (reverse)
-  std::map<c10::ScalarType, at::Tensor> fusion_;  ///< one fusion buffer per dtype
-  std::map<c10::ScalarType, at::Tensor> wire_;    ///< its compressed twin (compression only)
-
-  // Hierarchical all-reduce: this node's ranks, and the ranks with this local rank elsewhere.
-  std::shared_ptr<v1::Communicator> local_comm_;
-  std::shared_ptr<v1::Communicator> cross_comm_;
+  std::vector<Slot> slots_;           ///< distinct trainable tensors, registration order
+  std::vector<size_t> reduce_order_;  ///< slots_ indices in reduction order (reverse)
+  ring_strategy::FusionBuffers fusion_;
+  ring_strategy::Hierarchy hierarchy_;
 
   // Hand-over between the main thread (hooks, finish) and the background thread.
   std::mutex mu_;
@@ -177,7 +149,7 @@ class RingStrategy final : public v1::ReplicatedStrategy {
   bool finishing_ = false;  ///< every tensor is marked: run rounds back to back
   bool abort_ = false;      ///< this rank gives up: tell the others in the next round
   std::exception_ptr pass_error_;
-  double t_backward_ = 0;   ///< µs: end of the synchronised micro-batch's forward
+  double t_backward_ = 0;          ///< µs: end of the synchronised micro-batch's forward
   std::vector<uint8_t> used_any_;  ///< find_unused_parameters: used on some rank (per slot)
 
   // Counters of the current pass (background thread) and of the step just finished.
@@ -190,19 +162,14 @@ class RingStrategy final : public v1::ReplicatedStrategy {
     double exposed_s = 0;
   };
   Stats cur_, last_;
-  struct BufferSpan {
-    double t0 = 0, t1 = 0, red0 = 0, red1 = 0;
-    int64_t tensors = 0, bytes = 0, round = 0;
-    std::string dtype;
-  };
-  std::vector<BufferSpan> buffer_spans_;  ///< current pass
-  std::vector<std::pair<double, double>> round_spans_;  ///< rounds that agreed something
-  std::vector<int64_t> round_numbers_;
 
-  // Timeline.
-  int64_t step_ = 0;  ///< synchronised passes finished
-  std::vector<Event> events_;
-  bool timeline_dirty_ = false;
+  // Timeline: what the current pass did when (times_[i].ready under mu_, the rest background
+  // thread), and the recorded steps.
+  std::vector<ring_strategy::TensorTimes> times_;        ///< per slot
+  std::vector<ring_strategy::BufferSpan> buffer_spans_;  ///< current pass
+  std::vector<ring_strategy::RoundSpan> round_spans_;    ///< rounds that agreed something
+  int64_t step_ = 0;                                     ///< synchronised passes finished
+  ring_strategy::Timeline timeline_;
 };
 
 }  // namespace trainrun::plugins

@@ -59,22 +59,13 @@ std::string ZeroStrategy::choose_stage(const memory::ZeroEstimateInputs& in,
                                        const std::array<memory::ZeroStageEstimate, 4>& est) {
   std::string reason;
   if (requested_stage_ == kAuto) {
-    const double budget = memory_budget_gb_ > 0
-                              ? memory_budget_gb_ * 1e9
-                              : static_cast<double>(memory_inputs_.memory_budget_bytes);
+    const double budget = memory::budget_bytes(memory_budget_gb_, memory_inputs_);
     TR_CHECK_TYPED(ConfigError, budget > 0, kName, ": stage = \"auto\" needs a memory budget: "
                    "set [strategy] memory_budget_gb (the accelerator reports no capacity)");
     for (int s = 1; s <= 3 && stage_ == 0; ++s)
       if (est[static_cast<size_t>(s)].total_bytes <= budget) stage_ = s;
     if (stage_ == 0) {
-      // Stage 3's model state scales as 1/N, its buffers do not: the smallest world size whose
-      // whole stage-3 estimate fits, if any does.
-      int64_t need = 0;
-      for (int64_t n = world_size_ + 1; n <= (int64_t{1} << 20) && need == 0; ++n) {
-        memory::ZeroEstimateInputs at_n = in;
-        at_n.world_size = static_cast<int>(n);
-        if (memory::estimate_zero_stage(at_n, 3).total_bytes <= budget) need = n;
-      }
+      const int64_t need = memory::smallest_fitting_world_size(in, 3, budget);
       TR_CHECK_TYPED(ConfigError, need == 0, kName, ": no stage fits the memory budget of ",
                      memory::format_bytes(budget), " per rank: stage 3 needs ",
                      memory::format_bytes(est[3].total_bytes), " per rank at world size ",

@@ -122,6 +122,26 @@ inline ZeroEstimateInputs zero_inputs(const MemoryInputs& mi, int64_t num_params
   return in;
 }
 
+/// The per-rank budget that a strategy's "auto" choice must fit, in bytes: its memory_budget_gb
+/// option when set (GB, 1e9 bytes), else what the core measured (MemoryInputs'
+/// memory_budget_bytes, not positive when unknown).
+inline double budget_bytes(double budget_gb, const MemoryInputs& mi) {
+  return budget_gb > 0 ? budget_gb * 1e9 : static_cast<double>(mi.memory_budget_bytes);
+}
+
+/// The smallest world size above in.world_size, up to 2^20, at which `stage`'s total estimate
+/// fits `budget` bytes per rank; 0 when none does. For stage 3 this is what an "auto" choice
+/// that fits nothing suggests: its model state scales as 1/N, its buffers do not, so a large
+/// enough world fits unless the buffers alone exceed the budget.
+inline int64_t smallest_fitting_world_size(const ZeroEstimateInputs& in, int stage, double budget) {
+  for (int64_t n = int64_t{in.world_size} + 1; n <= (int64_t{1} << 20); ++n) {
+    ZeroEstimateInputs at_n = in;
+    at_n.world_size = static_cast<int>(n);
+    if (estimate_zero_stage(at_n, stage).total_bytes <= budget) return n;
+  }
+  return 0;
+}
+
 /// Bytes in binary units with three significant digits: "812 B", "3.10 MiB", "1.75 GiB".
 inline std::string format_bytes(double bytes) {
   static const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};

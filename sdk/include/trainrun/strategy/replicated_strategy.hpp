@@ -201,6 +201,14 @@ class ReplicatedStrategy : public Strategy,
   }
   /// The distinct trainable parameters, in registration order.
   const std::vector<NamedTensor>& distinct() const { return distinct_; }
+  /// For a gradient hook of a synchronised backward: throws Error when distinct()[i] already has
+  /// its gradient of this backward (`already_ready`). A hook fires once per backward, so this is
+  /// a second backward without before_backward() in between, which no reduction can undo.
+  void check_gradient_once(size_t i, bool already_ready) const {
+    TR_CHECK(!already_ready, name_, ": parameter '", distinct_[i].name,
+             "' received a gradient twice in one synchronised backward (one backward per "
+             "micro-batch, with before_backward() before each)");
+  }
   /// "a, b, c and 3 more": the names of `missing` (indices into distinct()), at most 20, for
   /// the error about parameters that received no gradient in a step.
   std::string missing_names(const std::vector<size_t>& missing) const {

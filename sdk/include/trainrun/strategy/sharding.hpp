@@ -151,6 +151,15 @@ inline void refill_storage(const at::Tensor& t) {
   s->set_nbytes(bytes);
 }
 
+/// Waits for the collective in flight in `work`, if any, and drops it; false when none was. Every
+/// asynchronous collective here is finished this way, so none is waited for twice.
+inline bool finish_work(std::shared_ptr<Work>& work) {
+  if (!work) return false;
+  work->wait();
+  work.reset();
+  return true;
+}
+
 /// One flat parameter at run time: owns the shard, the gradient shard and the full buffer, and
 /// runs the collectives on them. Not thread-safe: the owning strategy serialises calls (autograd
 /// hooks included). Every collective must be issued in the same order on every rank.
@@ -284,11 +293,7 @@ class FlatParameter {
   /// Waits for (or runs) the gather: the parameters hold every rank's values afterwards.
   void gather() {
     gather_async();
-    if (gather_work_) {
-      gather_work_->wait();
-      gather_work_.reset();
-      gather_input_ = at::Tensor();
-    }
+    if (finish_work(gather_work_)) gather_input_ = at::Tensor();
     gathered_ = true;
   }
   bool gathered() const { return gathered_; }
@@ -296,11 +301,7 @@ class FlatParameter {
   /// flight first. Parameters must not be read until the next gather().
   void release() {
     if (opts_.keep_full) return;
-    if (gather_work_) {
-      gather_work_->wait();
-      gather_work_.reset();
-      gather_input_ = at::Tensor();
-    }
+    if (finish_work(gather_work_)) gather_input_ = at::Tensor();
     free_storage(full_);
     gathered_ = false;
   }
@@ -348,9 +349,7 @@ class FlatParameter {
   /// ranks holding the same shard in hybrid sharding), the result is first averaged across them
   /// (all-reduce, ReduceOp::Avg; collective over `replicas`).
   void finish_reduce(Communicator* replicas = nullptr) {
-    if (!reduce_work_) return;
-    reduce_work_->wait();
-    reduce_work_.reset();
+    if (!finish_work(reduce_work_)) return;
     c10::NoGradGuard no_grad;
     if (replicas != nullptr && replicas->world_size() > 1) {
       AllReduceOptions ao;
@@ -514,19 +513,13 @@ class FrozenFlat {
   }
   void gather() {
     gather_async();
-    if (work_) {
-      work_->wait();
-      work_.reset();
-    }
+    finish_work(work_);
     gathered_ = true;
   }
   /// Frees the full buffer (waiting for a gather in flight); the tensors must not be read until
   /// the next gather().
   void release() {
-    if (work_) {
-      work_->wait();
-      work_.reset();
-    }
+    finish_work(work_);
     free_storage(full_);
     gathered_ = false;
   }

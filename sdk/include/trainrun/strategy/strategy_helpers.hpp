@@ -7,6 +7,8 @@
 #include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
 
+#include <memory>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -84,6 +86,37 @@ inline std::vector<CheckpointPiece> replicated_optimizer_pieces(const std::vecto
   std::vector<CheckpointPiece> out;
   for (const auto& p : params)
     out.push_back({{p.name, p.tensor.sizes().vec(), 0, p.tensor.detach().reshape({-1})}, rank == 0});
+  return out;
+}
+
+/// This rank's two groups of a world cut into blocks of `block` consecutive ranks.
+struct BlockGroups {
+  std::shared_ptr<Communicator> block;   ///< the ranks of this rank's block
+  std::shared_ptr<Communicator> across;  ///< the ranks at this rank's place in every block
+};
+
+/// Creates the groups of `world` cut into blocks of `block` consecutive ranks (world_size a
+/// multiple of `block`): every block, then for each place in a block the ranks at that place in
+/// every block. With ranks numbered node by node these are the nodes and the ranks of one local
+/// rank across nodes (hierarchical all-reduce), or the shard groups and their replicas (hybrid
+/// sharding). Collective over `world`: every rank creates every group in the same order, as
+/// c10d requires, and keeps its own; a member the communicator did not return stays null.
+inline BlockGroups new_block_groups(Communicator& world, int block) {
+  const int rank = world.rank();
+  const int blocks = world.world_size() / block;
+  BlockGroups out;
+  for (int b = 0; b < blocks; ++b) {
+    std::vector<int> ranks(static_cast<size_t>(block));
+    std::iota(ranks.begin(), ranks.end(), b * block);
+    auto g = world.new_group(ranks);
+    if (b == rank / block) out.block = g;
+  }
+  for (int i = 0; i < block; ++i) {
+    std::vector<int> ranks;
+    for (int b = 0; b < blocks; ++b) ranks.push_back(b * block + i);
+    auto g = world.new_group(ranks);
+    if (i == rank % block) out.across = g;
+  }
   return out;
 }
 
