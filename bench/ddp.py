@@ -26,11 +26,13 @@ usage: bench/ddp.py <trainrun binary> [--only a|b|c] [--steps N] [--rounds R]
 """
 import argparse, json, os, socket, statistics, subprocess, sys, tempfile, time
 
+sys.dont_write_bytecode = True  # no bench/__pycache__ from the import below
+from trainrun_run import ONE_THREAD, run_trainrun
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 JOBS = os.path.join(ROOT, "bench", "jobs")
 EXTRA_SETS = []  # --set of the command line: added to every trainrun run
 KERNEL = {}  # the OpenBLAS kernel trainrun's rank 0 reported, once a run has ended
-ONE_THREAD = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -117,21 +119,12 @@ def pytorch_step_time(model, steps, warmup, batch, nproc, bucket_view, same_blas
 
 def trainrun_rows(binary, job, sets, steps, work):
     """Rank 0's per-step rows of metrics.jsonl for one run of bench/jobs/<job>.toml."""
-    run_dir = tempfile.mkdtemp(prefix=job + "-", dir=work)
-    cmd = [binary, "--config", os.path.join(JOBS, f"{job}.toml"),
-           "--set", f"trainer.max_steps={steps}", "--set", f"trainer.run_dir={run_dir}"]
-    for s in sets + EXTRA_SETS:
-        cmd += ["--set", s]
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                       env=dict(os.environ, **ONE_THREAD))
-    if p.returncode != 0:
-        sys.stderr.write(p.stdout[-4000:])
-        sys.exit(f"trainrun failed ({p.returncode}): {' '.join(cmd)}")
-    rows = [json.loads(l) for l in open(os.path.join(run_dir, "metrics.jsonl"))]
-    rows = [r for r in rows if "step_time_s" in r and r.get("rank", 0) == 0]
+    run_dir, rows, _ = run_trainrun(binary, os.path.join(JOBS, f"{job}.toml"),
+                                    [f"trainer.max_steps={steps}"] + sets + EXTRA_SETS, work,
+                                    job + "-")
     rank0 = json.load(open(os.path.join(run_dir, "runtime", "rank-0.json")))
     KERNEL["trainrun"] = rank0["blas"]["corename"]
-    assert len(rows) == steps, (len(rows), steps, cmd)
+    assert len(rows) == steps, (len(rows), steps, job, sets)
     return rows
 
 

@@ -23,12 +23,14 @@ printed before and after. usage: bench/sharded.py <trainrun binary> [--only a|b]
 [--rounds R] [--warmup N] [--set KEY=VALUE]... (--set is added to every run, e.g.
 --set accelerator.shm=false for gloo-cpu's TCP algorithms, as before its shared-memory collectives)
 """
-import argparse, json, os, statistics, subprocess, sys, tempfile
+import argparse, os, statistics, sys, tempfile
+
+sys.dont_write_bytecode = True  # no bench/__pycache__ from the import below
+from trainrun_run import ONE_THREAD, run_trainrun
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 JOB = os.path.join(ROOT, "bench", "jobs", "sharded-gpt.toml")
 EXTRA_SETS = []  # --set of the command line: added to every run
-ONE_THREAD = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 STRATEGIES = {
     "ddp": ["strategy.bucket_cap_mb=1", "strategy.first_bucket_mb=1"],
@@ -45,18 +47,10 @@ STRATEGIES = {
 
 
 def run(binary, sets, steps, world, work):
-    run_dir = tempfile.mkdtemp(prefix="sharded-", dir=work)
-    cmd = [binary, "--config", JOB, "--set", f"trainer.max_steps={steps}",
-           "--set", f"trainer.run_dir={run_dir}", "--set", f"launch.nproc_per_node={world}"]
-    for s in sets + EXTRA_SETS:
-        cmd += ["--set", s]
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                       env=dict(os.environ, **ONE_THREAD))
-    if p.returncode != 0:
-        sys.stderr.write(p.stdout[-4000:])
-        sys.exit(f"trainrun failed ({p.returncode}): {' '.join(cmd)}")
-    rows = [json.loads(l) for l in open(os.path.join(run_dir, "metrics.jsonl"))]
-    return [r for r in rows if "step_time_s" in r and r.get("rank", 0) == 0], p.stdout
+    _, rows, out = run_trainrun(binary, JOB, [f"trainer.max_steps={steps}",
+                                              f"launch.nproc_per_node={world}"] + sets + EXTRA_SETS,
+                                work, "sharded-")
+    return rows, out
 
 
 def med(rows, key, warmup):

@@ -33,17 +33,8 @@ import os
 import sys
 import tomllib
 
-
-def set_key(job, assignment):
-    key, _, value = assignment.partition("=")
-    *path, last = key.split(".")
-    node = job
-    for p in path:
-        node = node.setdefault(p, {})
-    try:
-        node[last] = tomllib.loads(f"v = {value}")["v"]
-    except tomllib.TOMLDecodeError:
-        node[last] = value
+sys.dont_write_bytecode = True  # no scripts/__pycache__ from the import below
+from check_sft_heldout import set_key  # trainrun --set's KEY=VALUE, TOML-typed
 
 
 def read_rows(patterns):
