@@ -34,6 +34,15 @@ void from_host(at::Tensor& t, const at::Tensor& host) {
   if (!t.is_cpu()) t.copy_(host);
 }
 
+// The staged operations that write a result end alike: the inner operation runs to completion,
+// then the result goes back to the device tensor `t`.
+std::shared_ptr<Work> finish(const std::shared_ptr<Work>& inner, double timeout_s, at::Tensor& t,
+                             const at::Tensor& host) {
+  inner->wait(timeout_s);
+  from_host(t, host);
+  return done();
+}
+
 }  // namespace
 
 // --- host staging ----------------------------------------------------------------------------
@@ -44,35 +53,27 @@ HostStagingCommunicator::HostStagingCommunicator(std::shared_ptr<void> owner, Co
 std::shared_ptr<Work> HostStagingCommunicator::all_reduce(at::Tensor& tensor,
                                                           const AllReduceOptions& opts) {
   at::Tensor h = to_host(tensor);
-  inner_.all_reduce(h, opts)->wait(opts.timeout_s);
-  from_host(tensor, h);
-  return done();
+  return finish(inner_.all_reduce(h, opts), opts.timeout_s, tensor, h);
 }
 
 std::shared_ptr<Work> HostStagingCommunicator::reduce_scatter(const at::Tensor& input,
                                                               at::Tensor& output,
                                                               const ReduceScatterOptions& opts) {
   at::Tensor hi = to_host(input), ho = to_host(output);
-  inner_.reduce_scatter(hi, ho, opts)->wait(opts.timeout_s);
-  from_host(output, ho);
-  return done();
+  return finish(inner_.reduce_scatter(hi, ho, opts), opts.timeout_s, output, ho);
 }
 
 std::shared_ptr<Work> HostStagingCommunicator::all_gather(const at::Tensor& input,
                                                           at::Tensor& output,
                                                           const AllGatherOptions& opts) {
   at::Tensor hi = to_host(input), ho = to_host(output);
-  inner_.all_gather(hi, ho, opts)->wait(opts.timeout_s);
-  from_host(output, ho);
-  return done();
+  return finish(inner_.all_gather(hi, ho, opts), opts.timeout_s, output, ho);
 }
 
 std::shared_ptr<Work> HostStagingCommunicator::broadcast(at::Tensor& tensor,
                                                          const BroadcastOptions& opts) {
   at::Tensor h = to_host(tensor);
-  inner_.broadcast(h, opts)->wait(opts.timeout_s);
-  from_host(tensor, h);
-  return done();
+  return finish(inner_.broadcast(h, opts), opts.timeout_s, tensor, h);
 }
 
 std::shared_ptr<Work> HostStagingCommunicator::send(const at::Tensor& tensor,
@@ -85,9 +86,7 @@ std::shared_ptr<Work> HostStagingCommunicator::send(const at::Tensor& tensor,
 std::shared_ptr<Work> HostStagingCommunicator::recv(at::Tensor& tensor,
                                                     const PointToPointOptions& opts) {
   at::Tensor h = to_host(tensor);
-  inner_.recv(h, opts)->wait(opts.timeout_s);
-  from_host(tensor, h);
-  return done();
+  return finish(inner_.recv(h, opts), opts.timeout_s, tensor, h);
 }
 
 std::shared_ptr<Work> HostStagingCommunicator::barrier(const BarrierOptions& opts) {
@@ -154,7 +153,6 @@ CudaAccelerator::CudaAccelerator(const Options& options, const RunContext& ctx) 
   const std::string& where = options.context();
   collectives_ = options.get_string("collectives");
   const comm::BackendOptions backend = comm::backend_options(options);
-  const double timeout_s = backend.timeout_s;
   const std::vector<int64_t>& ids = options.get_int_list("device_ids");
   if (collectives_ == "nccl") {
     const std::string dup = shared_device(ids, ctx.local_world_size);
@@ -176,10 +174,7 @@ CudaAccelerator::CudaAccelerator(const Options& options, const RunContext& ctx) 
   if (collectives_ == "gloo") {
     // comm-gloo's communicator with this accelerator's collective settings (shared memory and
     // the all-reduce algorithm as gloo-cpu's defaults); the threads were set above.
-    GlooSettings gs;
-    gs.timeout_s = timeout_s;
-    gs.stall_warning_s = backend.stall_warning_s;
-    gs.check_collectives = backend.check_collectives;
+    GlooSettings gs{backend};
     gs.rendezvous_timeout_s = rendezvous_timeout_s;
     std::shared_ptr<GlooCommunicator> gloo = open_gloo_world(gs, ctx).communicator;
     Communicator& inner = *gloo;
@@ -187,10 +182,7 @@ CudaAccelerator::CudaAccelerator(const Options& options, const RunContext& ctx) 
     comm_ = std::make_shared<HostStagingCommunicator>(gloo_, inner);
     return;
   }
-  NcclSettings s;
-  s.timeout_s = timeout_s;
-  s.stall_warning_s = backend.stall_warning_s;
-  s.check_collectives = backend.check_collectives;
+  NcclSettings s{backend};
   s.blocking_wait = options.get_bool("blocking_wait");
   s.rendezvous_timeout_s = rendezvous_timeout_s;
   const auto address = comm::store_address_from_environment();

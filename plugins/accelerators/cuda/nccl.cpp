@@ -90,6 +90,15 @@ void check_tensor(const at::Tensor& t, int device, const char* op, const char* r
   (void)nccl_dtype(t.scalar_type());
 }
 
+// reduce_scatter's and all_gather's preconditions, comm-common's with the tensors on `device`.
+void check_chunked(const at::Tensor& input, const at::Tensor& output, int size, int device,
+                   const char* op, const at::Tensor& whole, const at::Tensor& chunk,
+                   const char* rule) {
+  comm::check_chunked(
+      input, output, size, kBackend, op, whole, chunk, rule,
+      [&](const at::Tensor& t, const char* role) { check_tensor(t, device, op, role); });
+}
+
 }  // namespace
 
 int nccl_dtype(c10::ScalarType t) {
@@ -258,9 +267,7 @@ class NcclWork final : public Work {
     impl_->throw_if_poisoned();
     const double limit = timeout_s > 0 ? timeout_s : timeout_s_;
     if (host_wait_ || impl_->settings.blocking_wait) {
-      const auto deadline = std::chrono::steady_clock::now() +
-                            std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                                std::chrono::duration<double>(limit));
+      const auto deadline = comm::deadline_after(limit);
       while (!end_->done()) {
         impl_->throw_if_poisoned();
         if (std::chrono::steady_clock::now() > deadline) {
@@ -314,9 +321,7 @@ std::shared_ptr<Work> NcclCommunicator::Impl::enqueue(uint64_t seq, std::string 
   PendingOp op;
   op.seq = seq;
   op.text = text;
-  op.deadline = std::chrono::steady_clock::now() +
-                std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                    std::chrono::duration<double>(limit));
+  op.deadline = comm::deadline_after(limit);
   op.end = end;
   op.keep_alive = std::make_shared<std::vector<at::Tensor>>(std::move(tensors));
   pending.add(std::move(op));
@@ -367,17 +372,9 @@ NcclCommunicator::NcclCommunicator(std::shared_ptr<c10d::Store> store, NcclSetti
                                             static_cast<c10::DeviceIndex>(device));
   }
 
-  comm::Monitor::Config mc;
-  mc.backend = kBackend;
-  mc.group = m.name;
-  mc.prefix = m.prefix + "monitor/";
-  mc.rank = m.rank;
-  mc.world_size = m.size;
-  mc.global_ranks = m.global_ranks;
-  mc.stall_warning_s = settings.stall_warning_s;
-  mc.check_order = settings.check_collectives;
-  m.monitor = std::make_shared<comm::Monitor>(m.store, mc, std::move(peers));
-  m.monitor->timeout_s = settings.timeout_s;
+  m.monitor = comm::open_monitor(
+      m.store, {kBackend, m.name, m.prefix + "monitor/", m.rank, m.size, m.global_ranks}, settings,
+      std::move(peers));
   m.watchdog = std::thread([impl = impl_.get()] { impl->watch(); });
 }
 
@@ -391,8 +388,7 @@ std::shared_ptr<Work> NcclCommunicator::all_reduce(at::Tensor& tensor,
   Impl& m = *impl_;
   m.throw_if_poisoned();
   check_tensor(tensor, m.device, "all_reduce", "the");
-  const comm::OpDesc d{"all_reduce", comm::reduce_op_name(opts.op), tensor.scalar_type(),
-                       tensor.numel(), tensor.numel() * static_cast<int64_t>(tensor.element_size())};
+  const auto d = comm::OpDesc::of("all_reduce", comm::reduce_op_name(opts.op), tensor);
   const uint64_t seq = m.monitor->issue(d);
   const auto type = static_cast<ncclDataType_t>(nccl_dtype(tensor.scalar_type()));
   const auto op = static_cast<ncclRedOp_t>(nccl_reduce_op(opts.op));
@@ -406,16 +402,9 @@ std::shared_ptr<Work> NcclCommunicator::reduce_scatter(const at::Tensor& input, 
                                                        const ReduceScatterOptions& opts) {
   Impl& m = *impl_;
   m.throw_if_poisoned();
-  check_tensor(input, m.device, "reduce_scatter", "input");
-  check_tensor(output, m.device, "reduce_scatter", "output");
-  TR_CHECK(input.scalar_type() == output.scalar_type(), kBackend,
-           ": reduce_scatter: input dtype ", comm::dtype_name(input.scalar_type()),
-           " differs from output dtype ", comm::dtype_name(output.scalar_type()));
-  TR_CHECK(input.numel() == m.size * output.numel(), kBackend,
-           ": reduce_scatter: input must hold world_size x output elements (", m.size, " x ",
-           output.numel(), " = ", m.size * output.numel(), "), got ", input.numel());
-  const comm::OpDesc d{"reduce_scatter", comm::reduce_op_name(opts.op), input.scalar_type(),
-                       input.numel(), input.numel() * static_cast<int64_t>(input.element_size())};
+  check_chunked(input, output, m.size, m.device, "reduce_scatter", input, output,
+                "input must hold world_size x output");
+  const auto d = comm::OpDesc::of("reduce_scatter", comm::reduce_op_name(opts.op), input);
   const uint64_t seq = m.monitor->issue(d);
   const auto type = static_cast<ncclDataType_t>(nccl_dtype(input.scalar_type()));
   const auto op = static_cast<ncclRedOp_t>(nccl_reduce_op(opts.op));
@@ -432,16 +421,9 @@ std::shared_ptr<Work> NcclCommunicator::all_gather(const at::Tensor& input, at::
                                                    const AllGatherOptions& opts) {
   Impl& m = *impl_;
   m.throw_if_poisoned();
-  check_tensor(input, m.device, "all_gather", "input");
-  check_tensor(output, m.device, "all_gather", "output");
-  TR_CHECK(input.scalar_type() == output.scalar_type(), kBackend, ": all_gather: input dtype ",
-           comm::dtype_name(input.scalar_type()), " differs from output dtype ",
-           comm::dtype_name(output.scalar_type()));
-  TR_CHECK(output.numel() == m.size * input.numel(), kBackend,
-           ": all_gather: output must hold world_size x input elements (", m.size, " x ",
-           input.numel(), " = ", m.size * input.numel(), "), got ", output.numel());
-  const comm::OpDesc d{"all_gather", "", input.scalar_type(), input.numel(),
-                       input.numel() * static_cast<int64_t>(input.element_size())};
+  check_chunked(input, output, m.size, m.device, "all_gather", output, input,
+                "output must hold world_size x input");
+  const auto d = comm::OpDesc::of("all_gather", "", input);
   const uint64_t seq = m.monitor->issue(d);
   const auto type = static_cast<ncclDataType_t>(nccl_dtype(input.scalar_type()));
   const void* in = input.data_ptr();
@@ -457,8 +439,7 @@ std::shared_ptr<Work> NcclCommunicator::broadcast(at::Tensor& tensor, const Broa
   check_tensor(tensor, m.device, "broadcast", "the");
   TR_CHECK(opts.root >= 0 && opts.root < m.size, kBackend, ": broadcast: root ", opts.root,
            " is not a rank of group ", m.name, " (world_size ", m.size, ")");
-  const comm::OpDesc d{"broadcast", detail::cat("root ", opts.root), tensor.scalar_type(),
-                       tensor.numel(), tensor.numel() * static_cast<int64_t>(tensor.element_size())};
+  const auto d = comm::OpDesc::of("broadcast", detail::cat("root ", opts.root), tensor);
   const uint64_t seq = m.monitor->issue(d);
   const auto type = static_cast<ncclDataType_t>(nccl_dtype(tensor.scalar_type()));
   void* p = tensor.data_ptr();
@@ -533,9 +514,7 @@ std::shared_ptr<Communicator> NcclCommunicator::new_group(const std::vector<int>
     if (r == m.rank) mine = static_cast<int>(i);
   }
   if (mine < 0) return nullptr;
-  std::string label = "[";
-  for (size_t i = 0; i < global.size(); ++i) label += (i ? ", " : "") + std::to_string(global[i]);
-  label += "]";
+  const std::string label = "[" + comm::join_ranks(global) + "]";
   return std::make_shared<NcclCommunicator>(m.store, m.settings, sub, sub + " " + label,
                                             std::move(global), mine, m.device);
 }

@@ -9,18 +9,18 @@
 #include <string>
 #include <vector>
 
+#include "backend_options.hpp"
+
 namespace c10d {
 class Store;
 }
 
 namespace trainrun::plugins::cuda {
 
-/// What every communicator of one accelerator (the world and its sub-groups) shares.
-struct NcclSettings {
-  double timeout_s = 600;             ///< default timeout of every operation (seconds)
-  double stall_warning_s = 60;        ///< 0 = stall inspector off
+/// What every communicator of one accelerator (the world and its sub-groups) shares: the
+/// options every backend takes (timeout_s, stall_warning_s, check_collectives), then NCCL's.
+struct NcclSettings : comm::BackendOptions {
   double rendezvous_timeout_s = 300;  ///< rendezvous of the world and of every new_group
-  bool check_collectives = true;      ///< cross-rank order/fingerprint check of collectives
   bool blocking_wait = false;         ///< Work::wait() blocks the host until the op is done
 };
 

@@ -31,11 +31,7 @@ void GlooAccelerator::declare_options(OptionSchema& schema) {
 
 GlooAccelerator::GlooAccelerator(const Options& options, const RunContext& ctx) {
   threads_ = comm::apply_threads_option(options, ctx, kBackend);
-  GlooSettings s;
-  const comm::BackendOptions b = comm::backend_options(options);
-  s.timeout_s = b.timeout_s;
-  s.stall_warning_s = b.stall_warning_s;
-  s.check_collectives = b.check_collectives;
+  GlooSettings s{comm::backend_options(options)};
   const std::string algorithm = options.get_string("allreduce_algorithm");
   s.allreduce_algorithm = algorithm == "bcube"  ? GlooSettings::Algorithm::Bcube
                           : algorithm == "ring" ? GlooSettings::Algorithm::Ring

@@ -1,7 +1,7 @@
 #pragma once
 // Accelerator `mpi`: the host CPU, with collectives over MPI (built and tested with MPICH 4.0.2).
 // For jobs started as `mpiexec -n N trainrun --config job.toml`, or by trainrun's launcher
-// through mpiexec. The MPI types stay in mpi.cpp, so this header does not need <mpi.h>.
+// through mpiexec. The MPI types stay in mpi_detail.hpp, so this header does not need <mpi.h>.
 #include <trainrun/interfaces.hpp>
 #include <trainrun/runtime/cpu_runtime.hpp>
 #include <trainrun/runtime/memory.hpp>

@@ -1,5 +1,5 @@
 #pragma once
-// Shared by the collective backends (gloo-cpu, mpi, later nccl); the static library
+// Shared by the collective backends (gloo-cpu, mpi, nccl); the static library
 // trainrun_comm_common that each backend plugin links, not part of the SDK ABI.
 //  - rendezvous through c10d's TCPStore (LibTorch's own key-value store, as torchrun uses it);
 //  - per-group sequence numbers and the cross-rank collective-order check: every collective is
@@ -16,15 +16,19 @@
 #include <trainrun/types.hpp>
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "backend_options.hpp"
 
 namespace trainrun::comm {
 
@@ -63,6 +67,16 @@ double rendezvous_timeout_from_environment();
 /// This machine's host name (gethostname), for messages.
 std::string host_name();
 
+/// "0, 2, 3": a list of ranks as every backend's messages and group names write it.
+std::string join_ranks(const std::vector<int>& ranks);
+
+/// The steady-clock time `seconds` from now, the deadline of an operation's timeout.
+inline std::chrono::steady_clock::time_point deadline_after(double seconds) {
+  return std::chrono::steady_clock::now() +
+         std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+             std::chrono::duration<double>(seconds));
+}
+
 /// Who a rank is, for messages.
 struct PeerIdentity {
   int rank = -1;
@@ -92,6 +106,8 @@ struct OpDesc {
   int64_t bytes = 0;   ///< bytes of this rank's input tensor
   /// "all_reduce(sum, float32 x 1000, 4000 B)"
   std::string text() const;
+  /// `op` with `detail` on this rank's contiguous `input`: its dtype, element and byte counts.
+  static OpDesc of(std::string op, std::string detail, const at::Tensor& input);
 };
 
 /// Short dtype name as users write it: "float32", "bfloat16", "uint8", ... (the SDK's).
@@ -113,6 +129,15 @@ void check_reduce_scatter(const at::Tensor& input, const at::Tensor& output, int
 /// all_gather's: as reduce_scatter's, with output holding world_size x input.numel() elements.
 void check_all_gather(const at::Tensor& input, const at::Tensor& output, int world_size,
                       const std::string& backend);
+/// What those two check alike, for a backend whose tensors pass its own `check_one(tensor,
+/// role)` instead of check_tensor (nccl: on its device): input ("input") and output ("output")
+/// pass it, share a dtype, and `whole` (reduce_scatter's input, all_gather's output) holds
+/// world_size x chunk.numel() elements, which `rule` words ("input must hold world_size x
+/// output"). Throws Error "<backend>: <op>: ...".
+void check_chunked(const at::Tensor& input, const at::Tensor& output, int world_size,
+                   const std::string& backend, const char* op, const at::Tensor& whole,
+                   const at::Tensor& chunk, const char* rule,
+                   const std::function<void(const at::Tensor&, const char*)>& check_one);
 
 // ---------------------------------------------------------------------------------------------
 // Monitor: sequence numbers, order check, stall inspector
@@ -175,6 +200,13 @@ class Monitor {
   std::unique_ptr<Impl> impl_;
   Config config_;
 };
+
+/// A group's Monitor as every backend opens it: `group` names the group (backend, group,
+/// prefix, rank, world_size, global_ranks); its stall_warning_s and check_order, and the
+/// Monitor's default timeout_s, come from the accelerator's `options`.
+std::shared_ptr<Monitor> open_monitor(std::shared_ptr<c10d::Store> store, Monitor::Config group,
+                                      const BackendOptions& options,
+                                      std::vector<PeerIdentity> peers);
 
 // ---------------------------------------------------------------------------------------------
 // Work

@@ -34,4 +34,12 @@ void reduce_bytes(void* dst, const void* src, int64_t bytes, c10::ScalarType dty
   }
 }
 
+void divide_in_place(at::Tensor& t, int world_size) {
+  if (world_size == 1) return;
+  if (at::isIntegralType(t.scalar_type(), /*includeBool=*/false))
+    t.div_(world_size, "trunc");
+  else
+    t.div_(world_size);
+}
+
 }  // namespace trainrun::comm

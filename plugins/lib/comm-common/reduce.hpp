@@ -46,26 +46,20 @@ struct SumOp {
     }
   }
 };
-struct MinOp {
+/// Min (kMax false) and Max share the NaN rule, so it is written once.
+template <bool kMax>
+struct MinMaxOp {
   template <class A>
   static A apply(A a, A b) {
     if constexpr (std::is_floating_point_v<A>) {
       if (std::isnan(a)) return a;
       if (std::isnan(b)) return b;
     }
-    return b < a ? b : a;
+    return (kMax ? a < b : b < a) ? b : a;
   }
 };
-struct MaxOp {
-  template <class A>
-  static A apply(A a, A b) {
-    if constexpr (std::is_floating_point_v<A>) {
-      if (std::isnan(a)) return a;
-      if (std::isnan(b)) return b;
-    }
-    return a < b ? b : a;
-  }
-};
+using MinOp = MinMaxOp<false>;
+using MaxOp = MinMaxOp<true>;
 
 /// Gloo's reduce-function signature: c[i] = a[i] op b[i] for i < n elements of T; c may alias
 /// a or b.
@@ -99,5 +93,9 @@ ReduceFunction reduce_function(v1::ReduceOp op) {
 /// the other dtypes (same results: 16-bit floats computed in float).
 void reduce_bytes(void* dst, const void* src, int64_t bytes, c10::ScalarType dtype,
                   v1::ReduceOp op);
+
+/// Avg's second half: `t` /= world_size in place after the Sum (nothing for a world of one).
+/// Integers truncate toward zero, as NCCL's ncclAvg does for them.
+void divide_in_place(at::Tensor& t, int world_size);
 
 }  // namespace trainrun::comm

@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "backend_options.hpp"
+
 namespace c10d {
 class Store;
 }
@@ -20,12 +22,10 @@ class Device;
 
 namespace trainrun::plugins {
 
-/// What every communicator of one accelerator (the world and its sub-groups) shares.
-struct GlooSettings {
-  double timeout_s = 600;             ///< default timeout of every operation (seconds)
-  double stall_warning_s = 60;        ///< 0 = stall inspector off
+/// What every communicator of one accelerator (the world and its sub-groups) shares: the
+/// options every backend takes (timeout_s, stall_warning_s, check_collectives), then Gloo's.
+struct GlooSettings : comm::BackendOptions {
   double rendezvous_timeout_s = 300;  ///< rendezvous of the world and of every new_group
-  bool check_collectives = true;      ///< cross-rank order/fingerprint check of collectives
   /// all_reduce: Auto = the shared-memory ring when every rank of the group is on this machine
   /// (and shm is on), else Gloo's TCP ring; Ring / Bcube = that Gloo algorithm over TCP always.
   enum class Algorithm { Auto, Ring, Bcube } allreduce_algorithm = Algorithm::Auto;

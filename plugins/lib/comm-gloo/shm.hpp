@@ -13,8 +13,8 @@
 // trip per message.
 //
 // Single copy, off unless TRAINRUN_SHM_CMA=1 (two copies through 128 KiB slots were faster at
-// every size where both were measured, shm.cpp says where). A message of 1 MiB or more is then
-// not copied through the slots: its one slot carries the sender's address, and the receiver
+// every size where both were measured, shm_segment.hpp says where). A message of 1 MiB or more is
+// then not copied through the slots: its one slot carries the sender's address, and the receiver
 // reads the sender's memory directly with process_vm_readv (Linux cross-memory attach, as
 // UCX's cma transport does under MPICH), in 256 KiB pieces. The send completes when the
 // receiver releases the slot. Each receiver checks at set-up that it can read each peer (same
@@ -154,8 +154,9 @@ class Transport {
   void stop();
 
  private:
-  struct Channel;
-  struct Finished;
+  struct Channel;   // shm_channel.hpp
+  struct Finished;  // shm_channel.hpp
+  struct SetUp;     // the constructor's steps, shm_setup.cpp
   // One pass over every channel, one slot each; returns whether anything moved. Requires
   // progress_mu_. Fills `finished` with the ops that ended.
   bool pass(std::vector<Finished>& finished, bool check_liveness, int round);

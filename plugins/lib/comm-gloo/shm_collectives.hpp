@@ -13,6 +13,10 @@
 // trainrun/collectives/ring.hpp, but driven directly on the transport from gloo-cpu's worker
 // thread: every step posts its send and its receive and drives the transport until both are done,
 // so no other thread takes part in a step. At 2 ranks each is a direct exchange of halves.
+// That step is why they stay here rather than beside the SDK's send/recv rings: it is the
+// transport's own (shm::Op posts carrying the collective's description, Transport::wait_until on
+// this thread, one deadline for the whole collective), none of which a Communicator's send/recv
+// and Work offer; only the segment cut (v1::ring::segment) is shared.
 //
 // Matching: the shared-memory channels match messages strictly in posting order per pair of
 // ranks, so collectives and point-to-point messages between two ranks must be issued in the
