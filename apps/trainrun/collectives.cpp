@@ -11,6 +11,8 @@
 // size is the full, world-sized buffer), x 1 for broadcast. time is the mean over --iters,
 // maximum over ranks (--stat median|min: of the iterations timed one by one).
 #include "collectives.hpp"
+#include "command_line.hpp"
+#include "commands.hpp"
 
 #include <boost/program_options.hpp>
 #include <torch/types.h>
@@ -652,6 +654,31 @@ void inject(Ctx& c) {
   }
 }
 
+// The flags whose values their types do not check; false after printing what is wrong.
+bool check_args(const Args& a) {
+  if (a.algo == "ring") {
+    int64_t chunk = 0;
+    try {
+      chunk = core::parse_size(a.chunk);
+    } catch (const std::exception& e) {
+      std::cerr << "trainrun bench: error: --chunk " << a.chunk << ": " << e.what() << std::endl;
+      return false;
+    }
+    if (chunk < 1024) {
+      std::cerr << "trainrun bench: error: --chunk " << a.chunk
+                << ": the ring's chunk must be at least 1K (as the strategy's chunk_kb >= 1)"
+                << std::endl;
+      return false;
+    }
+  }
+  if (a.stat != "mean" && a.stat != "median" && a.stat != "min") {
+    std::cerr << "trainrun bench: error: --stat " << a.stat << ": expected mean, median or min"
+              << std::endl;
+    return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 int run_bench_command(int argc, char** argv) {
@@ -680,38 +707,11 @@ int run_bench_command(int argc, char** argv) {
   po::options_description hidden;
   std::vector<std::string> positional;
   hidden.add_options()("positional", po::value(&positional));
-  po::options_description all;
-  all.add(opts).add(hidden);
   po::positional_options_description pos;
   pos.add("positional", -1);
   po::variables_map vm;
-  try {
-    po::store(po::command_line_parser(argc, argv).options(all).positional(pos).run(), vm);
-    po::notify(vm);
-  } catch (const po::error& e) {
-    std::cerr << "trainrun bench: error: " << e.what() << "\n" << opts << std::endl;
-    return 2;
-  }
-  if (a.algo == "ring") {
-    int64_t chunk = 0;
-    try {
-      chunk = core::parse_size(a.chunk);
-    } catch (const std::exception& e) {
-      std::cerr << "trainrun bench: error: --chunk " << a.chunk << ": " << e.what() << std::endl;
-      return 2;
-    }
-    if (chunk < 1024) {
-      std::cerr << "trainrun bench: error: --chunk " << a.chunk
-                << ": the ring's chunk must be at least 1K (as the strategy's chunk_kb >= 1)"
-                << std::endl;
-      return 2;
-    }
-  }
-  if (a.stat != "mean" && a.stat != "median" && a.stat != "min") {
-    std::cerr << "trainrun bench: error: --stat " << a.stat << ": expected mean, median or min"
-              << std::endl;
-    return 2;
-  }
+  if (!store_command_line(argc, argv, "trainrun bench", opts, hidden, pos, vm)) return 2;
+  if (!check_args(a)) return 2;
   // The matrix covers everything unless narrowed explicitly.
   if (a.verify) {
     if (vm["op"].defaulted()) a.op = "all";
@@ -767,18 +767,8 @@ int run_bench_command(int argc, char** argv) {
       return verify(c, counts);
     }
     return bench(c);
-  } catch (const v1::ConfigError& e) {
-    std::cerr << "trainrun bench: error: " << e.what() << std::endl;
-    return 2;
-  } catch (const v1::PluginError& e) {
-    std::cerr << "trainrun bench: error: " << e.what() << std::endl;
-    return 2;
-  } catch (const c10::Error& e) {
-    std::cerr << "trainrun bench: error: " << e.what_without_backtrace() << std::endl;
-    return 1;
-  } catch (const std::exception& e) {
-    std::cerr << "trainrun bench: error: " << e.what() << std::endl;
-    return 1;
+  } catch (...) {
+    return report_failure("trainrun bench");
   }
 }
 

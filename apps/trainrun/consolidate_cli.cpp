@@ -15,6 +15,16 @@ namespace po = boost::program_options;
 
 namespace trainrun::app {
 
+std::string checkpoint_of(const std::string& arg) {
+  namespace fs = std::filesystem;
+  if (fs::is_regular_file(arg) && fs::path(arg).filename() == "latest")
+    return core::resolve_checkpoint("latest", fs::path(arg).parent_path().string(), false);
+  if (fs::is_directory(arg) && !fs::exists(fs::path(arg) / "meta.json") &&
+      fs::exists(fs::path(arg) / "latest"))
+    return core::resolve_checkpoint("latest", arg, false);
+  return arg;
+}
+
 int run_consolidate_command(int argc, char** argv) {
   std::vector<std::string> args;
   std::string max_shard_text;
@@ -50,20 +60,15 @@ int run_consolidate_command(int argc, char** argv) {
     return 2;
   }
   try {
-    // The checkpoints directory, or its `latest` pointer file, names the newest complete
-    // checkpoint: take that one rather than calling the pointer an incomplete checkpoint.
     namespace fs = std::filesystem;
-    std::string src = args[0];
-    if (!fs::exists(src)) {
-      std::cerr << "trainrun consolidate: error: " << src << ": no such checkpoint directory"
+    if (!fs::exists(args[0])) {
+      std::cerr << "trainrun consolidate: error: " << args[0] << ": no such checkpoint directory"
                 << std::endl;
       return 2;
     }
-    if (fs::is_regular_file(src) && fs::path(src).filename() == "latest")
-      src = core::resolve_checkpoint("latest", fs::path(src).parent_path().string(), false);
-    else if (fs::is_directory(src) && !fs::exists(fs::path(src) / "meta.json") &&
-             fs::exists(fs::path(src) / "latest"))
-      src = core::resolve_checkpoint("latest", src, false);
+    // The checkpoints directory, or its `latest` pointer file, names the newest complete
+    // checkpoint: take that one rather than calling the pointer an incomplete checkpoint.
+    const std::string src = checkpoint_of(args[0]);
     const int64_t n = core::consolidate_checkpoint(src, args[1], max_shard);
     std::cout << "consolidated " << n << " tensors from " << src << " into " << args[1]
               << std::endl;

@@ -6,6 +6,7 @@
 // directory is then renamed to --output. Nothing is left behind on failure.
 #include "export_cli.hpp"
 #include "command_line.hpp"
+#include "commands.hpp"
 
 #include <boost/program_options.hpp>
 
@@ -39,12 +40,22 @@ struct TempDir {
   }
 };
 
-std::string resolve(const std::string& src) {
-  if (fs::is_regular_file(src) && fs::path(src).filename() == "latest")
-    return core::resolve_checkpoint("latest", fs::path(src).parent_path().string(), false);
-  if (fs::is_directory(src) && !fs::exists(fs::path(src) / "meta.json") && fs::exists(fs::path(src) / "latest"))
-    return core::resolve_checkpoint("latest", src, false);
-  return src;
+// The checkpoint's meta.json, which holds the job that wrote it.
+nlohmann::json read_meta(const std::string& src) {
+  const fs::path meta_path = fs::path(src) / "meta.json";
+  if (!fs::is_regular_file(meta_path))
+    throw v1::ConfigError(src + ": no meta.json (not a trainrun checkpoint)");
+  nlohmann::json meta;
+  try {
+    std::ifstream f(meta_path);
+    meta = nlohmann::json::parse(f);
+  } catch (const nlohmann::json::exception& e) {
+    throw v1::ConfigError(meta_path.string() + ": " + e.what());
+  }
+  if (!meta.contains("job") || !meta["job"].contains("toml") || !meta["job"]["toml"].is_string())
+    throw v1::ConfigError(meta_path.string() +
+                          ": no job.toml in the checkpoint's meta (written by an older trainrun?)");
+  return meta;
 }
 
 }  // namespace
@@ -85,18 +96,8 @@ int run_export_command(int argc, char** argv) {
     return bad("--output " + output + " exists and is not an empty directory; nothing written");
   if (!fs::exists(positional[0], ec)) return bad(positional[0] + ": no such checkpoint directory");
   try {
-    const std::string src = resolve(positional[0]);
-    const fs::path meta_path = fs::path(src) / "meta.json";
-    if (!fs::is_regular_file(meta_path)) return bad(src + ": no meta.json (not a trainrun checkpoint)");
-    nlohmann::json meta;
-    try {
-      std::ifstream f(meta_path);
-      meta = nlohmann::json::parse(f);
-    } catch (const nlohmann::json::exception& e) {
-      return bad(meta_path.string() + ": " + e.what());
-    }
-    if (!meta.contains("job") || !meta["job"].contains("toml") || !meta["job"]["toml"].is_string())
-      return bad(meta_path.string() + ": no job.toml in the checkpoint's meta (written by an older trainrun?)");
+    const std::string src = checkpoint_of(positional[0]);
+    const nlohmann::json meta = read_meta(src);
 
     // Work beside the output so the final rename stays on one file system.
     const fs::path out = fs::absolute(output).lexically_normal();

@@ -177,6 +177,41 @@ LoadedModel load_hf_model(const std::string& command, const std::string& dir,
   return out;
 }
 
+void check_model_dir(const std::string& dir) {
+  if (!fs::is_regular_file(fs::path(dir) / "config.json"))
+    throw ConfigError("--model " + dir + ": no config.json (not a Hugging Face model directory)");
+}
+
+int prepare_for_inference(LoadedModel& loaded, const std::string& adapter) {
+  const int merged = adapter.empty() ? 0 : apply_adapter(*loaded.model, adapter);
+  core::guarded(loaded.label, "train(false)", [&] {
+    loaded.model->train(false);
+    return 0;
+  });
+  return merged;
+}
+
+std::string describe_loaded(const LoadedModel& loaded, int merged, const std::string& adapter) {
+  return core::guarded(loaded.label, "describe", [&] { return loaded.model->describe(); }) +
+         (merged ? ", " + std::to_string(merged) + " LoRA adapters merged from " + adapter
+                 : std::string());
+}
+
+int run_model_command(const std::string& command, const std::function<int()>& body) {
+  try {
+    return body();
+  } catch (const ConfigError& e) {
+    return command_error(command, e.what());
+  } catch (const v1::PluginError& e) {
+    return command_error(command, e.what());
+  } catch (const text::ChatTemplateError& e) {
+    return command_error(command, std::string("chat template: ") + e.what());
+  } catch (const std::exception& e) {
+    command_error(command, e.what());
+    return 1;
+  }
+}
+
 namespace {
 
 std::vector<std::string> read_prompts_file(const std::string& path) {
@@ -238,31 +273,190 @@ void select_blas_kernel(const std::string& option, char** argv) {
             << v1::cpu::blas_info().corename << std::endl;
 }
 
-}  // namespace
-
-int run_generate_command(int argc, char** argv) {
+// The command line of `trainrun generate`.
+struct GenerateArgs {
   std::string model_dir, adapter, prompts_file, model_plugin = "llama", blas_coretype = "auto";
   std::vector<std::string> prompts, plugin_paths;
   int64_t max_new = 0, threads = 0;
   double temperature = 0.0, top_p = 1.0;
   uint64_t seed = 0;
+  bool chat = false, jsonl = false;
+};
+
+// A prompt's ids: as text with the tokenizer's special tokens, or (--chat) as a user message
+// rendered with the chat template and its generation prompt.
+std::vector<int32_t> encode_prompt(const std::string& prompt, const text::Tokenizer& tok,
+                                   const std::optional<text::ChatTemplate>& tmpl) {
+  if (!tmpl) return tok.encode(prompt, /*add_special_tokens=*/true);
+  nlohmann::ordered_json message = nlohmann::ordered_json::object();
+  message["role"] = "user";
+  message["content"] = prompt;
+  text::ChatTemplateOptions o;
+  o.add_generation_prompt = true;
+  // As apply_chat_template(tokenize=True): the template writes any BOS itself.
+  return tok.encode(tmpl->apply(nlohmann::ordered_json::array({message}), o).text,
+                    /*add_special_tokens=*/false);
+}
+
+// One prompt's continuation: its ids, why it stopped ("eos", "length") and the time of the
+// prefill (up to the first new token) and of the decode steps after it.
+struct Continuation {
+  std::vector<int64_t> ids;
+  std::string finish = "length";
+  double prefill_s = 0, decode_s = 0;
+};
+
+Continuation continue_prompt(v1::IncrementalDecoder& decoder,
+                             const std::vector<int64_t>& prompt_ids, int64_t max_new,
+                             const std::set<int64_t>& eos, Sampling& sampling,
+                             const std::string& label) {
+  const int64_t P = static_cast<int64_t>(prompt_ids.size());
+  Continuation c;
+  auto t0 = std::chrono::steady_clock::now();
+  // Not core::guarded: its PluginError means bad input (exit 2); a failure while decoding is
+  // exit 1, still naming the plugin.
+  try {
+    std::unique_ptr<v1::DecodeState> state = decoder.new_decode_state(1, P + max_new);
+    at::Tensor logits = decoder.decode(at::tensor(prompt_ids, at::kLong).view({1, P}), *state);
+    for (;;) {
+      const int64_t next = next_token(logits[0][-1], sampling);
+      if (c.ids.empty()) {
+        c.prefill_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        t0 = std::chrono::steady_clock::now();
+      }
+      c.ids.push_back(next);
+      if (eos.count(next)) {
+        c.finish = "eos";
+        break;
+      }
+      if (static_cast<int64_t>(c.ids.size()) >= max_new) break;
+      logits = decoder.decode(at::tensor({next}, at::kLong).view({1, 1}), *state);
+    }
+  } catch (const c10::Error& e) {
+    throw std::runtime_error(label + ": decode failed: " + e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    throw std::runtime_error(label + ": decode failed: " + e.what());
+  }
+  c.decode_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return c;
+}
+
+int generate(GenerateArgs& a, char** argv) {
+  if (!a.prompts_file.empty())
+    for (auto& p : read_prompts_file(a.prompts_file)) a.prompts.push_back(std::move(p));
+  if (a.prompts.empty()) throw ConfigError("give at least one --prompt TEXT or a --prompts-file");
+  check_model_dir(a.model_dir);
+  select_blas_kernel(a.blas_coretype, argv);
+  if (a.threads > 0) at::set_num_threads(static_cast<int>(a.threads));
+
+  const text::Tokenizer tok = text::Tokenizer::from_directory(a.model_dir);
+  std::optional<text::ChatTemplate> tmpl;
+  if (a.chat) tmpl = text::load_chat_template(a.model_dir);
+  const std::set<int64_t> eos = eos_ids(a.model_dir, tok);
+
+  const auto t_load = std::chrono::steady_clock::now();
+  LoadedModel loaded = load_hf_model("trainrun generate", a.model_dir, a.model_plugin,
+                                     a.plugin_paths, "language_modeling", {});
+  const std::string& label = loaded.label;
+  if (auto* sc = dynamic_cast<v1::SequenceClassifier*>(loaded.model.get());
+      sc && sc->num_labels() > 0)
+    throw ConfigError("--model " + a.model_dir +
+                      ": a sequence-classification model (a reward model) "
+                      "scores text and does not generate it: use `trainrun score`");
+  auto* decoder = dynamic_cast<v1::IncrementalDecoder*>(loaded.model.get());
+  if (!decoder)
+    throw ConfigError(label + " does not offer incremental decoding (v1::IncrementalDecoder)");
+  const int merged = prepare_for_inference(loaded, a.adapter);
+  const double load_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count();
+  std::cerr << "generate: " << describe_loaded(loaded, merged, a.adapter) << "; loaded in "
+            << std::fixed << std::setprecision(2) << load_s << " s" << std::endl;
+
+  Sampling sampling{a.temperature, a.top_p, at::detail::createCPUGenerator(a.seed)};
+  const std::vector<std::string>& prompts = a.prompts;
+  int64_t total_prompt = 0, total_new = 0;
+  double total_prefill_s = 0, total_decode_s = 0;
+  int64_t total_decode_tokens = 0;
+  for (size_t n = 0; n < prompts.size(); ++n) {
+    const std::vector<int32_t> ids32 = encode_prompt(prompts[n], tok, tmpl);
+    if (ids32.empty())
+      throw ConfigError("prompt " + std::to_string(n + 1) + " encodes to no tokens");
+    const std::vector<int64_t> prompt_ids(ids32.begin(), ids32.end());
+    const int64_t P = static_cast<int64_t>(prompt_ids.size());
+    const Continuation c = continue_prompt(*decoder, prompt_ids, a.max_new, eos, sampling, label);
+    const std::vector<int64_t>& out = c.ids;
+    const int64_t decode_tokens =
+        static_cast<int64_t>(out.size()) - 1;  // the first came from the prefill
+    total_prompt += P;
+    total_new += static_cast<int64_t>(out.size());
+    total_prefill_s += c.prefill_s;
+    total_decode_s += c.decode_s;
+    total_decode_tokens += decode_tokens;
+    // Models often pad their vocabulary past the tokenizer's (Qwen: 151936 vs 151669): such
+    // an id has no text.
+    std::vector<int32_t> out32;
+    for (int64_t id : out)
+      if (id < tok.vocab_size()) out32.push_back(static_cast<int32_t>(id));
+    const std::string text = tok.decode(out32, /*skip_special_tokens=*/true);
+    const double prefill_tps = P / c.prefill_s,
+                 decode_tps = decode_tokens > 0 ? decode_tokens / c.decode_s : 0.0;
+    if (a.jsonl) {
+      json j = {{"prompt", prompts[n]},
+                {"prompt_ids", prompt_ids},
+                {"ids", out},
+                {"text", text},
+                {"finish_reason", c.finish},
+                {"prefill_tokens_per_s", prefill_tps},
+                {"decode_tokens_per_s", decode_tps}};
+      std::cout << j.dump(-1, ' ', false, json::error_handler_t::replace) << std::endl;
+    } else {
+      std::cout << (prompts.size() > 1 ? "### prompt " + std::to_string(n + 1) + "\n"
+                                       : std::string())
+                << text << std::endl;
+    }
+    std::cerr << "generate: prompt " << n + 1 << ": " << P << " prompt tokens, " << out.size()
+              << " new (" << (c.finish == "eos" ? "stopped at EOS" : "max-new-tokens")
+              << "); prefill " << std::setprecision(1) << prefill_tps << " tokens/s, decode "
+              << decode_tps << " tokens/s" << std::endl;
+  }
+  if (prompts.size() > 1)
+    std::cerr << "generate: " << prompts.size() << " prompts: " << total_prompt
+              << " prompt tokens at " << std::setprecision(1) << total_prompt / total_prefill_s
+              << " tokens/s (prefill), " << total_new << " new tokens, decode "
+              << (total_decode_s > 0 ? total_decode_tokens / total_decode_s : 0.0) << " tokens/s"
+              << std::endl;
+  return 0;
+}
+
+}  // namespace
+
+int run_generate_command(int argc, char** argv) {
+  GenerateArgs a;
   po::options_description opts("trainrun generate options");
   opts.add_options()("help,h", "show this help")(
-      "model", po::value(&model_dir), "Hugging Face model directory (config.json, safetensors, tokenizer files)")(
-      "adapter", po::value(&adapter), "PEFT LoRA adapter directory, merged into the weights in memory")(
-      "chat", "render each prompt as a user message with the model's chat template + generation prompt")(
-      "prompt", po::value(&prompts)->composing(), "prompt text (repeatable)")(
-      "prompts-file", po::value(&prompts_file), "JSONL file, one {\"prompt\": TEXT} per line")(
-      "max-new-tokens", po::value(&max_new), "tokens to generate at most per prompt")(
-      "temperature", po::value(&temperature), "0 (default): greedy; > 0: sample from softmax(logits / T)")(
-      "top-p", po::value(&top_p), "sampling: keep the most likely tokens up to this probability mass (default 1)")(
-      "seed", po::value(&seed), "sampling: random seed (default 0)")(
-      "threads", po::value(&threads), "LibTorch intra-op threads (default: LibTorch's choice)")(
-      "blas-coretype", po::value(&blas_coretype), "OpenBLAS kernel: auto (default: as a job's [launch] "
+      "model", po::value(&a.model_dir),
+      "Hugging Face model directory (config.json, safetensors, tokenizer files)")(
+      "adapter", po::value(&a.adapter),
+      "PEFT LoRA adapter directory, merged into the weights in memory")(
+      "chat",
+      "render each prompt as a user message with the model's chat template + generation prompt")(
+      "prompt", po::value(&a.prompts)->composing(), "prompt text (repeatable)")(
+      "prompts-file", po::value(&a.prompts_file), "JSONL file, one {\"prompt\": TEXT} per line")(
+      "max-new-tokens", po::value(&a.max_new), "tokens to generate at most per prompt")(
+      "temperature", po::value(&a.temperature),
+      "0 (default): greedy; > 0: sample from softmax(logits / T)")(
+      "top-p", po::value(&a.top_p),
+      "sampling: keep the most likely tokens up to this probability mass (default 1)")(
+      "seed", po::value(&a.seed), "sampling: random seed (default 0)")(
+      "threads", po::value(&a.threads), "LibTorch intra-op threads (default: LibTorch's choice)")(
+      "blas-coretype", po::value(&a.blas_coretype),
+      "OpenBLAS kernel: auto (default: as a job's [launch] "
       "blas_coretype), off, or a kernel name")(
       "jsonl", "print one JSON object per prompt (ids, text, timings) instead of plain text")(
-      "model-plugin", po::value(&model_plugin), "model component to load the directory with (default llama)")(
-      "plugin-path", po::value(&plugin_paths)->composing(), "plugin directory or file, searched first (repeatable)");
+      "model-plugin", po::value(&a.model_plugin),
+      "model component to load the directory with (default llama)")(
+      "plugin-path", po::value(&a.plugin_paths)->composing(),
+      "plugin directory or file, searched first (repeatable)");
   po::variables_map vm;
   if (const auto done = parse_command_line(argc, argv, "generate",
                                            "usage: trainrun generate --model DIR [--adapter DIR] "
@@ -273,139 +467,13 @@ int run_generate_command(int argc, char** argv) {
                                            "prompts.jsonl --max-new-tokens N ...",
                                            opts, vm))
     return *done;
-  auto bad = [&](const std::string& m) {
-    std::cerr << "trainrun generate: error: " << m << std::endl;
-    return 2;
-  };
-  if (model_dir.empty()) return bad("--model DIR is required");
-  if (max_new <= 0) return bad("--max-new-tokens N (N > 0) is required");
-  if (temperature < 0) return bad("--temperature must be >= 0");
-  if (!(top_p > 0 && top_p <= 1)) return bad("--top-p must be in (0, 1]");
-  const bool chat = vm.count("chat") > 0, jsonl = vm.count("jsonl") > 0;
-  try {
-    if (!prompts_file.empty())
-      for (auto& p : read_prompts_file(prompts_file)) prompts.push_back(std::move(p));
-    if (prompts.empty()) return bad("give at least one --prompt TEXT or a --prompts-file");
-    if (!fs::is_regular_file(fs::path(model_dir) / "config.json"))
-      return bad("--model " + model_dir + ": no config.json (not a Hugging Face model directory)");
-    select_blas_kernel(blas_coretype, argv);
-    if (threads > 0) at::set_num_threads(static_cast<int>(threads));
-
-    const text::Tokenizer tok = text::Tokenizer::from_directory(model_dir);
-    std::optional<text::ChatTemplate> tmpl;
-    if (chat) tmpl = text::load_chat_template(model_dir);
-    const std::set<int64_t> eos = eos_ids(model_dir, tok);
-
-    const auto t_load = std::chrono::steady_clock::now();
-    LoadedModel loaded = load_hf_model("trainrun generate", model_dir, model_plugin, plugin_paths,
-                                       "language_modeling", {});
-    std::unique_ptr<v1::Model>& model = loaded.model;
-    const std::string& label = loaded.label;
-    if (auto* sc = dynamic_cast<v1::SequenceClassifier*>(model.get()); sc && sc->num_labels() > 0)
-      return bad("--model " + model_dir +
-                 ": a sequence-classification model (a reward model) "
-                 "scores text and does not generate it: use `trainrun score`");
-    auto* decoder = dynamic_cast<v1::IncrementalDecoder*>(model.get());
-    if (!decoder) return bad(label + " does not offer incremental decoding (v1::IncrementalDecoder)");
-    int merged = 0;
-    if (!adapter.empty()) merged = apply_adapter(*model, adapter);
-    core::guarded(label, "train(false)", [&] { model->train(false); return 0; });
-    const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count();
-    std::cerr << "generate: " << core::guarded(label, "describe", [&] { return model->describe(); })
-              << (merged ? ", " + std::to_string(merged) + " LoRA adapters merged from " + adapter : std::string())
-              << "; loaded in " << std::fixed << std::setprecision(2) << load_s << " s" << std::endl;
-
-    Sampling sampling{temperature, top_p, at::detail::createCPUGenerator(seed)};
-    int64_t total_prompt = 0, total_new = 0;
-    double total_prefill_s = 0, total_decode_s = 0;
-    int64_t total_decode_tokens = 0;
-    for (size_t n = 0; n < prompts.size(); ++n) {
-      std::vector<int32_t> ids32;
-      if (chat) {
-        nlohmann::ordered_json message = nlohmann::ordered_json::object();
-        message["role"] = "user";
-        message["content"] = prompts[n];
-        text::ChatTemplateOptions o;
-        o.add_generation_prompt = true;
-        // As apply_chat_template(tokenize=True): the template writes any BOS itself.
-        ids32 = tok.encode(tmpl->apply(nlohmann::ordered_json::array({message}), o).text, /*add_special_tokens=*/false);
-      } else {
-        ids32 = tok.encode(prompts[n], /*add_special_tokens=*/true);
-      }
-      if (ids32.empty()) return bad("prompt " + std::to_string(n + 1) + " encodes to no tokens");
-      const std::vector<int64_t> prompt_ids(ids32.begin(), ids32.end());
-      const int64_t P = static_cast<int64_t>(prompt_ids.size());
-      std::vector<int64_t> out;
-      std::string finish = "length";
-      auto t0 = std::chrono::steady_clock::now();
-      double prefill_s = 0;
-      // Not core::guarded: its PluginError means bad input (exit 2); a failure while decoding is
-      // exit 1, still naming the plugin.
-      try {
-        std::unique_ptr<v1::DecodeState> state = decoder->new_decode_state(1, P + max_new);
-        at::Tensor logits = decoder->decode(at::tensor(prompt_ids, at::kLong).view({1, P}), *state);
-        for (;;) {
-          const int64_t next = next_token(logits[0][-1], sampling);
-          if (out.empty()) {
-            prefill_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-            t0 = std::chrono::steady_clock::now();
-          }
-          out.push_back(next);
-          if (eos.count(next)) {
-            finish = "eos";
-            break;
-          }
-          if (static_cast<int64_t>(out.size()) >= max_new) break;
-          logits = decoder->decode(at::tensor({next}, at::kLong).view({1, 1}), *state);
-        }
-      } catch (const c10::Error& e) {
-        throw std::runtime_error(label + ": decode failed: " + e.what_without_backtrace());
-      } catch (const std::exception& e) {
-        throw std::runtime_error(label + ": decode failed: " + e.what());
-      }
-      const double decode_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      const int64_t decode_tokens = static_cast<int64_t>(out.size()) - 1;  // the first came from the prefill
-      total_prompt += P;
-      total_new += static_cast<int64_t>(out.size());
-      total_prefill_s += prefill_s;
-      total_decode_s += decode_s;
-      total_decode_tokens += decode_tokens;
-      // Models often pad their vocabulary past the tokenizer's (Qwen: 151936 vs 151669): such
-      // an id has no text.
-      std::vector<int32_t> out32;
-      for (int64_t id : out)
-        if (id < tok.vocab_size()) out32.push_back(static_cast<int32_t>(id));
-      const std::string text = tok.decode(out32, /*skip_special_tokens=*/true);
-      const double prefill_tps = P / prefill_s, decode_tps = decode_tokens > 0 ? decode_tokens / decode_s : 0.0;
-      if (jsonl) {
-        json j = {{"prompt", prompts[n]}, {"prompt_ids", prompt_ids}, {"ids", out}, {"text", text},
-                  {"finish_reason", finish}, {"prefill_tokens_per_s", prefill_tps},
-                  {"decode_tokens_per_s", decode_tps}};
-        std::cout << j.dump(-1, ' ', false, json::error_handler_t::replace) << std::endl;
-      } else {
-        std::cout << (prompts.size() > 1 ? "### prompt " + std::to_string(n + 1) + "\n" : std::string()) << text
-                  << std::endl;
-      }
-      std::cerr << "generate: prompt " << n + 1 << ": " << P << " prompt tokens, " << out.size() << " new ("
-                << (finish == "eos" ? "stopped at EOS" : "max-new-tokens") << "); prefill " << std::setprecision(1)
-                << prefill_tps << " tokens/s, decode " << decode_tps << " tokens/s" << std::endl;
-    }
-    if (prompts.size() > 1)
-      std::cerr << "generate: " << prompts.size() << " prompts: " << total_prompt << " prompt tokens at "
-                << std::setprecision(1) << total_prompt / total_prefill_s << " tokens/s (prefill), " << total_new
-                << " new tokens, decode " << (total_decode_s > 0 ? total_decode_tokens / total_decode_s : 0.0)
-                << " tokens/s" << std::endl;
-    return 0;
-  } catch (const ConfigError& e) {
-    return bad(e.what());
-  } catch (const v1::PluginError& e) {
-    return bad(e.what());
-  } catch (const text::ChatTemplateError& e) {
-    return bad(std::string("chat template: ") + e.what());
-  } catch (const std::exception& e) {
-    std::cerr << "trainrun generate: error: " << e.what() << std::endl;
-    return 1;
-  }
+  if (a.model_dir.empty()) return command_error("generate", "--model DIR is required");
+  if (a.max_new <= 0) return command_error("generate", "--max-new-tokens N (N > 0) is required");
+  if (a.temperature < 0) return command_error("generate", "--temperature must be >= 0");
+  if (!(a.top_p > 0 && a.top_p <= 1)) return command_error("generate", "--top-p must be in (0, 1]");
+  a.chat = vm.count("chat") > 0;
+  a.jsonl = vm.count("jsonl") > 0;
+  return run_model_command("generate", [&] { return generate(a, argv); });
 }
 
 }  // namespace trainrun::app

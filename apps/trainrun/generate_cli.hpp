@@ -1,7 +1,10 @@
 #pragma once
 // `trainrun generate`: text from a Hugging Face model directory through a model plugin that
 // offers v1::IncrementalDecoder (KV cache), with the directory's tokenizer and chat template.
+// Also what `trainrun score` shares with it: loading the model, merging an adapter, and how
+// their errors end the command.
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -43,6 +46,23 @@ LoadedModel load_hf_model(const std::string& command, const std::string& dir,
                           const std::string& plugin, const std::vector<std::string>& plugin_paths,
                           const std::string& task,
                           const std::map<std::string, v1::OptionValue>& overrides);
+
+/// Throws v1::ConfigError "--model DIR: no config.json (not a Hugging Face model directory)"
+/// unless `dir` holds a config.json.
+void check_model_dir(const std::string& dir);
+
+/// Merges the adapter directory `adapter` into the loaded model (none when empty) and switches
+/// the model to inference (train(false)). Returns the adapters merged.
+int prepare_for_inference(LoadedModel& loaded, const std::string& adapter);
+
+/// The loaded model's describe(), plus ", N LoRA adapters merged from ADAPTER" when `merged` > 0.
+std::string describe_loaded(const LoadedModel& loaded, int merged, const std::string& adapter);
+
+/// Runs `body`, the work of `trainrun COMMAND` (generate, score) after its flags, and returns its
+/// exit code. What it throws is printed by command_error (command_line.hpp): bad input
+/// (v1::ConfigError, v1::PluginError, a chat template's error as "chat template: ...") returns 2,
+/// any other std::exception 1.
+int run_model_command(const std::string& command, const std::function<int()>& body);
 
 /// `trainrun generate --model DIR [--adapter DIR] [--chat] --prompt TEXT... | --prompts-file F
 /// --max-new-tokens N [--temperature T --top-p P --seed S] [--jsonl]`. Returns the exit code:

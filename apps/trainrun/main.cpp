@@ -17,6 +17,7 @@
 #include "build_info.hpp"
 #include "chat_cli.hpp"
 #include "collectives.hpp"
+#include "command_line.hpp"
 #include "commands.hpp"
 #include "export_cli.hpp"
 #include "generate_cli.hpp"
@@ -145,8 +146,8 @@ int cmd_plugins(const Registry& reg, const std::string& name) {
 
 // One write for the whole line: a worker's stderr is a pipe that the launcher (or mpiexec)
 // reads in chunks, and a worker stopped mid-line would otherwise leave half a message.
-void print_error(const std::string& message) {
-  std::cerr << ("trainrun: error: " + message + "\n") << std::flush;
+void print_error(const std::string& message, const std::string& command = "trainrun") {
+  std::cerr << (command + ": error: " + message + "\n") << std::flush;
 }
 
 // The agent's plan for this node, from a validated job.
@@ -171,9 +172,79 @@ core::LaunchSpec launch_spec(const core::JobConfig& job, int argc, char** argv) 
   return spec;
 }
 
+int print_help(const po::options_description& opts) {
+  std::cout << "usage: trainrun --config job.toml [--set key=value]...\n"
+               "       trainrun check --config job.toml [--set key=value]... [--plugin-path P]...\n"
+               "       trainrun plugins [NAME]\n";
+  for (const auto& c : app::subcommands()) {
+    std::string usage = c.usage;
+    for (size_t at = 0; !usage.empty() && at != std::string::npos;) {
+      const size_t nl = usage.find('\n', at);
+      std::cout << "       trainrun " << usage.substr(at, nl == std::string::npos ? nl : nl - at)
+                << "\n";
+      at = nl == std::string::npos ? nl : nl + 1;
+    }
+  }
+  std::cout << "\n" << opts << std::endl;
+  return 0;
+}
+
+int print_version() {
+  std::cout << "trainrun " << TRAINRUN_VERSION << " (ABI " << v1::kAbiMajor << "." << v1::kAbiMinor
+            << ", LibTorch " << TRAINRUN_BUILD_TORCH_VERSION
+            << (std::string(TRAINRUN_BUILD_TORCH_CUDA).empty()
+                    ? std::string(" CPU-only")
+                    : std::string(" with CUDA ") + TRAINRUN_BUILD_TORCH_CUDA)
+            << " from " << TRAINRUN_BUILD_TORCH_ORIGIN << ")" << std::endl;
+  return 0;
+}
+
+// `trainrun check`: the resolved job, its components, runtime and memory estimate.
+int print_check(const std::string& config, const core::JobConfig& job, const Registry& reg) {
+  std::cout << "# " << config << ": valid\n" << job.resolved_toml;
+  std::cout << "# components\n";
+  for (const auto* c :
+       {&job.model, &job.data, &job.strategy, &job.accelerator, &job.precision, &job.optimizer})
+    std::cout << "#   " << std::left << std::setw(12) << v1::kind_name(c->kind) << c->plugin << " ("
+              << c->info->file << ")\n";
+  if (!job.objective.plugin.empty())
+    std::cout << "#   " << std::left << std::setw(12) << "objective" << job.objective.plugin << " ("
+              << job.objective.info->file << ")\n";
+  for (const auto& c : job.callbacks)
+    std::cout << "#   " << std::left << std::setw(12) << "callback" << c.plugin << " ("
+              << c.info->file << ")\n";
+  std::vector<std::string> accelerators;
+  for (const auto* c : reg.all_components())
+    if (c->kind == v1::ComponentKind::Accelerator) accelerators.push_back(c->name);
+  std::cout << "# runtime\n";
+  for (const auto& line : core::check_runtime_lines(job, accelerators))
+    std::cout << "#   " << line << "\n";
+  std::cout << "# memory estimate (ZeRO stages 0-3)\n";
+  for (const auto& line : core::check_memory_lines(job, reg)) std::cout << "#   " << line << "\n";
+  return 0;
+}
+
 }  // namespace
 
 namespace trainrun::app {
+int report_failure(const std::string& command) {
+  try {
+    throw;
+  } catch (const v1::ConfigError& e) {
+    print_error(e.what(), command);
+    return 2;
+  } catch (const v1::PluginError& e) {
+    print_error(e.what(), command);
+    return 2;
+  } catch (const c10::Error& e) {
+    print_error(e.what_without_backtrace(), command);
+    return 1;
+  } catch (const std::exception& e) {
+    print_error(e.what(), command);
+    return 1;
+  }
+}
+
 const std::vector<Command>& subcommands() {
   static const std::vector<Command> table = {
       {"consolidate", "consolidate <checkpoint dir> <out dir> [--max-shard-size 5GB]",
@@ -238,44 +309,12 @@ int main(int argc, char** argv) {
       "master-port", po::value(&master_port), "rendezvous port (= --set launch.master_port=PORT)");
   po::options_description hidden;
   hidden.add_options()("command", po::value(&command))("name", po::value(&name));
-  po::options_description all;
-  all.add(opts).add(hidden);
   po::positional_options_description pos;
   pos.add("command", 1).add("name", 1);
   po::variables_map vm;
-  try {
-    po::store(po::command_line_parser(argc, argv).options(all).positional(pos).run(), vm);
-    po::notify(vm);
-  } catch (const po::error& e) {
-    std::cerr << "trainrun: error: " << e.what() << "\n" << opts << std::endl;
-    return 2;
-  }
-  if (vm.count("help")) {
-    std::cout
-        << "usage: trainrun --config job.toml [--set key=value]...\n"
-           "       trainrun check --config job.toml [--set key=value]... [--plugin-path P]...\n"
-           "       trainrun plugins [NAME]\n";
-    for (const auto& c : app::subcommands()) {
-      std::string usage = c.usage;
-      for (size_t at = 0; !usage.empty() && at != std::string::npos;) {
-        const size_t nl = usage.find('\n', at);
-        std::cout << "       trainrun " << usage.substr(at, nl == std::string::npos ? nl : nl - at)
-                  << "\n";
-        at = nl == std::string::npos ? nl : nl + 1;
-      }
-    }
-    std::cout << "\n" << opts << std::endl;
-    return 0;
-  }
-  if (vm.count("version")) {
-    std::cout << "trainrun " << TRAINRUN_VERSION << " (ABI " << v1::kAbiMajor << "."
-              << v1::kAbiMinor << ", LibTorch " << TRAINRUN_BUILD_TORCH_VERSION
-              << (std::string(TRAINRUN_BUILD_TORCH_CUDA).empty()
-                      ? std::string(" CPU-only")
-                      : std::string(" with CUDA ") + TRAINRUN_BUILD_TORCH_CUDA)
-              << " from " << TRAINRUN_BUILD_TORCH_ORIGIN << ")" << std::endl;
-    return 0;
-  }
+  if (!app::store_command_line(argc, argv, "trainrun", opts, hidden, pos, vm)) return 2;
+  if (vm.count("help")) return print_help(opts);
+  if (vm.count("version")) return print_version();
   // A cluster's job controller (a Kubeflow PyTorchJob pod) gives the layout through the
   // environment: after the job file and --set, before the launch flags, which win.
   std::optional<core::ClusterLaunch> cluster;
@@ -327,29 +366,7 @@ int main(int argc, char** argv) {
     reg.load_search_path(Registry::search_path(plugin_paths, job_file.plugin_paths()));
     for (const auto& w : reg.warnings()) core::log_warn(w);
     core::JobConfig job = job_file.validate(reg);
-    if (command == "check") {
-      std::cout << "# " << config << ": valid\n" << job.resolved_toml;
-      std::cout << "# components\n";
-      for (const auto* c : {&job.model, &job.data, &job.strategy, &job.accelerator, &job.precision,
-                            &job.optimizer})
-        std::cout << "#   " << std::left << std::setw(12) << v1::kind_name(c->kind) << c->plugin
-                  << " (" << c->info->file << ")\n";
-      if (!job.objective.plugin.empty())
-        std::cout << "#   " << std::left << std::setw(12) << "objective" << job.objective.plugin
-                  << " (" << job.objective.info->file << ")\n";
-      for (const auto& c : job.callbacks)
-        std::cout << "#   " << std::left << std::setw(12) << "callback" << c.plugin << " ("
-                  << c.info->file << ")\n";
-      std::vector<std::string> accelerators;
-      for (const auto* c : reg.all_components())
-        if (c->kind == v1::ComponentKind::Accelerator) accelerators.push_back(c->name);
-      std::cout << "# runtime\n";
-      for (const auto& line : core::check_runtime_lines(job, accelerators))
-        std::cout << "#   " << line << "\n";
-      std::cout << "# memory estimate (ZeRO stages 0-3)\n";
-      for (const auto& line : core::check_memory_lines(job, reg)) std::cout << "#   " << line << "\n";
-      return 0;
-    }
+    if (command == "check") return print_check(config, job, reg);
     const bool launching = !core::detect_worker_environment().is_worker &&
                            (job.launch.get_int("nproc_per_node") * job.launch.get_int("nnodes") > 1 ||
                             job.launch.get_int("max_restarts") > 0);
@@ -357,17 +374,7 @@ int main(int argc, char** argv) {
     core::select_blas_kernel(job, argv, launching);
     if (launching) return core::launch(launch_spec(job, argc, argv));
     return core::train(job, reg);
-  } catch (const v1::ConfigError& e) {
-    print_error(e.what());
-    return 2;
-  } catch (const v1::PluginError& e) {
-    print_error(e.what());
-    return 2;
-  } catch (const c10::Error& e) {
-    print_error(e.what_without_backtrace());
-    return 1;
-  } catch (const std::exception& e) {
-    print_error(e.what());
-    return 1;
+  } catch (...) {
+    return app::report_failure("trainrun");
   }
 }

@@ -94,30 +94,159 @@ std::vector<int32_t> encode(const Item& it, const ordered_json& completion,
                     /*add_special_tokens=*/false);
 }
 
-}  // namespace
-
-int run_score_command(int argc, char** argv) {
+// The command line of `trainrun score`.
+struct ScoreArgs {
   std::string model_dir, adapter, input, model_plugin = "llama";
   std::vector<std::string> texts, plugin_paths;
   int64_t threads = 0;
+  bool jsonl = false;
+};
+
+// The items of --text (each a text) and of the lines of --input.
+std::vector<Item> read_items(const ScoreArgs& a) {
+  std::vector<Item> items;
+  for (size_t i = 0; i < a.texts.size(); ++i)
+    items.push_back(
+        parse_line(ordered_json{{"text", a.texts[i]}}, "--text " + std::to_string(i + 1)));
+  if (a.input.empty()) return items;
+  std::ifstream f(a.input);
+  if (!f) throw ConfigError("--input " + a.input + ": cannot be read");
+  std::string line;
+  for (int n = 1; std::getline(f, line); ++n) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const std::string where = a.input + ":" + std::to_string(n);
+    ordered_json j;
+    try {
+      j = ordered_json::parse(line);
+    } catch (const ordered_json::exception& e) {
+      throw ConfigError(where + ": not valid JSON: " + e.what());
+    }
+    items.push_back(parse_line(j, where));
+  }
+  if (items.empty()) throw ConfigError("--input " + a.input + ": no lines");
+  return items;
+}
+
+// A SEQ_CLS adapter on a causal LM (PEFT: AutoModelForSequenceClassification on the base, then
+// the adapter, whose modules_to_save hold the trained score head).
+std::map<std::string, v1::OptionValue> adapter_overrides(const std::string& adapter) {
+  std::map<std::string, v1::OptionValue> overrides;
+  if (adapter.empty()) return overrides;
+  const fs::path ac = fs::path(adapter) / "adapter_config.json";
+  std::ifstream f(ac);
+  if (!f) throw ConfigError("--adapter " + adapter + ": no adapter_config.json");
+  try {
+    const ordered_json c = ordered_json::parse(f);
+    if (c.value("task_type", ordered_json(nullptr)) == "SEQ_CLS")
+      overrides["architecture"] = std::string("sequence_classification");
+  } catch (const ordered_json::exception& e) {
+    throw ConfigError(ac.string() + ": not valid JSON: " + e.what());
+  }
+  return overrides;
+}
+
+// The model's scores of one sequence.
+std::vector<double> score_ids(v1::SequenceClassifier& sc, const std::vector<int32_t>& ids32,
+                              const std::string& label) {
+  v1::Batch b;
+  b.input = at::tensor(std::vector<int64_t>(ids32.begin(), ids32.end()), at::kLong)
+                .view({1, static_cast<int64_t>(ids32.size())});
+  at::Tensor s;
+  try {
+    s = sc.scores(b);
+  } catch (const std::exception& e) {
+    throw std::runtime_error(label + ": scoring failed: " + e.what());
+  }
+  const at::Tensor row = s[0].to(at::kDouble).contiguous();
+  return std::vector<double>(row.data_ptr<double>(), row.data_ptr<double>() + row.numel());
+}
+
+int score(const ScoreArgs& a) {
+  check_model_dir(a.model_dir);
+  if (a.threads > 0) at::set_num_threads(static_cast<int>(a.threads));
+  const std::vector<Item> items = read_items(a);
+
+  const text::Tokenizer tok = text::Tokenizer::from_directory(a.model_dir);
+  std::optional<text::ChatTemplate> tmpl;
+  LoadedModel loaded = load_hf_model("trainrun score", a.model_dir, a.model_plugin, a.plugin_paths,
+                                     "reward", adapter_overrides(a.adapter));
+  const std::string& label = loaded.label;
+  auto* sc = dynamic_cast<v1::SequenceClassifier*>(loaded.model.get());
+  if (sc == nullptr || sc->num_labels() < 1)
+    throw ConfigError(
+        a.adapter.empty()
+            ? "--model " + a.model_dir + ": " + label +
+                  " has no sequence-classification head (config.json's architectures "
+                  "must name a *ForSequenceClassification model, as a full reward run's "
+                  "<run_dir>/hf does; for a LoRA reward run give its base model and "
+                  "--adapter <run_dir>/adapter)"
+            : "--adapter " + a.adapter +
+                  ": not a reward model's adapter (adapter_config.json's task_type is "
+                  "not \"SEQ_CLS\"), and --model " +
+                  a.model_dir + " has no score head");
+  const int merged = prepare_for_inference(loaded, a.adapter);
+  std::cerr << "score: " << describe_loaded(loaded, merged, a.adapter) << std::endl;
+
+  at::NoGradGuard no_grad;
+  int64_t pairs = 0, right = 0;
+  for (const Item& it : items) {
+    ordered_json out = ordered_json::object();
+    out["where"] = it.where;
+    std::vector<double> got;
+    for (const auto& [name, completion] : it.parts) {
+      const std::vector<int32_t> ids32 = encode(it, completion, tok, tmpl, a.model_dir);
+      if (ids32.empty()) throw ConfigError(it.where + ": encodes to no tokens");
+      const std::vector<double> v = score_ids(*sc, ids32, label);
+      out[name] = v.size() == 1 ? ordered_json(v[0]) : ordered_json(v);
+      out[name + "_tokens"] = ids32.size();
+      got.push_back(v[0]);
+    }
+    if (it.parts.size() == 2) {
+      ++pairs;
+      right += got[0] > got[1];
+      out["margin"] = got[0] - got[1];
+    }
+    if (a.jsonl) {
+      std::cout << out.dump(-1, ' ', false, ordered_json::error_handler_t::replace) << std::endl;
+    } else {
+      std::cout << std::setprecision(7);
+      if (it.parts.size() == 2)
+        std::cout << got[0] << " " << got[1] << "  margin " << got[0] - got[1]
+                  << (got[0] > got[1] ? "  chosen wins" : "  rejected wins") << "\n";
+      else
+        std::cout << got[0] << "\n";
+    }
+  }
+  std::cout.flush();
+  if (pairs > 0)
+    std::cerr << "score: " << pairs << " pairs, accuracy " << std::setprecision(4)
+              << static_cast<double>(right) / pairs << " (chosen scored above rejected)"
+              << std::endl;
+  return 0;
+}
+
+}  // namespace
+
+int run_score_command(int argc, char** argv) {
+  ScoreArgs a;
   po::options_description opts("trainrun score options");
   opts.add_options()("help,h", "show this help")(
-      "model", po::value(&model_dir),
+      "model", po::value(&a.model_dir),
       "Hugging Face *ForSequenceClassification directory (config.json, safetensors, tokenizer "
       "files), e.g. <run_dir>/hf of a reward run; or, with --adapter, the causal LM a LoRA "
       "reward run started from")(
-      "adapter", po::value(&adapter),
+      "adapter", po::value(&a.adapter),
       "PEFT LoRA adapter directory of a reward model (task SEQ_CLS; its score head is saved "
-      "whole), merged into the weights in memory")("text", po::value(&texts)->composing(),
+      "whole), merged into the weights in memory")("text", po::value(&a.texts)->composing(),
                                                    "a text to score (repeatable)")(
-      "input", po::value(&input),
+      "input", po::value(&a.input),
       "JSONL file: per line {\"text\"}, {\"messages\"}, {\"prompt\"?, \"completion\"} or "
       "{\"prompt\"?, \"chosen\", \"rejected\"} (strings or lists of messages)")(
       "jsonl", "print one JSON object per input line instead of plain text")(
-      "threads", po::value(&threads), "LibTorch intra-op threads (default: LibTorch's choice)")(
-      "model-plugin", po::value(&model_plugin),
+      "threads", po::value(&a.threads), "LibTorch intra-op threads (default: LibTorch's choice)")(
+      "model-plugin", po::value(&a.model_plugin),
       "model component to load the directory with (default llama)")(
-      "plugin-path", po::value(&plugin_paths)->composing(),
+      "plugin-path", po::value(&a.plugin_paths)->composing(),
       "plugin directory or file, searched first (repeatable)");
   po::variables_map vm;
   if (const auto done =
@@ -127,139 +256,11 @@ int run_score_command(int argc, char** argv) {
                              "       trainrun score --model DIR --input FILE.jsonl [--jsonl]",
                              opts, vm))
     return *done;
-  auto bad = [&](const std::string& m) {
-    std::cerr << "trainrun score: error: " << m << std::endl;
-    return 2;
-  };
-  if (model_dir.empty()) return bad("--model DIR is required");
-  if (texts.empty() == input.empty())
-    return bad("give --text TEXT or --input FILE.jsonl (one of them)");
-  const bool jsonl = vm.count("jsonl") > 0;
-  try {
-    if (!fs::is_regular_file(fs::path(model_dir) / "config.json"))
-      return bad("--model " + model_dir + ": no config.json (not a Hugging Face model directory)");
-    if (threads > 0) at::set_num_threads(static_cast<int>(threads));
-    std::vector<Item> items;
-    for (size_t i = 0; i < texts.size(); ++i)
-      items.push_back(
-          parse_line(ordered_json{{"text", texts[i]}}, "--text " + std::to_string(i + 1)));
-    if (!input.empty()) {
-      std::ifstream f(input);
-      if (!f) return bad("--input " + input + ": cannot be read");
-      std::string line;
-      for (int n = 1; std::getline(f, line); ++n) {
-        if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-        const std::string where = input + ":" + std::to_string(n);
-        ordered_json j;
-        try {
-          j = ordered_json::parse(line);
-        } catch (const ordered_json::exception& e) {
-          return bad(where + ": not valid JSON: " + e.what());
-        }
-        items.push_back(parse_line(j, where));
-      }
-      if (items.empty()) return bad("--input " + input + ": no lines");
-    }
-
-    const text::Tokenizer tok = text::Tokenizer::from_directory(model_dir);
-    std::optional<text::ChatTemplate> tmpl;
-    // A SEQ_CLS adapter on a causal LM (PEFT: AutoModelForSequenceClassification on the base, then
-    // the adapter, whose modules_to_save hold the trained score head).
-    std::map<std::string, v1::OptionValue> overrides;
-    if (!adapter.empty()) {
-      const fs::path ac = fs::path(adapter) / "adapter_config.json";
-      std::ifstream f(ac);
-      if (!f) return bad("--adapter " + adapter + ": no adapter_config.json");
-      try {
-        const ordered_json c = ordered_json::parse(f);
-        if (c.value("task_type", ordered_json(nullptr)) == "SEQ_CLS")
-          overrides["architecture"] = std::string("sequence_classification");
-      } catch (const ordered_json::exception& e) {
-        return bad(ac.string() + ": not valid JSON: " + e.what());
-      }
-    }
-    LoadedModel loaded =
-        load_hf_model("trainrun score", model_dir, model_plugin, plugin_paths, "reward", overrides);
-    std::unique_ptr<v1::Model>& model = loaded.model;
-    const std::string& label = loaded.label;
-    auto* sc = dynamic_cast<v1::SequenceClassifier*>(model.get());
-    if (sc == nullptr || sc->num_labels() < 1)
-      return bad(adapter.empty()
-                     ? "--model " + model_dir + ": " + label +
-                           " has no sequence-classification head (config.json's architectures "
-                           "must name a *ForSequenceClassification model, as a full reward run's "
-                           "<run_dir>/hf does; for a LoRA reward run give its base model and "
-                           "--adapter <run_dir>/adapter)"
-                     : "--adapter " + adapter +
-                           ": not a reward model's adapter (adapter_config.json's task_type is "
-                           "not \"SEQ_CLS\"), and --model " +
-                           model_dir + " has no score head");
-    const int merged = adapter.empty() ? 0 : apply_adapter(*model, adapter);
-    core::guarded(label, "train(false)", [&] {
-      model->train(false);
-      return 0;
-    });
-    std::cerr << "score: " << core::guarded(label, "describe", [&] { return model->describe(); })
-              << (merged ? ", " + std::to_string(merged) + " LoRA adapters merged from " + adapter
-                         : std::string())
-              << std::endl;
-
-    at::NoGradGuard no_grad;
-    int64_t pairs = 0, right = 0;
-    for (const Item& it : items) {
-      ordered_json out = ordered_json::object();
-      out["where"] = it.where;
-      std::vector<double> got;
-      for (const auto& [name, completion] : it.parts) {
-        const std::vector<int32_t> ids32 = encode(it, completion, tok, tmpl, model_dir);
-        if (ids32.empty()) return bad(it.where + ": encodes to no tokens");
-        v1::Batch b;
-        b.input = at::tensor(std::vector<int64_t>(ids32.begin(), ids32.end()), at::kLong)
-                      .view({1, static_cast<int64_t>(ids32.size())});
-        at::Tensor s;
-        try {
-          s = sc->scores(b);
-        } catch (const std::exception& e) {
-          throw std::runtime_error(label + ": scoring failed: " + e.what());
-        }
-        const at::Tensor row = s[0].to(at::kDouble).contiguous();
-        std::vector<double> v(row.data_ptr<double>(), row.data_ptr<double>() + row.numel());
-        out[name] = v.size() == 1 ? ordered_json(v[0]) : ordered_json(v);
-        out[name + "_tokens"] = ids32.size();
-        got.push_back(v[0]);
-      }
-      if (it.parts.size() == 2) {
-        ++pairs;
-        right += got[0] > got[1];
-        out["margin"] = got[0] - got[1];
-      }
-      if (jsonl) {
-        std::cout << out.dump(-1, ' ', false, ordered_json::error_handler_t::replace) << std::endl;
-      } else {
-        std::cout << std::setprecision(7);
-        if (it.parts.size() == 2)
-          std::cout << got[0] << " " << got[1] << "  margin " << got[0] - got[1]
-                    << (got[0] > got[1] ? "  chosen wins" : "  rejected wins") << "\n";
-        else
-          std::cout << got[0] << "\n";
-      }
-    }
-    std::cout.flush();
-    if (pairs > 0)
-      std::cerr << "score: " << pairs << " pairs, accuracy " << std::setprecision(4)
-                << static_cast<double>(right) / pairs << " (chosen scored above rejected)"
-                << std::endl;
-    return 0;
-  } catch (const ConfigError& e) {
-    return bad(e.what());
-  } catch (const v1::PluginError& e) {
-    return bad(e.what());
-  } catch (const text::ChatTemplateError& e) {
-    return bad(std::string("chat template: ") + e.what());
-  } catch (const std::exception& e) {
-    std::cerr << "trainrun score: error: " << e.what() << std::endl;
-    return 1;
-  }
+  if (a.model_dir.empty()) return command_error("score", "--model DIR is required");
+  if (a.texts.empty() == a.input.empty())
+    return command_error("score", "give --text TEXT or --input FILE.jsonl (one of them)");
+  a.jsonl = vm.count("jsonl") > 0;
+  return run_model_command("score", [&] { return score(a); });
 }
 
 }  // namespace trainrun::app

@@ -118,24 +118,170 @@ std::string read_file(const std::string& path) {
   return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
 }
 
-}  // namespace
+// Documents gathered into chunks (kChunkBytes, kChunkDocs), each chunk encoded on all threads and
+// written in input order, every document followed by the EOS id.
+class ChunkEncoder {
+ public:
+  ChunkEncoder(const text::Tokenizer& tok, int32_t eos, int threads, Writer& out,
+               Progress& progress)
+      : tok_(tok), eos_(eos), threads_(threads), out_(out), progress_(progress) {}
+  void add(std::string&& doc, const std::string& where) {
+    chunk_bytes_ += doc.size();
+    docs_.push_back(std::move(doc));
+    wheres_.push_back(where);
+    if (chunk_bytes_ >= kChunkBytes || docs_.size() >= kChunkDocs) flush();
+  }
+  void flush() {
+    if (docs_.empty()) return;
+    std::vector<std::vector<int32_t>> ids;
+    try {
+      ids = tok_.encode_batch(docs_, /*add_special_tokens=*/false, threads_);
+    } catch (const std::invalid_argument&) {
+      // Invalid UTF-8: name the document (the batch's message does not know it).
+      for (size_t i = 0; i < docs_.size(); ++i) try {
+          (void)tok_.encode(docs_[i]);
+        } catch (const std::invalid_argument& e) {
+          throw ConfigError(wheres_[i] + ": " + e.what());
+        }
+      throw;
+    }
+    for (auto doc : ids) {
+      doc.push_back(eos_);
+      out_.put(doc);
+      done_.tokens += doc.size();
+    }
+    done_.documents += docs_.size();
+    done_.bytes += chunk_bytes_;
+    docs_.clear();
+    wheres_.clear();
+    chunk_bytes_ = 0;
+    progress_.update(bytes_read, done_.tokens, done_.documents);
+  }
+  const Totals& done() const { return done_; }
+  uint64_t bytes_read = 0;  // of the input files, for the progress bar
 
-int run_tokenize_command(int argc, char** argv) {
+ private:
+  const text::Tokenizer& tok_;
+  int32_t eos_;
+  int threads_;
+  Writer& out_;
+  Progress& progress_;
+  Totals done_;
+  std::vector<std::string> docs_, wheres_;  // texts of this chunk and where each came from
+  size_t chunk_bytes_ = 0;
+};
+
+// The command line of `trainrun tokenize`.
+struct TokenizeArgs {
   std::string tokenizer, output, dtype = "auto", text_key = "text", eos_token;
   std::vector<std::string> files;
   int threads = 0;
+};
+
+// OUTPUT.json: what the text dataset (format = "auto") needs to read OUTPUT. Returns its path.
+std::string write_sidecar(const TokenizeArgs& a, const text::Tokenizer& tok, int32_t eos,
+                          const Totals& done) {
+  json side = {{"format", "trainrun-tokens"},
+               {"dtype", a.dtype},
+               {"byte_order", "little"},
+               {"tokenizer", fs::absolute(a.tokenizer).lexically_normal().string()},
+               {"vocab_size", tok.vocab_size()},
+               {"eos_token_id", eos},
+               {"eos_token", tok.id_to_token(eos)},
+               {"documents", done.documents},
+               {"tokens", done.tokens},
+               {"text_bytes", done.bytes},
+               {"files", a.files}};
+  const std::string side_path = a.output + ".json";
+  std::ofstream s(side_path + ".tmp");
+  s << side.dump(2) << "\n";
+  s.close();
+  if (!s) throw std::runtime_error(side_path + ": write failed");
+  fs::rename(side_path + ".tmp", side_path);
+  return side_path;
+}
+
+// Everything after the flags; writes the token file as `tmp`, renamed to --output when complete.
+int tokenize(TokenizeArgs& a, const std::string& tmp) {
+  uint64_t total_bytes = 0;
+  for (const auto& f : a.files) {
+    std::error_code ec;
+    if (!fs::is_regular_file(f, ec)) return command_error("tokenize", f + ": no such file");
+    total_bytes += fs::file_size(f);
+  }
+  const text::Tokenizer tok = text::Tokenizer::from_directory(a.tokenizer);
+  const auto eos = a.eos_token.empty() ? tok.eos_token_id() : tok.token_to_id(a.eos_token);
+  if (!eos && !a.eos_token.empty())
+    return command_error("tokenize",
+                         "--eos-token '" + a.eos_token + "' is not a token of " + a.tokenizer);
+  if (!eos)
+    return command_error("tokenize", a.tokenizer +
+                                         ": the tokenizer names no eos_token "
+                                         "(tokenizer_config.json), which separates "
+                                         "documents; give --eos-token TOKEN");
+  const int64_t vocab = tok.vocab_size();
+  if (a.dtype == "auto") a.dtype = vocab <= 65536 ? "uint16" : "uint32";
+  if (a.dtype == "uint16" && vocab > 65536)
+    return command_error("tokenize", "--dtype uint16: the vocabulary has " + std::to_string(vocab) +
+                                         " ids, more than 65536");
+
+  Writer out(tmp, a.dtype == "uint16" ? 2 : 4);
+  Progress progress(total_bytes);
+  ChunkEncoder encoder(tok, *eos, a.threads, out, progress);
+  for (const auto& f : a.files) {
+    if (!is_jsonl(f)) {
+      encoder.add(read_file(f), f);
+      encoder.bytes_read += fs::file_size(f);
+      continue;
+    }
+    std::ifstream in(f, std::ios::binary);
+    if (!in) return command_error("tokenize", f + ": cannot be read");
+    std::string line;
+    for (int64_t n = 1; std::getline(in, line); ++n) {
+      encoder.bytes_read += line.size() + 1;
+      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+      json j;
+      try {
+        j = json::parse(line);
+      } catch (const json::exception& e) {
+        throw ConfigError(f + ":" + std::to_string(n) + ": not valid JSON: " + e.what());
+      }
+      if (!j.is_object() || !j.contains(a.text_key) || !j[a.text_key].is_string())
+        throw ConfigError(f + ":" + std::to_string(n) + ": expected an object with a string \"" +
+                          a.text_key + "\"");
+      encoder.add(j[a.text_key].get<std::string>(), f + ":" + std::to_string(n));
+    }
+  }
+  encoder.flush();
+  out.close();
+  const Totals& done = encoder.done();
+  progress.update(total_bytes, done.tokens, done.documents, /*final=*/true);
+  fs::rename(tmp, a.output);
+  const std::string side_path = write_sidecar(a, tok, *eos, done);
+  const double secs = progress.seconds();
+  std::cerr << "tokenize: " << done.documents << " documents, " << done.tokens << " tokens ("
+            << a.dtype << ") in " << std::fixed << std::setprecision(2) << secs << " s, "
+            << std::setprecision(0) << (secs > 0 ? static_cast<double>(done.tokens) / secs : 0)
+            << " tokens/s -> " << a.output << " + " << side_path << std::endl;
+  return 0;
+}
+
+}  // namespace
+
+int run_tokenize_command(int argc, char** argv) {
+  TokenizeArgs a;
   po::options_description opts("trainrun tokenize options");
   opts.add_options()("help,h", "show this help")(
-      "tokenizer", po::value(&tokenizer),
+      "tokenizer", po::value(&a.tokenizer),
       "model directory with tokenizer.json (or tokenizer.model)")(
-      "output,o", po::value(&output), "token file to write (its sidecar: OUTPUT.json)")(
-      "dtype", po::value(&dtype),
+      "output,o", po::value(&a.output), "token file to write (its sidecar: OUTPUT.json)")(
+      "dtype", po::value(&a.dtype),
       "auto (default: uint16 when every id fits, else uint32), uint16 or uint32")(
-      "eos-token", po::value(&eos_token),
+      "eos-token", po::value(&a.eos_token),
       "token that ends every document (default: the tokenizer's eos_token)")(
-      "text-key", po::value(&text_key),
+      "text-key", po::value(&a.text_key),
       "JSONL files: the field holding a document's text (default \"text\")")(
-      "threads", po::value(&threads), "encoding threads (default 0: all cores)");
+      "threads", po::value(&a.threads), "encoding threads (default 0: all cores)");
   po::variables_map vm;
   if (const auto done = parse_command_line(
           argc, argv, "tokenize",
@@ -145,135 +291,30 @@ int run_tokenize_command(int argc, char** argv) {
           "  Writes the ids of every document followed by EOS, little-endian uint16 or uint32,\n"
           "  and OUTPUT.json naming the dtype, tokenizer and counts (the text dataset's format = "
           "\"auto\").",
-          opts, vm, &files))
+          opts, vm, &a.files))
     return *done;
-  auto bad = [](const std::string& m) {
-    std::cerr << "trainrun tokenize: error: " << m << std::endl;
-    return 2;
-  };
-  if (tokenizer.empty() || output.empty()) return bad("--tokenizer DIR and --output FILE are required (see --help)");
-  if (files.empty()) return bad("give the text or .jsonl files to tokenize");
-  if (dtype != "auto" && dtype != "uint16" && dtype != "uint32") return bad("--dtype must be auto, uint16 or uint32");
-  const std::string tmp = output + ".tmp";
-  try {
-    uint64_t total_bytes = 0;
-    for (const auto& f : files) {
-      std::error_code ec;
-      if (!fs::is_regular_file(f, ec)) return bad(f + ": no such file");
-      total_bytes += fs::file_size(f);
-    }
-    const text::Tokenizer tok = text::Tokenizer::from_directory(tokenizer);
-    const auto eos = eos_token.empty() ? tok.eos_token_id() : tok.token_to_id(eos_token);
-    if (!eos && !eos_token.empty()) return bad("--eos-token '" + eos_token + "' is not a token of " + tokenizer);
-    if (!eos) return bad(tokenizer + ": the tokenizer names no eos_token (tokenizer_config.json), which separates "
-                         "documents; give --eos-token TOKEN");
-    const int64_t vocab = tok.vocab_size();
-    if (dtype == "auto") dtype = vocab <= 65536 ? "uint16" : "uint32";
-    if (dtype == "uint16" && vocab > 65536)
-      return bad("--dtype uint16: the vocabulary has " + std::to_string(vocab) + " ids, more than 65536");
-    const int width = dtype == "uint16" ? 2 : 4;
-
-    Writer out(tmp, width);
-    Progress progress(total_bytes);
-    Totals done;
-    std::vector<std::string> docs, wheres;  // texts of this chunk and where each came from
-    size_t chunk_bytes = 0;
-    uint64_t bytes_read = 0;  // of the input files, for the progress bar
-    auto flush = [&] {
-      if (docs.empty()) return;
-      std::vector<std::vector<int32_t>> ids;
-      try {
-        ids = tok.encode_batch(docs, /*add_special_tokens=*/false, threads);
-      } catch (const std::invalid_argument&) {
-        // Invalid UTF-8: name the document (the batch's message does not know it).
-        for (size_t i = 0; i < docs.size(); ++i) try {
-            (void)tok.encode(docs[i]);
-          } catch (const std::invalid_argument& e) {
-            throw ConfigError(wheres[i] + ": " + e.what());
-          }
-        throw;
-      }
-      for (auto doc : ids) {
-        doc.push_back(*eos);
-        out.put(doc);
-        done.tokens += doc.size();
-      }
-      done.documents += docs.size();
-      done.bytes += chunk_bytes;
-      docs.clear();
-      wheres.clear();
-      chunk_bytes = 0;
-      progress.update(bytes_read, done.tokens, done.documents);
-    };
-    auto add = [&](std::string&& doc, const std::string& where) {
-      chunk_bytes += doc.size();
-      docs.push_back(std::move(doc));
-      wheres.push_back(where);
-      if (chunk_bytes >= kChunkBytes || docs.size() >= kChunkDocs) flush();
-    };
-    for (const auto& f : files) {
-      if (!is_jsonl(f)) {
-        add(read_file(f), f);
-        bytes_read += fs::file_size(f);
-        continue;
-      }
-      std::ifstream in(f, std::ios::binary);
-      if (!in) return bad(f + ": cannot be read");
-      std::string line;
-      for (int64_t n = 1; std::getline(in, line); ++n) {
-        bytes_read += line.size() + 1;
-        if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-        json j;
-        try {
-          j = json::parse(line);
-        } catch (const json::exception& e) {
-          throw ConfigError(f + ":" + std::to_string(n) + ": not valid JSON: " + e.what());
-        }
-        if (!j.is_object() || !j.contains(text_key) || !j[text_key].is_string())
-          throw ConfigError(f + ":" + std::to_string(n) + ": expected an object with a string \"" + text_key + "\"");
-        add(j[text_key].get<std::string>(), f + ":" + std::to_string(n));
-      }
-    }
-    flush();
-    out.close();
-    progress.update(total_bytes, done.tokens, done.documents, /*final=*/true);
-    fs::rename(tmp, output);
-    json side = {{"format", "trainrun-tokens"},
-                 {"dtype", dtype},
-                 {"byte_order", "little"},
-                 {"tokenizer", fs::absolute(tokenizer).lexically_normal().string()},
-                 {"vocab_size", vocab},
-                 {"eos_token_id", *eos},
-                 {"eos_token", tok.id_to_token(*eos)},
-                 {"documents", done.documents},
-                 {"tokens", done.tokens},
-                 {"text_bytes", done.bytes},
-                 {"files", files}};
-    const std::string side_path = output + ".json";
-    std::ofstream s(side_path + ".tmp");
-    s << side.dump(2) << "\n";
-    s.close();
-    if (!s) throw std::runtime_error(side_path + ": write failed");
-    fs::rename(side_path + ".tmp", side_path);
-    const double secs = progress.seconds();
-    std::cerr << "tokenize: " << done.documents << " documents, " << done.tokens << " tokens (" << dtype << ") in "
-              << std::fixed << std::setprecision(2) << secs << " s, " << std::setprecision(0)
-              << (secs > 0 ? static_cast<double>(done.tokens) / secs : 0) << " tokens/s -> " << output << " + "
-              << side_path << std::endl;
-    return 0;
-  } catch (const ConfigError& e) {
-    std::error_code ec;
-    fs::remove(tmp, ec);
-    return bad(e.what());
-  } catch (const std::invalid_argument& e) {
-    std::error_code ec;
-    fs::remove(tmp, ec);
-    return bad(e.what());
-  } catch (const std::exception& e) {
+  if (a.tokenizer.empty() || a.output.empty())
+    return command_error("tokenize", "--tokenizer DIR and --output FILE are required (see --help)");
+  if (a.files.empty())
+    return command_error("tokenize", "give the text or .jsonl files to tokenize");
+  if (a.dtype != "auto" && a.dtype != "uint16" && a.dtype != "uint32")
+    return command_error("tokenize", "--dtype must be auto, uint16 or uint32");
+  const std::string tmp = a.output + ".tmp";
+  // A failure leaves no partial token file behind.
+  auto fail = [&](const std::exception& e, int code) {
     std::error_code ec;
     fs::remove(tmp, ec);
     std::cerr << "trainrun tokenize: error: " << e.what() << std::endl;
-    return 1;
+    return code;
+  };
+  try {
+    return tokenize(a, tmp);
+  } catch (const ConfigError& e) {
+    return fail(e, 2);
+  } catch (const std::invalid_argument& e) {
+    return fail(e, 2);
+  } catch (const std::exception& e) {
+    return fail(e, 1);
   }
 }
 

@@ -322,21 +322,27 @@ OptionValue convert(const toml::node& node, const OptionSpec& spec, const std::s
     return ConfigError(what + ": expected " + v1::type_name(spec.type) + ", got " + describe_node(node));
   };
   auto check_range = [&](double v, const std::string& shown) { check_in_range(spec, what, v, shown); };
+  auto checked_int = [&](int64_t v) {
+    check_range(static_cast<double>(v), std::to_string(v));
+    return v;
+  };
+  // A Size or Duration written as text ("4GiB", "90s"): the parser's complaint follows the key.
+  auto parse_text = [&](auto parse, const std::string& text) {
+    try {
+      return parse(text);
+    } catch (const std::invalid_argument& e) {
+      throw ConfigError(what + ": " + e.what());
+    }
+  };
   switch (spec.type) {
     case OptionType::Bool:
       if (auto v = node.value_exact<bool>()) return *v;
       throw bad_type();
     case OptionType::Int:
-      if (auto v = node.value_exact<int64_t>()) {
-        check_range(static_cast<double>(*v), std::to_string(*v));
-        return *v;
-      }
+      if (auto v = node.value_exact<int64_t>()) return checked_int(*v);
       throw bad_type();
     case OptionType::IntOrAuto:
-      if (auto v = node.value_exact<int64_t>()) {
-        check_range(static_cast<double>(*v), std::to_string(*v));
-        return *v;
-      }
+      if (auto v = node.value_exact<int64_t>()) return checked_int(*v);
       if (auto v = node.value_exact<std::string>()) {
         if (*v == "auto") return v1::kAuto;
         throw ConfigError(what + ": expected integer or \"auto\", got string \"" + *v + "\"");
@@ -363,26 +369,20 @@ OptionValue convert(const toml::node& node, const OptionSpec& spec, const std::s
     case OptionType::Size: {
       int64_t bytes = 0;
       if (auto v = node.value_exact<int64_t>()) bytes = *v;
-      else if (auto s = node.value_exact<std::string>()) {
-        try {
-          bytes = parse_size(*s);
-        } catch (const std::invalid_argument& e) {
-          throw ConfigError(what + ": " + e.what());
-        }
-      } else throw bad_type();
+      else if (auto s = node.value_exact<std::string>())
+        bytes = parse_text(parse_size, *s);
+      else
+        throw bad_type();
       check_range(static_cast<double>(bytes), std::to_string(bytes) + " bytes");
       return bytes;
     }
     case OptionType::Duration: {
       double secs = 0;
       if (node.is_number()) secs = *node.value<double>();
-      else if (auto s = node.value_exact<std::string>()) {
-        try {
-          secs = parse_duration(*s);
-        } catch (const std::invalid_argument& e) {
-          throw ConfigError(what + ": " + e.what());
-        }
-      } else throw bad_type();
+      else if (auto s = node.value_exact<std::string>())
+        secs = parse_text(parse_duration, *s);
+      else
+        throw bad_type();
       std::ostringstream os;
       os << secs << " s";
       check_range(secs, os.str());
@@ -395,8 +395,7 @@ OptionValue convert(const toml::node& node, const OptionSpec& spec, const std::s
       for (const auto& e : *arr) {
         auto v = e.value_exact<int64_t>();
         if (!v) throw bad_type();
-        check_range(static_cast<double>(*v), std::to_string(*v));
-        out.push_back(*v);
+        out.push_back(checked_int(*v));
       }
       return out;
     }

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <iomanip>
 #include <iostream>
+#include <numeric>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -139,14 +140,11 @@ class ChatDataset final : public v1::Dataset {
                    dropped, " longer than max_seq_len = ", max_len_, ", ", empty, " without a counted target)");
 
     // Held-out choice: a permutation from split_seed, the same on every standard library.
-    const int64_t n = static_cast<int64_t>(samples_.size());
-    const std::vector<int64_t> perm =
-        seeded_permutation(n, static_cast<uint64_t>(o.get_int("split_seed")));
-    const int64_t n_eval = static_cast<int64_t>(o.get_double("validation_fraction") * static_cast<double>(n));
-    TR_CHECK_TYPED(ConfigError, n - n_eval > 0, context, ": validation_fraction leaves no training conversation");
-    std::vector<int64_t> train(perm.begin() + n_eval, perm.end()), eval(perm.begin(), perm.begin() + n_eval);
-    std::sort(train.begin(), train.end());
-    std::sort(eval.begin(), eval.end());
+    std::vector<int64_t> all(samples_.size());
+    std::iota(all.begin(), all.end(), 0);
+    const auto [train, eval] =
+        hold_out(all, o.get_double("validation_fraction"),
+                 static_cast<uint64_t>(o.get_int("split_seed")), context, "conversation");
     packing_ = o.get_bool("packing");
     for (int k = 0; k < 2; ++k) {
       const std::vector<int64_t>& members = k == 0 ? train : eval;

@@ -113,12 +113,6 @@ json to_messages(const json& rec, const std::string& where) {
   bad(where, "no \"messages\" (OpenAI), \"conversations\" (ShareGPT) or \"instruction\" (Alpaca) key");
 }
 
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw ConfigError("chat: cannot open '" + path + "': " + std::strerror(errno));
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
-
 }  // namespace
 
 size_t common_prefix(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
@@ -158,10 +152,50 @@ std::vector<int64_t> seeded_permutation(int64_t n, uint64_t seed) {
   return perm;
 }
 
+std::array<std::vector<int64_t>, 2> hold_out(const std::vector<int64_t>& items, double fraction,
+                                             uint64_t seed, const std::string& context,
+                                             const std::string& unit) {
+  const int64_t n = static_cast<int64_t>(items.size());
+  const std::vector<int64_t> perm = seeded_permutation(n, seed);
+  const int64_t n_eval = static_cast<int64_t>(fraction * static_cast<double>(n));
+  TR_CHECK_TYPED(ConfigError, n - n_eval > 0, context, ": validation_fraction leaves no training ",
+                 unit);
+  std::array<std::vector<int64_t>, 2> parts;
+  for (int64_t i = 0; i < n; ++i) parts[i < n_eval ? 1 : 0].push_back(items[perm[i]]);
+  std::sort(parts[0].begin(), parts[0].end());
+  std::sort(parts[1].begin(), parts[1].end());
+  return parts;
+}
+
+std::string read_file(const std::string& path, const std::string& who) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw ConfigError(who + ": cannot open '" + path + "': " + std::strerror(errno));
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+void for_each_jsonl_record(const std::string& file, const std::string& text,
+                           const std::function<void(int64_t, const json&)>& f) {
+  std::istringstream lines(text);
+  std::string line;
+  for (int64_t n = 1; std::getline(lines, line); ++n) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const std::string where = file + ":" + std::to_string(n);
+    if (v1::json_too_deep(line))
+      bad(where, "JSON nested deeper than " + std::to_string(v1::kMaxJsonDepth) + " levels");
+    json rec;
+    try {
+      rec = json::parse(line);
+    } catch (const json::exception& e) {
+      bad(where, "malformed JSON line: " + v1::parse_error_text(e.what()));
+    }
+    f(n, rec);
+  }
+}
+
 std::vector<Conversation> read_conversations(const std::vector<std::string>& files) {
   std::vector<Conversation> out;
   for (const auto& file : files) {
-    const std::string text = read_file(file);
+    const std::string text = read_file(file, "chat");
     const size_t first = text.find_first_not_of(" \t\r\n");
     if (first != std::string::npos && text[first] == '[') {
       if (v1::json_too_deep(text))
@@ -182,24 +216,13 @@ std::vector<Conversation> read_conversations(const std::vector<std::string>& fil
       }
       continue;
     }
-    std::istringstream lines(text);
-    std::string line;
-    for (int64_t n = 1; std::getline(lines, line); ++n) {
-      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    for_each_jsonl_record(file, text, [&](int64_t line, const json& rec) {
       Conversation c;
       c.file = file;
-      c.line = n;
-      json rec;
-      if (v1::json_too_deep(line))
-        bad(c.where(), "JSON nested deeper than " + std::to_string(v1::kMaxJsonDepth) + " levels");
-      try {
-        rec = json::parse(line);
-      } catch (const json::exception& e) {
-        bad(c.where(), "malformed JSON line: " + v1::parse_error_text(e.what()));
-      }
+      c.line = line;
       c.messages = to_messages(rec, c.where());
       out.push_back(std::move(c));
-    }
+    });
   }
   return out;
 }

@@ -6,7 +6,9 @@
 #include <trainrun/text/chat_template.hpp>
 #include <trainrun/text/tokenizer.hpp>
 
+#include <array>
 #include <cstdint>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -27,6 +29,23 @@ size_t common_prefix(const std::vector<int32_t>& a, const std::vector<int32_t>& 
 /// the datasets (std::shuffle's algorithm is not specified, so it could differ between standard
 /// libraries; this one does not).
 std::vector<int64_t> seeded_permutation(int64_t n, uint64_t seed);
+
+/// [train, held out]: `items` with fraction * items.size() of them (rounded down) held out, those
+/// at the first places of seeded_permutation(seed), each part sorted. Throws v1::ConfigError
+/// "CONTEXT: validation_fraction leaves no training UNIT" when none is left to train on. Shared
+/// with the `preference` and `unpaired` datasets.
+std::array<std::vector<int64_t>, 2> hold_out(const std::vector<int64_t>& items, double fraction,
+                                             uint64_t seed, const std::string& context,
+                                             const std::string& unit);
+
+/// The bytes of the file `path`. Throws v1::ConfigError "WHO: cannot open 'PATH': REASON".
+std::string read_file(const std::string& path, const std::string& who);
+
+/// Calls f(line, record) for every non-blank line of `text`, the JSONL file `file` (line 1-based),
+/// in order. Throws v1::ConfigError "FILE:LINE: ..." for a line that is not JSON or is nested
+/// deeper than v1::kMaxJsonDepth. Shared with the `preference` dataset.
+void for_each_jsonl_record(const std::string& file, const std::string& text,
+                           const std::function<void(int64_t, const nlohmann::ordered_json&)>& f);
 
 /// One conversation as read, with where it came from (for errors).
 struct Conversation {

@@ -13,12 +13,14 @@
 #include <torch/utils.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "dataset_setup.hpp"
 #include "preference_samples.hpp"
 #include "reward_layout.hpp"
 #include "trainrun/interfaces.hpp"
@@ -37,18 +39,11 @@ using v1::Split;
 
 namespace {
 
-// Counts of one kind of pair, with the first one's FILE:LINE.
-struct Tally {
-  int64_t n = 0;
-  std::string first;
-  void add(const std::string& where) {
-    if (n++ == 0) first = where;
-  }
-  /// "N pair(s) <what>", plus " (first FILE:LINE)" when N > 0.
-  std::string text(const std::string& what) const {
-    return std::to_string(n) + (n == 1 ? " pair " : " pairs ") + what +
-           (n ? " (first " + first + ")" : "");
-  }
+// What tokenizing the pairs kept and dropped, for rank 0's log.
+struct Counts {
+  Tally prompt_fills{"pair"}, no_target{"pair"}, same{"pair"}, diverged{"pair"}, too_long{"pair"};
+  int64_t conversational = 0, implicit = 0, prompt_tokens = 0, chosen_tokens = 0,
+          rejected_tokens = 0;
 };
 
 }  // namespace
@@ -58,25 +53,12 @@ class PreferenceDataset final : public v1::Dataset {
  public:
   /// Options: files, tokenizer and template, TRL's max_length / truncation_mode, the held-out part.
   static void declare_options(OptionSchema& s) {
-    s.add({"paths",
-           v1::OptionType::StringList,
-           std::monostate{},
-           /*required=*/true,
-           {},
-           {},
-           {},
-           "JSONL files (or glob(3) patterns) of preference pairs: {\"prompt\"?, \"chosen\", "
-           "\"rejected\"}, all strings or all lists of {\"role\", \"content\"} messages; without "
-           "\"prompt\" it is the start chosen and rejected share (TRL's extract_prompt)"});
-    s.string_list("eval_paths", {},
-                  "held-out pairs from these files instead of a validation_fraction of paths");
-    s.required_string("tokenizer",
-                      "Hugging Face tokenizer directory (tokenizer.json, "
-                      "tokenizer_config.json), e.g. the model's own directory");
-    s.string("chat_template", "",
-             "conversational pairs: \"\" = the tokenizer's own chat template; else a named "
-             "template of the tokenizer, a built-in (chatml, llama3, llama2, mistral, alpaca) or "
-             "a .jinja file");
+    declare_source_options(
+        s,
+        "JSONL files (or glob(3) patterns) of preference pairs: {\"prompt\"?, \"chosen\", "
+        "\"rejected\"}, all strings or all lists of {\"role\", \"content\"} messages; without "
+        "\"prompt\" it is the start chosen and rejected share (TRL's extract_prompt)",
+        "pairs", "conversational pairs");
     s.integer("max_length", 1024,
               "tokens of prompt + completion kept per sequence (TRL's max_length); 0 = no limit", 0,
               1 << 24);
@@ -87,9 +69,7 @@ class PreferenceDataset final : public v1::Dataset {
               "keep only the last max_prompt_length prompt tokens, before max_length applies "
               "(not in TRL 1.16); 0 = no limit",
               0, 1 << 24);
-    s.real("validation_fraction", 0.0, "fraction of the pairs held out for evaluation", 0.0, 0.9);
-    s.integer("split_seed", 0,
-              "seed of the held-out choice (the same seed holds out the same pairs)", 0);
+    declare_split_options(s, "pairs");
     s.choice("trainer", "dpo", {"dpo", "cpo", "orpo", "reward"},
              "whose tokenization: TRL's DPOTrainer (dpo: EOS text appended to text rows, the "
              "prompt split at the common prefix); CPOTrainer (cpo, for simpo: BOS and EOS ids "
@@ -103,15 +83,7 @@ class PreferenceDataset final : public v1::Dataset {
   /// Reads, tokenizes and checks every pair; rank 0 logs what was kept and dropped.
   PreferenceDataset(const Options& o, const RunContext& ctx) {
     const std::string context = o.context();
-    const std::vector<std::string> files =
-        expand_paths(o.get_string_list("paths"), context, "paths");
-    const std::vector<std::string>& eval_patterns = o.get_string_list("eval_paths");
-    const double fraction = o.get_double("validation_fraction");
-    TR_CHECK_TYPED(ConfigError, eval_patterns.empty() || fraction == 0.0, context,
-                   ": set eval_paths or validation_fraction, not both");
-    const std::vector<std::string> eval_files =
-        eval_patterns.empty() ? std::vector<std::string>{}
-                              : expand_paths(eval_patterns, context, "eval_paths");
+    const Sources sources = read_sources(o);
     const std::string dir = o.get_string("tokenizer");
     const text::Tokenizer tok = text::Tokenizer::from_directory(dir);
     limits_.max_length = o.get_int("max_length");
@@ -131,123 +103,29 @@ class PreferenceDataset final : public v1::Dataset {
                    "\" takes truncation_mode = \"keep_start\" only (TRL's CPOTrainer and "
                    "ORPOTrainer cut the end of the completion)");
 
-    const std::vector<Row> rows[2] = {read_rows(files), read_rows(eval_files)};
+    const std::vector<Row> rows[2] = {read_rows(sources.files), read_rows(sources.eval_files)};
     TR_CHECK_TYPED(ConfigError, !rows[0].empty(), context, ": the files in paths hold no pair");
-    TR_CHECK_TYPED(ConfigError, eval_files.empty() || !rows[1].empty(), context,
+    TR_CHECK_TYPED(ConfigError, sources.eval_files.empty() || !rows[1].empty(), context,
                    ": the files in eval_paths hold no pair");
-    // The chat template only when a row needs it: text-only data may use a tokenizer without one.
-    std::unique_ptr<text::ChatTemplate> tmpl;
-    for (const auto& part : rows)
-      for (const auto& r : part)
-        if (r.conversational && !tmpl) {
-          try {
-            tmpl = std::make_unique<text::ChatTemplate>(
-                text::load_chat_template(dir, o.get_string("chat_template")));
-          } catch (const std::exception& e) {
-            throw ConfigError(context + ": chat_template (" + r.where() +
-                              " is conversational): " + e.what());
-          }
-        }
+    const std::unique_ptr<text::ChatTemplate> tmpl = template_if_needed(
+        rows, [](const Row& r) -> const Row& { return r; }, o, dir);
 
-    Tally prompt_fills, no_target, same, diverged, too_long;
-    int64_t conversational = 0, implicit = 0, prompt_tokens = 0, chosen_tokens = 0,
-            rejected_tokens = 0;
+    Counts counts;
     std::vector<int64_t> kept[2];
-    for (int k = 0; k < 2; ++k)
-      for (const Row& r : rows[k]) {
-        conversational += r.conversational;
-        implicit += r.implicit_prompt;
-        Pair p = cpo ? tokenize_row_cpo(r, tok, tmpl.get()) : tokenize_row(r, tok, tmpl.get());
-        if (p.prompt_diverged) diverged.add(p.where);
-        clip_prompt(p, limits_);
-        if (reward_ && limits_.max_length > 0 && longest_sequence(p) > limits_.max_length) {
-          too_long.add(p.where);
-          continue;
-        }
-        const Verdict v = reward_ ? Verdict::Keep : verdict(p, limits_);
-        if (v == Verdict::PromptFillsMaxLength) {
-          prompt_fills.add(p.where);
-          continue;
-        }
-        if (v == Verdict::NoCountedTarget) {
-          no_target.add(p.where);
-          continue;
-        }
-        if (p.chosen_ids == p.rejected_ids) same.add(p.where);
-        prompt_tokens += static_cast<int64_t>(p.prompt_ids.size());
-        chosen_tokens += static_cast<int64_t>(p.chosen_ids.size());
-        rejected_tokens += static_cast<int64_t>(p.rejected_ids.size());
-        longest_ = std::max(longest_, static_cast<int64_t>(std::max(
-                                          p.prompt_of(false).size() + p.chosen_ids.size(),
-                                          p.prompt_of(true).size() + p.rejected_ids.size())));
-        kept[k].push_back(static_cast<int64_t>(pairs_.size()));
-        pairs_.push_back(std::move(p));
-      }
+    for (int k = 0; k < 2; ++k) kept[k] = keep(rows[k], cpo, tok, tmpl.get(), counts);
     TR_CHECK_TYPED(ConfigError, !kept[0].empty(), context, ": no pair is left to train on (",
-                   prompt_fills.text("whose prompt fills max_length"), ", ",
-                   no_target.text("without a counted target after truncation"), ", ",
-                   too_long.text("longer than max_length"), ")");
+                   counts.prompt_fills.text("whose prompt fills max_length"), ", ",
+                   counts.no_target.text("without a counted target after truncation"), ", ",
+                   counts.too_long.text("longer than max_length"), ")");
 
-    if (eval_files.empty()) {
-      // Held-out choice: the chat dataset's permutation from split_seed.
-      const int64_t n = static_cast<int64_t>(kept[0].size());
-      const std::vector<int64_t> perm =
-          chat::seeded_permutation(n, static_cast<uint64_t>(o.get_int("split_seed")));
-      const int64_t n_eval = static_cast<int64_t>(fraction * static_cast<double>(n));
-      TR_CHECK_TYPED(ConfigError, n - n_eval > 0, context,
-                     ": validation_fraction leaves no training pair");
-      for (int64_t i = 0; i < n; ++i) members_[i < n_eval ? 1 : 0].push_back(kept[0][perm[i]]);
-      std::sort(members_[0].begin(), members_[0].end());
-      std::sort(members_[1].begin(), members_[1].end());
-    } else {
-      members_[0] = kept[0];
-      members_[1] = kept[1];
-    }
+    members_ = split_members(kept, sources, static_cast<uint64_t>(o.get_int("split_seed")), context,
+                             "pair");
 
     info_.task = reward_ ? "reward" : "preference";
     info_.sample_shape = {limits_.max_length > 0 ? limits_.max_length : longest_};
     info_.vocab_size = tok.vocab_size();
-    if (ctx.rank == 0) {
-      const v1::Logger log("preference", ctx.rank);
-      const size_t read = rows[0].size() + rows[1].size();
-      std::ostringstream os;
-      os << read << " pairs (" << trainer << " tokenization) from "
-         << files.size() + eval_files.size() << " file"
-         << (files.size() + eval_files.size() == 1 ? "" : "s") << " (" << conversational
-         << " conversational" << (tmpl ? ", template " + tmpl->origin() : std::string()) << "; "
-         << implicit << " with an implicit prompt); dropped: "
-         << (reward_ ? too_long.text("longer than max_length")
-                     : prompt_fills.text("whose prompt fills max_length") + ", " +
-                           no_target.text(
-                               "without a counted chosen or rejected target after truncation"))
-         << "; " << members_[0].size() << " train / " << members_[1].size() << " held out"
-         << (eval_files.empty() ? "" : " (eval_paths)") << "; tokens: " << prompt_tokens
-         << " prompt, " << chosen_tokens << " chosen, " << rejected_tokens
-         << " rejected; longest pair " << longest_ << " tokens (max_length = "
-         << (limits_.max_length > 0 ? std::to_string(limits_.max_length) : std::string("none"));
-      if (!reward_) os << ", " << o.get_string("truncation_mode");
-      if (limits_.max_prompt_length > 0)
-        os << ", max_prompt_length = " << limits_.max_prompt_length;
-      os << ")";
-      if (diverged.n && !reward_)  // where DPO splits a sequence; a reward model reads it whole
-        os << "; " << diverged.text("whose tokenized prompt is not a prefix of prompt+completion")
-           << ": the completion starts where the two diverge, as in TRL";
-      log.info(os.str());
-      if (same.n)
-        log.warn(same.text("whose chosen equals its rejected (as tokens)") +
-                 ": kept, though such a pair teaches nothing");
-      if (prompt_fills.n)
-        log.warn(prompt_fills.text("dropped") +
-                 ": the prompt leaves no room for the completion within max_length = " +
-                 std::to_string(limits_.max_length) +
-                 " (truncation_mode = keep_start), as TRL drops them");
-      if (too_long.n)
-        log.warn(too_long.text("dropped") + ": a sequence is longer than max_length = " +
-                 std::to_string(limits_.max_length) + " (as TRL's RewardTrainer drops them)");
-      if (no_target.n)
-        log.warn(no_target.text("dropped") +
-                 ": chosen or rejected keeps no counted target after truncation");
-    }
+    if (ctx.rank == 0)
+      log_summary(o, ctx, sources, trainer, tmpl.get(), rows[0].size() + rows[1].size(), counts);
   }
 
   DataInfo info() const override { return info_; }
@@ -258,12 +136,9 @@ class PreferenceDataset final : public v1::Dataset {
     const auto& table = members(split);
     std::vector<const Pair*> chosen;
     chosen.reserve(indices.size());
-    for (int64_t i : indices) {
-      TR_CHECK(i >= 0 && i < static_cast<int64_t>(table.size()),
-               "preference: ", split == Split::Train ? "train" : "eval", " index ", i,
-               " out of range [0, ", table.size(), ")");
-      chosen.push_back(&pairs_[static_cast<size_t>(table[static_cast<size_t>(i)])]);
-    }
+    for (int64_t i : indices)
+      chosen.push_back(&pairs_[static_cast<size_t>(
+          member_at(table, i, split == Split::Train ? "train" : "eval", "preference"))]);
     Collated c = reward_ ? collate_sequences(chosen, pad_, v1::kIgnoreIndex)
                          : collate(chosen, limits_, pad_, v1::kIgnoreIndex, chosen_prompt_rows_);
     Batch b;
@@ -278,8 +153,87 @@ class PreferenceDataset final : public v1::Dataset {
  private:
   const std::vector<int64_t>& members(Split s) const { return members_[s == Split::Train ? 0 : 1]; }
 
-  std::vector<Pair> pairs_;          // every kept pair, train and held-out
-  std::vector<int64_t> members_[2];  // [train, eval]: indices into pairs_
+  // Tokenizes `rows` and appends the pairs that train to pairs_; returns their indices.
+  std::vector<int64_t> keep(const std::vector<Row>& rows, bool cpo, const text::Tokenizer& tok,
+                            const text::ChatTemplate* tmpl, Counts& c) {
+    std::vector<int64_t> kept;
+    for (const Row& r : rows) {
+      c.conversational += r.conversational;
+      c.implicit += r.implicit_prompt;
+      Pair p = cpo ? tokenize_row_cpo(r, tok, tmpl) : tokenize_row(r, tok, tmpl);
+      if (p.prompt_diverged) c.diverged.add(p.where);
+      clip_prompt(p, limits_);
+      if (reward_ && limits_.max_length > 0 && longest_sequence(p) > limits_.max_length) {
+        c.too_long.add(p.where);
+        continue;
+      }
+      const Verdict v = reward_ ? Verdict::Keep : verdict(p, limits_);
+      if (v == Verdict::PromptFillsMaxLength) {
+        c.prompt_fills.add(p.where);
+        continue;
+      }
+      if (v == Verdict::NoCountedTarget) {
+        c.no_target.add(p.where);
+        continue;
+      }
+      if (p.chosen_ids == p.rejected_ids) c.same.add(p.where);
+      c.prompt_tokens += static_cast<int64_t>(p.prompt_ids.size());
+      c.chosen_tokens += static_cast<int64_t>(p.chosen_ids.size());
+      c.rejected_tokens += static_cast<int64_t>(p.rejected_ids.size());
+      longest_ = std::max(longest_, static_cast<int64_t>(std::max(
+                                        p.prompt_of(false).size() + p.chosen_ids.size(),
+                                        p.prompt_of(true).size() + p.rejected_ids.size())));
+      kept.push_back(static_cast<int64_t>(pairs_.size()));
+      pairs_.push_back(std::move(p));
+    }
+    return kept;
+  }
+
+  // Rank 0's account of the `read` pairs: what was kept, dropped and held out.
+  void log_summary(const Options& o, const RunContext& ctx, const Sources& sources,
+                   const std::string& trainer, const text::ChatTemplate* tmpl, size_t read,
+                   const Counts& c) const {
+    const v1::Logger log("preference", ctx.rank);
+    const size_t n_files = sources.files.size() + sources.eval_files.size();
+    std::ostringstream os;
+    os << read << " pairs (" << trainer << " tokenization) from " << n_files << " file"
+       << (n_files == 1 ? "" : "s") << " (" << c.conversational << " conversational"
+       << (tmpl ? ", template " + tmpl->origin() : std::string()) << "; " << c.implicit
+       << " with an implicit prompt); dropped: "
+       << (reward_ ? c.too_long.text("longer than max_length")
+                   : c.prompt_fills.text("whose prompt fills max_length") + ", " +
+                         c.no_target.text(
+                             "without a counted chosen or rejected target after truncation"))
+       << "; " << members_[0].size() << " train / " << members_[1].size() << " held out"
+       << (sources.eval_files.empty() ? "" : " (eval_paths)") << "; tokens: " << c.prompt_tokens
+       << " prompt, " << c.chosen_tokens << " chosen, " << c.rejected_tokens
+       << " rejected; longest pair " << longest_ << " tokens (max_length = "
+       << (limits_.max_length > 0 ? std::to_string(limits_.max_length) : std::string("none"));
+    if (!reward_) os << ", " << o.get_string("truncation_mode");
+    if (limits_.max_prompt_length > 0) os << ", max_prompt_length = " << limits_.max_prompt_length;
+    os << ")";
+    if (c.diverged.n && !reward_)  // where DPO splits a sequence; a reward model reads it whole
+      os << "; " << c.diverged.text("whose tokenized prompt is not a prefix of prompt+completion")
+         << ": the completion starts where the two diverge, as in TRL";
+    log.info(os.str());
+    if (c.same.n)
+      log.warn(c.same.text("whose chosen equals its rejected (as tokens)") +
+               ": kept, though such a pair teaches nothing");
+    if (c.prompt_fills.n)
+      log.warn(c.prompt_fills.text("dropped") +
+               ": the prompt leaves no room for the completion within max_length = " +
+               std::to_string(limits_.max_length) +
+               " (truncation_mode = keep_start), as TRL drops them");
+    if (c.too_long.n)
+      log.warn(c.too_long.text("dropped") + ": a sequence is longer than max_length = " +
+               std::to_string(limits_.max_length) + " (as TRL's RewardTrainer drops them)");
+    if (c.no_target.n)
+      log.warn(c.no_target.text("dropped") +
+               ": chosen or rejected keeps no counted target after truncation");
+  }
+
+  std::vector<Pair> pairs_;                      // every kept pair, train and held-out
+  std::array<std::vector<int64_t>, 2> members_;  // [train, eval]: indices into pairs_
   Limits limits_;
   int32_t pad_ = 0;
   bool reward_ = false;              // trainer = "reward": whole sequences (reward_layout.hpp)

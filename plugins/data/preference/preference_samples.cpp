@@ -2,16 +2,10 @@
 #include "preference_samples.hpp"
 
 #include <trainrun/error.hpp>
-#include <trainrun/json_depth.hpp>
 
 #include <algorithm>
-#include <cerrno>
-#include <cstring>
-#include <fstream>
 #include <functional>
-#include <iterator>
 #include <set>
-#include <sstream>
 #include <stdexcept>
 
 namespace trainrun::preference {
@@ -28,12 +22,6 @@ const std::set<std::string> kRoles = {"system", "user", "assistant", "tool"};
 
 [[noreturn]] void bad(const std::string& where, const std::string& msg) {
   throw ConfigError(where + ": " + msg);
-}
-
-std::string read_file(const std::string& path, const std::string& who) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw ConfigError(who + ": cannot open '" + path + "': " + std::strerror(errno));
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
 }
 
 const char* kind_of(const json& v) {
@@ -192,24 +180,13 @@ void read_chat_extras(const json& rec, Row& r) {
 void for_each_jsonl_line(const std::vector<std::string>& files, const std::string& who,
                          const std::function<void(const json&, Row)>& f) {
   for (const auto& file : files) {
-    const std::string text = read_file(file, who);
-    std::istringstream lines(text);
-    std::string line;
-    for (int64_t n = 1; std::getline(lines, line); ++n) {
-      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    auto row = [&](int64_t line, const json& rec) {
       Row r;
       r.file = file;
-      r.line = n;
-      if (v1::json_too_deep(line))
-        bad(r.where(), "JSON nested deeper than " + std::to_string(v1::kMaxJsonDepth) + " levels");
-      json rec;
-      try {
-        rec = json::parse(line);
-      } catch (const json::exception& e) {
-        bad(r.where(), "malformed JSON line: " + v1::parse_error_text(e.what()));
-      }
+      r.line = line;
       f(rec, std::move(r));
-    }
+    };
+    chat::for_each_jsonl_record(file, chat::read_file(file, who), row);
   }
 }
 

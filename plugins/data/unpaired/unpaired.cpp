@@ -39,12 +39,14 @@
 #include <torch/utils.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "dataset_setup.hpp"
 #include "preference_samples.hpp"
 #include "trainrun/interfaces.hpp"
 #include "trainrun/plugin.hpp"
@@ -69,6 +71,13 @@ namespace {
 
 using preference::check_messages;
 using preference::excerpt;
+
+// What tokenizing the examples kept and dropped, for rank 0's log and the row width.
+struct Counts {
+  preference::Tally prompt_fills{"example"}, no_target{"example"}, diverged{"example"};
+  int64_t conversational = 0, desirable = 0, prompt_tokens = 0, completion_tokens = 0,
+          longest_prompt = 0, longest_completion = 0;
+};
 
 // TRL's datasets map() batch size: unpair_preference_dataset puts each chunk's chosen rows first.
 constexpr size_t kUnpairChunk = 1000;
@@ -170,19 +179,6 @@ std::vector<Example> read_examples(const std::vector<std::string>& files, const 
   return out;
 }
 
-// Counts of one kind of example, with the first one's FILE:LINE.
-struct Tally {
-  int64_t n = 0;
-  std::string first;
-  void add(const std::string& where) {
-    if (n++ == 0) first = where;
-  }
-  std::string text(const std::string& what) const {
-    return std::to_string(n) + (n == 1 ? " example " : " examples ") + what +
-           (n ? " (first " + first + ")" : "");
-  }
-};
-
 }  // namespace
 
 /// A kept example: its tokens, label, and the example whose completion makes its KL row.
@@ -198,25 +194,12 @@ class UnpairedDataset final : public v1::Dataset {
  public:
   /// Options: files, tokenizer and template, TRL's max_length, the KL blocks, the held-out part.
   static void declare_options(OptionSchema& s) {
-    s.add({"paths",
-           v1::OptionType::StringList,
-           std::monostate{},
-           /*required=*/true,
-           {},
-           {},
-           {},
-           "JSONL files (or glob(3) patterns): unpaired rows {\"prompt\", \"completion\", "
-           "\"label\": true|false}, or preference pairs {\"prompt\"?, \"chosen\", \"rejected\"} "
-           "unpaired as TRL does (chosen = desirable); strings or lists of messages"});
-    s.string_list("eval_paths", {},
-                  "held-out examples from these files instead of a validation_fraction of paths");
-    s.required_string("tokenizer",
-                      "Hugging Face tokenizer directory (tokenizer.json, "
-                      "tokenizer_config.json), e.g. the model's own directory");
-    s.string("chat_template", "",
-             "conversational rows: \"\" = the tokenizer's own chat template; else a named "
-             "template of the tokenizer, a built-in (chatml, llama3, llama2, mistral, alpaca) or "
-             "a .jinja file");
+    preference::declare_source_options(
+        s,
+        "JSONL files (or glob(3) patterns): unpaired rows {\"prompt\", \"completion\", "
+        "\"label\": true|false}, or preference pairs {\"prompt\"?, \"chosen\", \"rejected\"} "
+        "unpaired as TRL does (chosen = desirable); strings or lists of messages",
+        "examples", "conversational rows");
     s.integer("max_length", 1024,
               "tokens of prompt + completion kept per sequence, the first ones (TRL's "
               "max_length); an example whose prompt fills it is dropped; 0 = no limit",
@@ -227,24 +210,13 @@ class UnpairedDataset final : public v1::Dataset {
               "whose default is 8; set it to the micro-batch size); 0 = no KL rows (loss_type "
               "apo_zero_unpaired needs none)",
               0, 1 << 24);
-    s.real("validation_fraction", 0.0, "fraction of the examples held out for evaluation", 0.0,
-           0.9);
-    s.integer("split_seed", 0,
-              "seed of the held-out choice (the same seed holds out the same examples)", 0);
+    preference::declare_split_options(s, "examples");
   }
 
   /// Reads, unpairs, tokenizes and checks every example; rank 0 logs what was kept and dropped.
   UnpairedDataset(const Options& o, const RunContext& ctx) {
     const std::string context = o.context();
-    const std::vector<std::string> files =
-        preference::expand_paths(o.get_string_list("paths"), context, "paths");
-    const std::vector<std::string>& eval_patterns = o.get_string_list("eval_paths");
-    const double fraction = o.get_double("validation_fraction");
-    TR_CHECK_TYPED(ConfigError, eval_patterns.empty() || fraction == 0.0, context,
-                   ": set eval_paths or validation_fraction, not both");
-    const std::vector<std::string> eval_files =
-        eval_patterns.empty() ? std::vector<std::string>{}
-                              : preference::expand_paths(eval_patterns, context, "eval_paths");
+    const preference::Sources sources = preference::read_sources(o);
     block_ = o.get_int("kl_block_size");
     TR_CHECK_TYPED(ConfigError, block_ != 1, context,
                    ": kl_block_size = 1 would score every example with its own completion (the "
@@ -256,74 +228,24 @@ class UnpairedDataset final : public v1::Dataset {
     pad_ = tok.pad_token_id().value_or(tok.eos_token_id().value_or(0));
 
     bool paired[2] = {false, false};
-    const std::vector<Example> parts[2] = {read_examples(files, "paths", &paired[0]),
-                                           read_examples(eval_files, "eval_paths", &paired[1])};
+    const std::vector<Example> parts[2] = {
+        read_examples(sources.files, "paths", &paired[0]),
+        read_examples(sources.eval_files, "eval_paths", &paired[1])};
     TR_CHECK_TYPED(ConfigError, !parts[0].empty(), context, ": the files in paths hold no example");
-    TR_CHECK_TYPED(ConfigError, eval_files.empty() || !parts[1].empty(), context,
+    TR_CHECK_TYPED(ConfigError, sources.eval_files.empty() || !parts[1].empty(), context,
                    ": the files in eval_paths hold no example");
-    std::unique_ptr<text::ChatTemplate> tmpl;
-    for (const auto& part : parts)
-      for (const auto& e : part)
-        if (e.row.conversational && !tmpl) {
-          try {
-            tmpl = std::make_unique<text::ChatTemplate>(
-                text::load_chat_template(dir, o.get_string("chat_template")));
-          } catch (const std::exception& ex) {
-            throw ConfigError(context + ": chat_template (" + e.row.where() +
-                              " is conversational): " + ex.what());
-          }
-        }
+    const std::unique_ptr<text::ChatTemplate> tmpl = preference::template_if_needed(
+        parts, [](const Example& e) -> const preference::Row& { return e.row; }, o, dir);
 
-    Tally prompt_fills, no_target, diverged;
-    int64_t conversational = 0, desirable = 0, prompt_tokens = 0, completion_tokens = 0,
-            longest_prompt = 0, longest_completion = 0;
+    Counts counts;
     std::vector<int64_t> kept[2];
-    for (int k = 0; k < 2; ++k)
-      for (const Example& e : parts[k]) {
-        conversational += e.row.conversational;
-        const preference::Pair p = preference::tokenize_row(e.row, tok, tmpl.get());
-        if (p.prompt_diverged) diverged.add(p.where);
-        const preference::Verdict v = preference::verdict(p, limits_);
-        if (v == preference::Verdict::PromptFillsMaxLength) {
-          prompt_fills.add(p.where);
-          continue;
-        }
-        if (v == preference::Verdict::NoCountedTarget) {
-          no_target.add(p.where);
-          continue;
-        }
-        Tokenized t;
-        t.where = p.where;
-        t.prompt_ids = p.prompt_ids;
-        t.completion_ids = p.chosen_ids;
-        t.desirable = e.desirable;
-        desirable += e.desirable;
-        prompt_tokens += static_cast<int64_t>(t.prompt_ids.size());
-        completion_tokens += static_cast<int64_t>(t.completion_ids.size());
-        longest_prompt = std::max(longest_prompt, static_cast<int64_t>(t.prompt_ids.size()));
-        longest_completion =
-            std::max(longest_completion, static_cast<int64_t>(t.completion_ids.size()));
-        kept[k].push_back(static_cast<int64_t>(examples_.size()));
-        examples_.push_back(std::move(t));
-      }
+    for (int k = 0; k < 2; ++k) kept[k] = keep(parts[k], tok, tmpl.get(), counts);
     TR_CHECK_TYPED(ConfigError, !kept[0].empty(), context, ": no example is left to train on (",
-                   prompt_fills.text("whose prompt fills max_length"), ", ",
-                   no_target.text("without a counted target after truncation"), ")");
+                   counts.prompt_fills.text("whose prompt fills max_length"), ", ",
+                   counts.no_target.text("without a counted target after truncation"), ")");
 
-    if (eval_files.empty()) {
-      const int64_t n = static_cast<int64_t>(kept[0].size());
-      const std::vector<int64_t> perm =
-          chat::seeded_permutation(n, static_cast<uint64_t>(o.get_int("split_seed")));
-      const int64_t n_eval = static_cast<int64_t>(fraction * static_cast<double>(n));
-      TR_CHECK_TYPED(ConfigError, n - n_eval > 0, context,
-                     ": validation_fraction leaves no training example");
-      for (int64_t i = 0; i < n; ++i) members_[i < n_eval ? 1 : 0].push_back(kept[0][perm[i]]);
-      std::sort(members_[0].begin(), members_[0].end());
-      std::sort(members_[1].begin(), members_[1].end());
-    } else {
-      members_[0] = kept[0];
-      members_[1] = kept[1];
-    }
+    members_ = preference::split_members(
+        kept, sources, static_cast<uint64_t>(o.get_int("split_seed")), context, "example");
     // TRL's add_kl_completion_ids: completions rotated by one within each block of each split.
     if (block_ > 0)
       for (const auto& m : members_)
@@ -336,49 +258,13 @@ class UnpairedDataset final : public v1::Dataset {
     info_.task = "unpaired-preference";
     // The widest row: a whole sequence (max_length tokens, or the longest prompt with the longest
     // completion, a KL row's bound) less one, plus the marker column.
-    info_.sample_shape = {limits_.max_length > 0 ? limits_.max_length
-                                                 : longest_prompt + longest_completion};
+    info_.sample_shape = {limits_.max_length > 0
+                              ? limits_.max_length
+                              : counts.longest_prompt + counts.longest_completion};
     info_.vocab_size = tok.vocab_size();
-    if (ctx.rank == 0) {
-      const v1::Logger log("unpaired", ctx.rank);
-      const size_t total = parts[0].size() + parts[1].size();
-      const int64_t n_kept = static_cast<int64_t>(examples_.size());
-      std::ostringstream os;
-      os << total << " examples from " << files.size() + eval_files.size() << " file"
-         << (files.size() + eval_files.size() == 1 ? "" : "s")
-         << (paired[0] || paired[1] ? " (preference pairs unpaired: chosen = desirable)" : "")
-         << " (" << conversational << " conversational"
-         << (tmpl ? ", template " + tmpl->origin() : std::string()) << "); kept " << n_kept << ": "
-         << desirable << " desirable, " << n_kept - desirable << " undesirable; "
-         << members_[0].size() << " train / " << members_[1].size() << " held out"
-         << (eval_files.empty() ? "" : " (eval_paths)") << "; tokens: " << prompt_tokens
-         << " prompt, " << completion_tokens << " completion (max_length = "
-         << (limits_.max_length > 0 ? std::to_string(limits_.max_length) : std::string("none"))
-         << "); KL rows: "
-         << (block_ > 0 ? "completions rotated within blocks of " + std::to_string(block_)
-                        : std::string("none (kl_block_size = 0)"));
-      if (diverged.n)
-        os << "; " << diverged.text("whose tokenized prompt is not a prefix of prompt+completion")
-           << ": the completion starts where the two diverge, as in TRL";
-      log.info(os.str());
-      if (prompt_fills.n)
-        log.warn(prompt_fills.text("dropped") +
-                 ": the prompt leaves no room for the completion within max_length = " +
-                 std::to_string(limits_.max_length) + ", as TRL drops them");
-      if (no_target.n)
-        log.warn(no_target.text("dropped") +
-                 ": the completion keeps no counted target after truncation (TRL would keep "
-                 "them with a log-probability of 0)");
-      if (!members_[0].empty()) {
-        int64_t d = 0;
-        for (int64_t i : members_[0]) d += examples_[static_cast<size_t>(i)].desirable;
-        const int64_t u = static_cast<int64_t>(members_[0].size()) - d;
-        if (d == 0 || u == 0)
-          log.warn(std::string("every training example is ") +
-                   (d == 0 ? "undesirable" : "desirable") +
-                   ": KTO then only pushes the rewards one way (rewards/margins is not logged)");
-      }
-    }
+    if (ctx.rank == 0)
+      log_summary(ctx, sources, paired[0] || paired[1], tmpl.get(),
+                  parts[0].size() + parts[1].size(), counts);
   }
 
   DataInfo info() const override { return info_; }
@@ -393,10 +279,8 @@ class UnpairedDataset final : public v1::Dataset {
     seqs.reserve(2 * B);
     for (int pass = 0; pass < (block_ > 0 ? 2 : 1); ++pass)
       for (int64_t i : indices) {
-        TR_CHECK(i >= 0 && i < static_cast<int64_t>(table.size()),
-                 "unpaired: ", split == Split::Train ? "train" : "eval", " index ", i,
-                 " out of range [0, ", table.size(), ")");
-        const Tokenized& e = examples_[static_cast<size_t>(table[static_cast<size_t>(i)])];
+        const Tokenized& e = examples_[static_cast<size_t>(
+            preference::member_at(table, i, split == Split::Train ? "train" : "eval", "unpaired"))];
         preference::Pair p;
         p.prompt_ids = e.prompt_ids;
         p.chosen_ids = pass == 0 ? e.completion_ids
@@ -432,9 +316,85 @@ class UnpairedDataset final : public v1::Dataset {
  private:
   const std::vector<int64_t>& members(Split s) const { return members_[s == Split::Train ? 0 : 1]; }
 
-  std::vector<Tokenized> examples_;  // every kept example, train and held-out
-  std::vector<int64_t> members_[2];  // [train, eval]: indices into examples_
-  preference::Limits limits_;        // max_length, keep_start (KTOConfig has no other mode)
+  // Tokenizes `part` and appends the examples that train to examples_; returns their indices.
+  std::vector<int64_t> keep(const std::vector<Example>& part, const text::Tokenizer& tok,
+                            const text::ChatTemplate* tmpl, Counts& c) {
+    std::vector<int64_t> kept;
+    for (const Example& e : part) {
+      c.conversational += e.row.conversational;
+      const preference::Pair p = preference::tokenize_row(e.row, tok, tmpl);
+      if (p.prompt_diverged) c.diverged.add(p.where);
+      const preference::Verdict v = preference::verdict(p, limits_);
+      if (v == preference::Verdict::PromptFillsMaxLength) {
+        c.prompt_fills.add(p.where);
+        continue;
+      }
+      if (v == preference::Verdict::NoCountedTarget) {
+        c.no_target.add(p.where);
+        continue;
+      }
+      Tokenized t;
+      t.where = p.where;
+      t.prompt_ids = p.prompt_ids;
+      t.completion_ids = p.chosen_ids;
+      t.desirable = e.desirable;
+      c.desirable += e.desirable;
+      c.prompt_tokens += static_cast<int64_t>(t.prompt_ids.size());
+      c.completion_tokens += static_cast<int64_t>(t.completion_ids.size());
+      c.longest_prompt = std::max(c.longest_prompt, static_cast<int64_t>(t.prompt_ids.size()));
+      c.longest_completion =
+          std::max(c.longest_completion, static_cast<int64_t>(t.completion_ids.size()));
+      kept.push_back(static_cast<int64_t>(examples_.size()));
+      examples_.push_back(std::move(t));
+    }
+    return kept;
+  }
+
+  // Rank 0's account of the `total` examples: what was kept, dropped and held out.
+  void log_summary(const RunContext& ctx, const preference::Sources& sources, bool paired,
+                   const text::ChatTemplate* tmpl, size_t total, const Counts& c) const {
+    const v1::Logger log("unpaired", ctx.rank);
+    const int64_t n_kept = static_cast<int64_t>(examples_.size());
+    const size_t n_files = sources.files.size() + sources.eval_files.size();
+    std::ostringstream os;
+    os << total << " examples from " << n_files << " file" << (n_files == 1 ? "" : "s")
+       << (paired ? " (preference pairs unpaired: chosen = desirable)" : "") << " ("
+       << c.conversational << " conversational"
+       << (tmpl ? ", template " + tmpl->origin() : std::string()) << "); kept " << n_kept << ": "
+       << c.desirable << " desirable, " << n_kept - c.desirable << " undesirable; "
+       << members_[0].size() << " train / " << members_[1].size() << " held out"
+       << (sources.eval_files.empty() ? "" : " (eval_paths)") << "; tokens: " << c.prompt_tokens
+       << " prompt, " << c.completion_tokens << " completion (max_length = "
+       << (limits_.max_length > 0 ? std::to_string(limits_.max_length) : std::string("none"))
+       << "); KL rows: "
+       << (block_ > 0 ? "completions rotated within blocks of " + std::to_string(block_)
+                      : std::string("none (kl_block_size = 0)"));
+    if (c.diverged.n)
+      os << "; " << c.diverged.text("whose tokenized prompt is not a prefix of prompt+completion")
+         << ": the completion starts where the two diverge, as in TRL";
+    log.info(os.str());
+    if (c.prompt_fills.n)
+      log.warn(c.prompt_fills.text("dropped") +
+               ": the prompt leaves no room for the completion within max_length = " +
+               std::to_string(limits_.max_length) + ", as TRL drops them");
+    if (c.no_target.n)
+      log.warn(c.no_target.text("dropped") +
+               ": the completion keeps no counted target after truncation (TRL would keep "
+               "them with a log-probability of 0)");
+    if (!members_[0].empty()) {
+      int64_t d = 0;
+      for (int64_t i : members_[0]) d += examples_[static_cast<size_t>(i)].desirable;
+      const int64_t u = static_cast<int64_t>(members_[0].size()) - d;
+      if (d == 0 || u == 0)
+        log.warn(std::string("every training example is ") +
+                 (d == 0 ? "undesirable" : "desirable") +
+                 ": KTO then only pushes the rewards one way (rewards/margins is not logged)");
+    }
+  }
+
+  std::vector<Tokenized> examples_;              // every kept example, train and held-out
+  std::array<std::vector<int64_t>, 2> members_;  // [train, eval]: indices into examples_
+  preference::Limits limits_;  // max_length, keep_start (KTOConfig has no other mode)
   int64_t block_ = 8;
   int32_t pad_ = 0;
   DataInfo info_;

@@ -121,6 +121,18 @@ void sync_master(ParamSlot& slot) {
 
 }  // namespace
 
+void ScheduledOptimizer::update_each(int64_t step, const Update& update) {
+  check_initialized("step");
+  const double lr = schedule_.at(step);
+  c10::NoGradGuard no_grad;
+  for (auto& s : slots_) {
+    const at::Tensor g = grad_of(s, context_);
+    if (!g.defined()) continue;
+    update(s, grad_for_update(s, g), s.weights(), lr);
+    sync_master(s);
+  }
+}
+
 // --- SGD -------------------------------------------------------------------------------------
 
 void Sgd::declare_options(OptionSchema& schema) {
@@ -147,14 +159,7 @@ Sgd::Sgd(const Options& options, const RunContext&)
 }
 
 void Sgd::step(int64_t step) {
-  check_initialized("step");
-  const double lr = schedule_.at(step);
-  c10::NoGradGuard no_grad;
-  for (auto& s : slots_) {
-    at::Tensor g = grad_of(s, context_);
-    if (!g.defined()) continue;
-    g = grad_for_update(s, g);
-    at::Tensor& p = s.weights();
+  update_each(step, [&](ParamSlot& s, const at::Tensor& g, at::Tensor& p, double lr) {
     at::Tensor d_p = weight_decay_ != 0 ? g.add(p, weight_decay_) : g;
     if (momentum_ != 0) {
       at::Tensor& buf = s.buffers[0];
@@ -168,8 +173,7 @@ void Sgd::step(int64_t step) {
       d_p = nesterov_ ? d_p.add(buf, momentum_) : buf;
     }
     p.add_(d_p, -lr);
-    sync_master(s);
-  }
+  });
 }
 
 // --- AdamW -----------------------------------------------------------------------------------
@@ -206,14 +210,7 @@ void AdamW::set_parameter_shapes(const std::map<std::string, std::vector<int64_t
 }
 
 void AdamW::step(int64_t step) {
-  check_initialized("step");
-  const double lr = schedule_.at(step);
-  c10::NoGradGuard no_grad;
-  for (auto& s : slots_) {
-    at::Tensor g = grad_of(s, context_);
-    if (!g.defined()) continue;
-    g = grad_for_update(s, g);
-    at::Tensor& p = s.weights();
+  update_each(step, [&](ParamSlot& s, const at::Tensor& g, at::Tensor& p, double lr) {
     at::Tensor& exp_avg = s.buffers[0];
     at::Tensor& exp_avg_sq = s.buffers[1];
     int64_t& t = *s.step.data_ptr<int64_t>();
@@ -232,8 +229,7 @@ void AdamW::step(int64_t step) {
     exp_avg_sq.mul_(beta2_).addcmul_(g, g, 1.0 - beta2_);
     at::Tensor denom = (exp_avg_sq.sqrt() / std::sqrt(bias_correction2)).add_(eps_);
     p.addcdiv_(exp_avg, denom, -lr / bias_correction1);
-    sync_master(s);
-  }
+  });
 }
 
 }  // namespace trainrun::plugins

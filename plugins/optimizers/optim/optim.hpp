@@ -5,6 +5,7 @@
 #include <trainrun/interfaces.hpp>
 #include <trainrun/optim/lr_schedule.hpp>
 
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -44,6 +45,14 @@ class ScheduledOptimizer : public v1::Optimizer {
   /// Whether this rule needs per-parameter buffers at all (SGD without momentum does not).
   virtual bool needs_state() const { return !buffer_names_.empty(); }
   void check_initialized(const char* what) const;
+  /// The rule's update of one parameter: its slot, its gradient (checked, and in the dtype of
+  /// `weights`), slot.weights() and the step's learning rate.
+  using Update =
+      std::function<void(ParamSlot& slot, const at::Tensor& grad, at::Tensor& weights, double lr)>;
+  /// One optimizer step: `update` for every parameter that has a gradient (one without is
+  /// skipped, as in torch.optim), at step `step`'s learning rate, without autograd; then a
+  /// parameter with a master copy takes its rounded value.
+  void update_each(int64_t step, const Update& update);
 
   std::string context_;
   v1::LrSchedule schedule_;
