@@ -50,6 +50,9 @@ std::shared_ptr<Work> finish(const std::shared_ptr<Work>& inner, double timeout_
 HostStagingCommunicator::HostStagingCommunicator(std::shared_ptr<void> owner, Communicator& inner)
     : owner_(std::move(owner)), inner_(inner) {}
 
+int HostStagingCommunicator::rank() const { return inner_.rank(); }
+int HostStagingCommunicator::world_size() const { return inner_.world_size(); }
+
 std::shared_ptr<Work> HostStagingCommunicator::all_reduce(at::Tensor& tensor,
                                                           const AllReduceOptions& opts) {
   at::Tensor h = to_host(tensor);

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "communicator_overrides.hpp"
+
 namespace trainrun::plugins::cuda {
 
 /// Runs each operation of a host (CPU) communicator on CUDA tensors by staging them through
@@ -19,23 +21,10 @@ class HostStagingCommunicator final : public v1::Communicator {
  public:
   /// `owner` keeps whatever owns `inner` alive (the Gloo communicator).
   HostStagingCommunicator(std::shared_ptr<void> owner, v1::Communicator& inner);
-  int rank() const override { return inner_.rank(); }
-  int world_size() const override { return inner_.world_size(); }
   /// "gloo-cpu via host" for Gloo.
   std::string backend() const override { return inner_.backend() + " via host"; }
 
-  std::shared_ptr<v1::Work> all_reduce(at::Tensor& tensor,
-                                       const v1::AllReduceOptions& opts = {}) override;
-  std::shared_ptr<v1::Work> reduce_scatter(const at::Tensor& input, at::Tensor& output,
-                                           const v1::ReduceScatterOptions& opts = {}) override;
-  std::shared_ptr<v1::Work> all_gather(const at::Tensor& input, at::Tensor& output,
-                                       const v1::AllGatherOptions& opts = {}) override;
-  std::shared_ptr<v1::Work> broadcast(at::Tensor& tensor,
-                                      const v1::BroadcastOptions& opts = {}) override;
-  std::shared_ptr<v1::Work> send(const at::Tensor& tensor,
-                                 const v1::PointToPointOptions& opts) override;
-  std::shared_ptr<v1::Work> recv(at::Tensor& tensor, const v1::PointToPointOptions& opts) override;
-  std::shared_ptr<v1::Work> barrier(const v1::BarrierOptions& opts = {}) override;
+  TRAINRUN_COMMUNICATOR_OVERRIDES;
   std::shared_ptr<v1::Communicator> new_group(const std::vector<int>& ranks) override;
 
  private:

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "backend_options.hpp"
+#include "communicator_overrides.hpp"
 
 namespace c10d {
 class Store;
@@ -58,26 +59,13 @@ class NcclCommunicator final : public v1::Communicator {
   NcclCommunicator(const NcclCommunicator&) = delete;
   NcclCommunicator& operator=(const NcclCommunicator&) = delete;
 
-  int rank() const override;
-  int world_size() const override;
   std::string backend() const override { return "nccl"; }
   /// NCCL's version as "2.28.9".
   static std::string nccl_version();
 
-  std::shared_ptr<v1::Work> all_reduce(at::Tensor& tensor,
-                                       const v1::AllReduceOptions& opts = {}) override;
-  std::shared_ptr<v1::Work> reduce_scatter(const at::Tensor& input, at::Tensor& output,
-                                           const v1::ReduceScatterOptions& opts = {}) override;
-  std::shared_ptr<v1::Work> all_gather(const at::Tensor& input, at::Tensor& output,
-                                       const v1::AllGatherOptions& opts = {}) override;
-  std::shared_ptr<v1::Work> broadcast(at::Tensor& tensor,
-                                      const v1::BroadcastOptions& opts = {}) override;
-  std::shared_ptr<v1::Work> send(const at::Tensor& tensor,
-                                 const v1::PointToPointOptions& opts) override;
-  std::shared_ptr<v1::Work> recv(at::Tensor& tensor, const v1::PointToPointOptions& opts) override;
-  /// NCCL has no barrier: an all-reduce of one int32 on the device, whose wait() blocks the
-  /// host until it is done (bounded by the timeout), as c10d's NCCL barrier does.
-  std::shared_ptr<v1::Work> barrier(const v1::BarrierOptions& opts = {}) override;
+  /// barrier: NCCL has none; it is an all-reduce of one int32 on the device, whose wait()
+  /// blocks the host until it is done (bounded by the timeout), as c10d's NCCL barrier does.
+  TRAINRUN_COMMUNICATOR_OVERRIDES;
   /// c10d semantics: every rank of this group calls it with the same list; ranks not in the
   /// list get nullptr, members a communicator with its own NCCL communicator, order check and
   /// stall inspector.

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "communicator_overrides.hpp"
+
 namespace trainrun::plugins {
 
 namespace mpi_detail {
@@ -49,22 +51,9 @@ class MpiCommunicator final : public v1::Communicator {
  public:
   explicit MpiCommunicator(std::shared_ptr<mpi_detail::Group> group);
   ~MpiCommunicator() override;
-  int rank() const override;
-  int world_size() const override;
   std::string backend() const override { return "mpi"; }
 
-  std::shared_ptr<v1::Work> all_reduce(at::Tensor& tensor,
-                                       const v1::AllReduceOptions& opts = {}) override;
-  std::shared_ptr<v1::Work> reduce_scatter(const at::Tensor& input, at::Tensor& output,
-                                           const v1::ReduceScatterOptions& opts = {}) override;
-  std::shared_ptr<v1::Work> all_gather(const at::Tensor& input, at::Tensor& output,
-                                       const v1::AllGatherOptions& opts = {}) override;
-  std::shared_ptr<v1::Work> broadcast(at::Tensor& tensor,
-                                      const v1::BroadcastOptions& opts = {}) override;
-  std::shared_ptr<v1::Work> send(const at::Tensor& tensor,
-                                 const v1::PointToPointOptions& opts) override;
-  std::shared_ptr<v1::Work> recv(at::Tensor& tensor, const v1::PointToPointOptions& opts) override;
-  std::shared_ptr<v1::Work> barrier(const v1::BarrierOptions& opts = {}) override;
+  TRAINRUN_COMMUNICATOR_OVERRIDES;
   /// c10d semantics: every rank of this group calls it with the same list (ranks of this
   /// group); ranks not in the list get nullptr. In the new group, rank i is ranks[i].
   std::shared_ptr<v1::Communicator> new_group(const std::vector<int>& ranks) override;

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "backend_options.hpp"
+#include "communicator_overrides.hpp"
 
 namespace c10d {
 class Store;
@@ -87,8 +88,6 @@ class GlooCommunicator final : public v1::Communicator, public v1::RecvReduceCom
   GlooCommunicator(const GlooCommunicator&) = delete;
   GlooCommunicator& operator=(const GlooCommunicator&) = delete;
 
-  int rank() const override;
-  int world_size() const override;
   std::string backend() const override { return "gloo-cpu"; }
   /// "world" or "1 [0, 2]" (sub-group 1, global ranks 0 and 2); messages say "group <name>".
   const std::string& group_name() const;
@@ -105,22 +104,11 @@ class GlooCommunicator final : public v1::Communicator, public v1::RecvReduceCom
   /// them from this process's memory with process_vm_readv).
   int shm_single_copy_peers() const;
 
-  std::shared_ptr<v1::Work> all_reduce(at::Tensor& tensor,
-                                       const v1::AllReduceOptions& opts = {}) override;
-  std::shared_ptr<v1::Work> reduce_scatter(const at::Tensor& input, at::Tensor& output,
-                                           const v1::ReduceScatterOptions& opts = {}) override;
-  std::shared_ptr<v1::Work> all_gather(const at::Tensor& input, at::Tensor& output,
-                                       const v1::AllGatherOptions& opts = {}) override;
-  std::shared_ptr<v1::Work> broadcast(at::Tensor& tensor,
-                                      const v1::BroadcastOptions& opts = {}) override;
-  std::shared_ptr<v1::Work> send(const at::Tensor& tensor,
-                                 const v1::PointToPointOptions& opts) override;
-  std::shared_ptr<v1::Work> recv(at::Tensor& tensor, const v1::PointToPointOptions& opts) override;
+  TRAINRUN_COMMUNICATOR_OVERRIDES;
   /// ABI 1.5: over shared memory each chunk is combined into `tensor` straight from the shared
   /// slot; over TCP the message lands in a staging tensor, combined when it is complete.
   std::shared_ptr<v1::Work> recv_reduce(at::Tensor& tensor, v1::ReduceOp op,
                                         const v1::PointToPointOptions& opts) override;
-  std::shared_ptr<v1::Work> barrier(const v1::BarrierOptions& opts = {}) override;
   /// c10d semantics: every rank of this group calls it with the same list (ranks of this
   /// group); ranks not in the list get nullptr, members a communicator with its own Gloo mesh,
   /// order check and stall inspector, in which their rank is their position in the list.

@@ -16,14 +16,13 @@
 #include <cstdlib>
 
 #include "comm_common.hpp"
+#include "gloo_communicator_impl.hpp"  // kBackend
 
 namespace trainrun::plugins {
 
 using namespace trainrun::v1;
 
 namespace {
-
-constexpr const char* kBackend = "gloo-cpu";
 
 // Peers on one machine reach each other over loopback; Gloo would otherwise bind to the
 // address of the host name, which on Debian resolves to 127.0.1.1 or to an external interface.

@@ -9,19 +9,11 @@
 
 #include <utility>
 
+#include "tags.hpp"
+
 namespace trainrun::plugins::ring_strategy {
 
 using namespace trainrun::v1;
-
-namespace {
-
-// Point-to-point tags of the data (negotiation.cpp has the negotiation's). The two never overlap
-// in time (one thread issues both), but distinct tags make a stray message a timeout instead of
-// a silently mixed tensor.
-constexpr int kDataTag = 0x5244;    // "RD"
-constexpr int kGatherTag = 0x5247;  // "RG"
-
-}  // namespace
 
 void Hierarchy::setup(Communicator& world, c10::Device device, int local_rank, int local_world_size,
                       const std::string& who) {

@@ -6,18 +6,11 @@
 
 #include <algorithm>
 
+#include "tags.hpp"
+
 namespace trainrun::plugins::ring_strategy {
 
 using namespace trainrun::v1;
-
-namespace {
-
-// Point-to-point tags of the negotiation (hierarchy.cpp has the data's): distinct, so that a
-// stray message is a timeout instead of a silently mixed vote.
-constexpr int kNegotiateTag = 0x524e;  // "RN"
-constexpr int kUsedTag = 0x5255;       // "RU"
-
-}  // namespace
 
 Vote::Vote(size_t tensors, int world_size)
     : tensors_(tensors),
