@@ -50,6 +50,24 @@ def median_step(r, warmup):
     return statistics.median(s["step_time_s"] for s in r["steps"][warmup:])
 
 
+def train_both_precisions(tr, job, work, part, name, sets, warmup):
+    """Trains `job` with `sets` under fp32, then bf16-mixed (run dir WORK/NAME-PRECISION), and
+    prints each one's final eval line and median step as part PART; returns {precision: train()}."""
+    res = {}
+    for prec in ("fp32", "bf16-mixed"):
+        d = os.path.join(work, f"{name}-{prec}")
+        res[prec] = train(tr, job, d, sets + [f"precision.plugin={prec}"], d + ".log")
+        print(f"({part}) {prec}: {res[prec]['final']} | median step {1e3 * median_step(res[prec], warmup):.1f} ms", flush=True)
+    return res
+
+
+def median_steps_text(res, warmup):
+    """"median step fp32 T ms, bf16-mixed T ms (Sx" for train_both_precisions' results, S the
+    speed-up of bf16-mixed; the caller closes the parenthesis."""
+    t32, t16 = median_step(res["fp32"], warmup), median_step(res["bf16-mixed"], warmup)
+    return f"median step fp32 {1e3 * t32:.1f} ms, bf16-mixed {1e3 * t16:.1f} ms ({t32 / t16:.2f}x"
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("trainrun")
@@ -67,35 +85,22 @@ def main():
 
     if a.only in (None, "a"):
         job = os.path.join(ROOT, "configs", "fashion-mnist-ddp.toml")
-        res = {}
-        for prec in ("fp32", "bf16-mixed"):
-            d = os.path.join(work, f"fmnist-{prec}")
-            res[prec] = train(tr, job, d, [f"precision.plugin={prec}"], d + ".log")
-            acc = res[prec]["eval"]["eval_accuracy"]
-            print(f"(a) {prec}: {res[prec]['final']} | median step {1e3 * median_step(res[prec], a.warmup):.1f} ms", flush=True)
+        res = train_both_precisions(tr, job, work, "a", "fmnist", [], a.warmup)
         acc32 = 100 * res["fp32"]["eval"]["eval_accuracy"]
         acc16 = 100 * res["bf16-mixed"]["eval"]["eval_accuracy"]
-        t32, t16 = median_step(res["fp32"], a.warmup), median_step(res["bf16-mixed"], a.warmup)
         summary.append(f"(a) Fashion-MNIST CNN, ddp 2 ranks, {len(res['fp32']['steps'])} steps: test accuracy "
                        f"fp32 {acc32:.2f}%, bf16-mixed {acc16:.2f}% (difference {acc16 - acc32:+.2f} points, "
-                       f"goal within 1); median step fp32 {1e3 * t32:.1f} ms, bf16-mixed {1e3 * t16:.1f} ms "
-                       f"({t32 / t16:.2f}x)")
+                       f"goal within 1); {median_steps_text(res, a.warmup)})")
 
     if a.only in (None, "b"):
         job = os.path.join(ROOT, "configs", "gpt-text.toml")
-        res = {}
         sets = [f"trainer.max_steps={a.gpt_steps}", "trainer.eval_every=0", "trainer.eval_max_batches=0"]
-        for prec in ("fp32", "bf16-mixed"):
-            d = os.path.join(work, f"gpt-{prec}")
-            res[prec] = train(tr, job, d, sets + [f"precision.plugin={prec}"], d + ".log")
-            print(f"(b) {prec}: {res[prec]['final']} | median step {1e3 * median_step(res[prec], a.warmup):.1f} ms", flush=True)
+        res = train_both_precisions(tr, job, work, "b", "gpt", sets, a.warmup)
         l32, l16 = res["fp32"]["eval"]["eval_loss"], res["bf16-mixed"]["eval"]["eval_loss"]
-        t32, t16 = median_step(res["fp32"], a.warmup), median_step(res["bf16-mixed"], a.warmup)
         tok = lambda r: statistics.median(s["tokens_per_s"] for s in r["steps"][a.warmup:])
         summary.append(f"(b) gpt-text, {a.gpt_steps} steps: held-out loss fp32 {l32:.4f}, bf16-mixed {l16:.4f} "
-                       f"({100 * (l16 - l32) / l32:+.2f}%, goal within 2%); median step fp32 {1e3 * t32:.1f} ms, "
-                       f"bf16-mixed {1e3 * t16:.1f} ms ({t32 / t16:.2f}x; {tok(res['fp32']):.0f} vs "
-                       f"{tok(res['bf16-mixed']):.0f} tokens/s)")
+                       f"({100 * (l16 - l32) / l32:+.2f}%, goal within 2%); {median_steps_text(res, a.warmup)}; "
+                       f"{tok(res['fp32']):.0f} vs {tok(res['bf16-mixed']):.0f} tokens/s)")
 
     if a.only in (None, "c"):
         job = os.path.join(ROOT, "configs", "gpt-text.toml")

@@ -27,30 +27,22 @@ When RUN_DIR/metrics.jsonl holds an evaluation with rewards/* metrics, its last 
 comparison (trainrun evaluates every held-out pair; use no --limit to compare). --set overrides job
 keys as trainrun's --set does. Needs the reference venv (scripts/venv)."""
 import argparse
-import glob
 import json
 import os
 import sys
 import tomllib
 
 sys.dont_write_bytecode = True  # no scripts/__pycache__ from the import below
-from check_sft_heldout import set_key  # trainrun --set's KEY=VALUE, TOML-typed
+# trainrun --set's KEY=VALUE, TOML-typed; the eval files' rows as check_sft_heldout reads them
+from check_sft_heldout import jsonl_rows, set_key
 
 
 def read_rows(patterns):
     rows = []
-    for pattern in patterns:
-        files = sorted(glob.glob(pattern))
-        if not files:
-            sys.exit(f"check_dpo_heldout: {pattern}: no such file")
-        for path in files:
-            with open(path, encoding="utf-8") as f:
-                for n, line in enumerate(f, 1):
-                    if line.strip():
-                        r = json.loads(line)
-                        if "prompt" not in r:
-                            sys.exit(f"check_dpo_heldout: {path}:{n}: no \"prompt\" (implicit prompts are not reproduced)")
-                        rows.append(r)
+    for path, n, r in jsonl_rows(patterns, "check_dpo_heldout"):
+        if "prompt" not in r:
+            sys.exit(f"check_dpo_heldout: {path}:{n}: no \"prompt\" (implicit prompts are not reproduced)")
+        rows.append(r)
     return rows
 
 

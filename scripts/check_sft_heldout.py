@@ -60,19 +60,24 @@ def heldout_indices(n, fraction, seed):
     return sorted(perm[:int(fraction * n)])
 
 
-def read_conversations(paths):
+def jsonl_rows(patterns, prog):
+    """(path, line number, row) of each non-blank line of the JSONL files that the glob patterns
+    name, pattern by pattern, each pattern's files in sorted order (as the data plugins read
+    paths). Exits with "PROG: PATTERN: no such file" for a pattern that names no file."""
     import glob
-    convs = []
-    for pattern in paths:
+    for pattern in patterns:
         files = sorted(glob.glob(pattern))
         if not files:
-            sys.exit(f"check_sft_heldout: {pattern}: no such file")
+            sys.exit(f"{prog}: {pattern}: no such file")
         for path in files:
             with open(path, encoding="utf-8") as f:
-                for line in f:
+                for n, line in enumerate(f, 1):
                     if line.strip():
-                        convs.append(json.loads(line)["messages"])
-    return convs
+                        yield path, n, json.loads(line)
+
+
+def read_conversations(paths):
+    return [row["messages"] for _, _, row in jsonl_rows(paths, "check_sft_heldout")]
 
 
 def sample(tok, msgs):
