@@ -6,7 +6,8 @@
 #  - -DTRAINRUN_FUZZ=ON with clang (scripts/fuzz, build-fuzz/): fuzz_<target>, libFuzzer binaries
 #    under ASan+UBSan (the sanitizer flags come from CMAKE_CXX_FLAGS, so the libraries they
 #    link are instrumented too).
-set(TRAINRUN_FUZZ_TARGETS job_file safetensors checkpoint_meta llama_config tokenizer chat_data)
+set(TRAINRUN_FUZZ_TARGETS job_file safetensors checkpoint_meta llama_config tokenizer chat_data
+    chat_template)
 option(TRAINRUN_FUZZ "Build the libFuzzer targets fuzz_<target> (clang; see scripts/fuzz)" OFF)
 set(TRAINRUN_FUZZ_PLUGIN_DIR "${TRAINRUN_PLUGIN_OUTPUT_DIR}" CACHE PATH
     "Plugins the job_file target validates against (scripts/fuzz: the gcc build's)")
@@ -23,7 +24,7 @@ function(_trainrun_fuzz_target exe target)
   target_compile_definitions(${exe} PRIVATE
     TRAINRUN_FUZZ_PLUGIN_DIR="${TRAINRUN_FUZZ_PLUGIN_DIR}"
     TRAINRUN_FUZZ_FIXTURES="${CMAKE_SOURCE_DIR}/../shared/fixtures/tokenizers")
-  if(target STREQUAL "tokenizer" OR target STREQUAL "chat_data")
+  if(target STREQUAL "tokenizer" OR target STREQUAL "chat_data" OR target STREQUAL "chat_template")
     target_link_libraries(${exe} PRIVATE trainrun_text)
     if(target STREQUAL "chat_data")
       target_link_libraries(${exe} PRIVATE trainrun_chat_samples)

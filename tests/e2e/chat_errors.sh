@@ -60,4 +60,11 @@ bash "$here/../tools/expect.sh" 0 'longer than max_seq_len = 64: 1 dropped, 0 tr
   --set "data.paths=[\"$work/overlong.jsonl\"]" --set trainer.run_dir="$work/run-drop" || status=1
 bash "$here/../tools/expect.sh" 0 'longer than max_seq_len = 64: 0 dropped, 1 truncated' -- "$tr" --config "$work/job.toml" \
   --set "data.paths=[\"$work/overlong.jsonl\"]" --set data.overlong=truncate --set trainer.run_dir="$work/run-trunc" || status=1
+# A hostile chat template (issue 50) ends at its budget before training, naming file, line and
+# limit; [data] template_max_operations reaches the engine.
+hostile="$here/../fuzz/corpus/chat_template"
+case_ budget.jsonl "$ok" --set data.chat_template="$hostile/grow-string-namespace-doubled.jinja" -- \
+  'grow-string-namespace-doubled\.jinja, line 1: the rendering exceeds template_max_bytes = [0-9]+'
+case_ budget_ops.jsonl "$ok" --set data.chat_template="$hostile/loop-nested-nothing.jinja" \
+  --set data.template_max_operations=1000 -- 'loop-nested-nothing\.jinja, line 1: the rendering exceeds template_max_operations = 1000 '
 exit $status

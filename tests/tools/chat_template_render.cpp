@@ -1,9 +1,10 @@
-// Renders a batch of chat-template jobs for tests/e2e/chat_template_reference.py, which compares the
-// results with transformers' apply_chat_template. Input (argv[1]): a JSON array of
+// Renders a batch of chat-template jobs for tests/e2e/chat_template_reference.py, which compares
+// the results with transformers' apply_chat_template. Input (argv[1]): a JSON array of
 //   {"tokenizer": DIR or "", "template": NAME or "", "source": JINJA (instead of DIR/NAME),
 //    "special_tokens": {...} (with "source"), "messages": [...], "add_generation_prompt": bool,
 //    "continue_final_message": bool, "tools": ..., "documents": ..., "variables": {...}}
-// Output (stdout): a JSON array of {"text": ..., "source": ..., "spans": [[b, e], ...]} or
+// Output (stdout): a JSON array of {"text": ..., "source": ..., "spans": [[b, e], ...],
+// "bytes_built": N, "operations": N} or
 // {"error": ..., "message": ..., "raised": bool, "line": N}.
 #include <fstream>
 #include <iostream>
@@ -41,11 +42,14 @@ int main(int argc, char** argv) {
       if (job.contains("variables")) o.variables = job["variables"];
       r["source"] = t.source();
       r["special_tokens"] = t.special_tokens();
-      const auto out = t.apply(job["messages"], o);
+      trainrun::text::RenderCost cost;
+      const auto out = t.apply(job["messages"], o, cost);
       r["text"] = out.text;
       json spans = json::array();
       for (const auto& s : out.generation_spans) spans.push_back({s.first, s.second});
       r["spans"] = spans;
+      r["bytes_built"] = cost.bytes_built;  // the cost against TemplateLimits (the limits' test)
+      r["operations"] = cost.operations;
     } catch (const trainrun::text::ChatTemplateError& e) {
       r["error"] = e.what();
       r["message"] = e.message();

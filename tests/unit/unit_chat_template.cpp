@@ -264,3 +264,94 @@ TEST_SUITE("builtins") {
     CHECK_THROWS_AS(trainrun::text::builtin_chat_template("vicuna"), std::invalid_argument);
   }
 }
+
+TEST_SUITE("limits") {
+  // The budget of one rendering (TemplateLimits): what it counts, the error and the overrides.
+  using trainrun::text::TemplateLimits;
+  ChatTemplateError limit_error(const std::string& src, const TemplateLimits& limits) {
+    try {
+      ChatTemplate(src, json::object(), "t.jinja", limits).render(json::object());
+    } catch (const ChatTemplateError& e) {
+      return e;
+    }
+    FAIL("the template rendered within its limits: " << src);
+    return ChatTemplateError("", "", 0, false);
+  }
+
+  TEST_CASE("a rendering reports its cost, and a budget of exactly that cost is enough") {
+    const std::string src = "{% for x in [1, 2, 3] %}{{ x ~ '-' }}{% endfor %}";
+    trainrun::text::RenderCost cost;
+    const auto out = ChatTemplate(src).render(json::object(), cost);
+    CHECK(out.text == "1-2-3-");
+    CHECK(cost.bytes_built >= out.text.size());
+    CHECK(cost.operations >= 3);  // three iterations
+    TemplateLimits exact{cost.bytes_built, cost.operations};
+    CHECK(ChatTemplate(src, json::object(), "t", exact).render(json::object()).text == "1-2-3-");
+    CHECK(limit_error(src, {cost.bytes_built - 1, cost.operations})
+              .message()
+              .find("template_max_bytes") != std::string::npos);
+    CHECK(limit_error(src, {cost.bytes_built, cost.operations - 1})
+              .message()
+              .find("template_max_operations") != std::string::npos);
+  }
+
+  TEST_CASE("the error names the template, its line, the limit and the override") {
+    const auto e = limit_error(
+        "{% set ns = namespace(s='ab') %}\n{% for i in range(40) %}\n"
+        "{% set ns.s = ns.s ~ ns.s %}{% endfor %}",
+        {1 << 20, 100000});
+    CHECK(e.line() == 3);
+    CHECK(std::string(e.what()).rfind(
+              "t.jinja, line 3: the rendering exceeds template_max_bytes = 1048576", 0) == 0);
+    CHECK(e.message().find("--template-max-bytes") != std::string::npos);
+    CHECK_FALSE(e.raised());
+  }
+
+  TEST_CASE("sizes the template chooses are checked before anything is built") {
+    const TemplateLimits small{1 << 20, 100000};
+    for (const char* src :
+         {"{{ 'a' * 1073741823 }}", "{{ [1, 2] * 536870911 }}", "{{ 'x' | center(1000000000) }}",
+          "{{ 'x\ny' | indent(1000000000) }}", "{{ '%1000000000s' % 'x' }}",
+          "{{ ('x' * 1000) | replace('x', 'y' * 10000) }}",
+          "{{ range(1000) | join('-' * 100000) }}", "{{ [1] | batch(1000000000, 0) | list }}",
+          "{% set a = [1] * 100 %}{% set b = [a] * 100 %}{{ [b] * 100 }}"})
+      CHECK_MESSAGE(
+          limit_error(src, small).message().find("template_max_bytes") != std::string::npos, src);
+  }
+
+  TEST_CASE("loops and calls count operations, weighted by what they scan") {
+    const TemplateLimits ops{1 << 30, 10000};
+    CHECK(limit_error("{% for i in range(200) %}{% for j in range(200) %}{% endfor %}{% endfor %}",
+                      ops)
+              .message()
+              .find("template_max_operations") != std::string::npos);
+    CHECK(limit_error("{% macro f(n) %}{% if n %}{{ f(n - 1) }}{{ f(n - 1) }}{% endif %}{% "
+                      "endmacro %}{{ f(30) }}",
+                      ops)
+              .message()
+              .find("template_max_operations") != std::string::npos);
+    // 100 scans of a 1000-item list cost over 100,000: more than 10 iterations' worth each.
+    CHECK(limit_error(
+              "{% set l = range(1000) | list %}{% for i in range(100) %}{% if -1 in l %}{% endif %}"
+              "{% endfor %}",
+              ops)
+              .message()
+              .find("template_max_operations") != std::string::npos);
+  }
+
+  TEST_CASE("load_chat_template passes the limits on") {
+    const auto dir = std::filesystem::temp_directory_path() / "trainrun_unit_template_limits";
+    std::filesystem::create_directories(dir);
+    std::ofstream(dir / "chat_template.jinja")
+        << "{% for m in messages %}{{ m.content * 1000 }}{% endfor %}";
+    const json chat = json::array({{{"role", "user"}, {"content", "hello"}}});
+    CHECK(trainrun::text::load_chat_template(dir).apply(chat).text.size() == 5000);
+    const auto t = trainrun::text::load_chat_template(dir, "", {1000, 1000});
+    CHECK(t.limits().max_bytes == 1000);
+    CHECK_THROWS_WITH_AS(t.apply(chat),
+                         doctest::Contains("chat_template.jinja, line 1: the rendering exceeds "
+                                           "template_max_bytes = 1000"),
+                         ChatTemplateError);
+    std::filesystem::remove_all(dir);
+  }
+}

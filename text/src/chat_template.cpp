@@ -162,24 +162,46 @@ ChatTemplateError::ChatTemplateError(const std::string& origin, const std::strin
       line_(line),
       raised_(raised) {}
 
-ChatTemplate::ChatTemplate(std::string source, nlohmann::ordered_json special_tokens, std::string origin)
-    : source_(std::move(source)), special_tokens_(std::move(special_tokens)), origin_(std::move(origin)) {
+ChatTemplate::ChatTemplate(std::string source, nlohmann::ordered_json special_tokens,
+                           std::string origin)
+    : ChatTemplate(std::move(source), std::move(special_tokens), std::move(origin),
+                   TemplateLimits{}) {}
+
+ChatTemplate::ChatTemplate(std::string source, nlohmann::ordered_json special_tokens,
+                           std::string origin, TemplateLimits limits)
+    : source_(std::move(source)),
+      special_tokens_(std::move(special_tokens)),
+      origin_(std::move(origin)) {
   if (!special_tokens_.is_object())
     throw std::invalid_argument(origin_ + ": special tokens must be a JSON object");
   try {
-    compiled_ = jinja::parse(source_);
+    auto compiled = jinja::parse(source_);
+    compiled->max_bytes = limits.max_bytes;
+    compiled->max_operations = limits.max_operations;
+    compiled_ = std::move(compiled);
   } catch (const jinja::Error& e) {
     throw ChatTemplateError(origin_, e.what(), e.line(), false);
   }
 }
 
+TemplateLimits ChatTemplate::limits() const {
+  return TemplateLimits{compiled_->max_bytes, compiled_->max_operations};
+}
+
 RenderedChat ChatTemplate::render(const nlohmann::ordered_json& variables) const {
+  RenderCost unused;
+  return render(variables, unused);
+}
+
+RenderedChat ChatTemplate::render(const nlohmann::ordered_json& variables, RenderCost& cost) const {
   if (!variables.is_object()) throw ChatTemplateError(origin_, "template variables must be a JSON object", 0, false);
   jinja::Dict vars;
   for (auto it = variables.begin(); it != variables.end(); ++it)
     vars.items.emplace_back(it.key(), jinja::Value::from_json(it.value()));
   try {
-    jinja::RenderResult r = jinja::render(*compiled_, vars);
+    jinja::RenderResult r =
+        jinja::render(*compiled_, vars, {compiled_->max_bytes, compiled_->max_operations});
+    cost = RenderCost{r.bytes_built, r.operations};
     return RenderedChat{std::move(r.text), std::move(r.generation_spans)};
   } catch (const jinja::Raised& e) {
     throw ChatTemplateError(origin_, e.what(), e.line(), true);
@@ -189,6 +211,12 @@ RenderedChat ChatTemplate::render(const nlohmann::ordered_json& variables) const
 }
 
 RenderedChat ChatTemplate::apply(const nlohmann::ordered_json& messages, const ChatTemplateOptions& options) const {
+  RenderCost unused;
+  return apply(messages, options, unused);
+}
+
+RenderedChat ChatTemplate::apply(const nlohmann::ordered_json& messages,
+                                 const ChatTemplateOptions& options, RenderCost& cost) const {
   auto bad = [&](const std::string& what) { return ChatTemplateError(origin_, what, 0, false); };
   if (!messages.is_array()) throw bad("messages must be a JSON array of message objects");
   if (messages.empty()) throw bad("cannot apply a chat template to an empty conversation; give at least one message");
@@ -244,7 +272,7 @@ RenderedChat ChatTemplate::apply(const nlohmann::ordered_json& messages, const C
   vars["tools"] = options.tools;
   vars["documents"] = options.documents;
   vars["add_generation_prompt"] = options.add_generation_prompt;
-  RenderedChat out = render(vars);
+  RenderedChat out = render(vars, cost);
 
   if (options.continue_final_message) {
     auto strip = [](const std::string& s) {
@@ -317,6 +345,11 @@ nlohmann::ordered_json load_special_tokens(const std::filesystem::path& dir) {
 }
 
 ChatTemplate load_chat_template(const std::filesystem::path& dir, const std::string& name) {
+  return load_chat_template(dir, name, TemplateLimits{});
+}
+
+ChatTemplate load_chat_template(const std::filesystem::path& dir, const std::string& name,
+                                const TemplateLimits& limits) {
   if (!std::filesystem::is_directory(dir)) throw std::runtime_error(dir.string() + ": not a tokenizer directory");
   std::map<std::string, std::string> templates;  // name -> source
   std::map<std::string, std::string> origins;
@@ -357,9 +390,11 @@ ChatTemplate load_chat_template(const std::filesystem::path& dir, const std::str
   std::vector<std::string> own;
   for (const auto& kv : templates) own.push_back(kv.first);
   if (!name.empty()) {
-    if (templates.count(name)) return ChatTemplate(templates[name], special, origins[name]);
-    if (builtins().count(name)) return ChatTemplate(builtins().at(name), special, "built-in chat template " + name);
-    if (std::filesystem::is_regular_file(name)) return ChatTemplate(read_file(name), special, name);
+    if (templates.count(name)) return ChatTemplate(templates[name], special, origins[name], limits);
+    if (builtins().count(name))
+      return ChatTemplate(builtins().at(name), special, "built-in chat template " + name, limits);
+    if (std::filesystem::is_regular_file(name))
+      return ChatTemplate(read_file(name), special, name, limits);
     throw std::runtime_error("no chat template named '" + name + "' (" + dir.string() +
                              (own.empty() ? " has none" : " has: " + joined(own)) +
                              "; built-ins: " + joined(builtin_chat_template_names()) + "; or a .jinja file path)");
@@ -367,8 +402,8 @@ ChatTemplate load_chat_template(const std::filesystem::path& dir, const std::str
   if (templates.empty())
     throw std::runtime_error(dir.string() + " has no chat template (no chat_template.jinja, no \"chat_template\" in "
                              "tokenizer_config.json); name a built-in one: " + joined(builtin_chat_template_names()));
-  if (templates.size() == 1 && templates.count("default")) return ChatTemplate(templates["default"], special, origins["default"]);
-  if (templates.count("default")) return ChatTemplate(templates["default"], special, origins["default"]);
+  if (templates.count("default"))
+    return ChatTemplate(templates["default"], special, origins["default"], limits);
   throw std::runtime_error(dir.string() + " has several chat templates and no default; name one of: " + joined(own));
 }
 

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "jinja_budget.hpp"
 #include "jinja_str.hpp"
 
 namespace trainrun::text::jinja {
@@ -206,6 +207,8 @@ std::vector<Value> Builtins::iterate(const Value& v, int line) {
     case Value::Kind::List:
     case Value::Kind::Tuple: return *v.list;
     case Value::Kind::String: {
+      // A transient list (a loop's items), one item per code point: it must fit, not be paid for.
+      check_fits(saturating_mul(v.s.size(), sizeof(Value)), line);
       std::vector<Value> out;
       for (char32_t c : utf8_decode(v.s)) out.push_back(Value::string(utf8_encode(c)));
       return out;
@@ -256,10 +259,12 @@ Value Builtins::arithmetic(const std::string& op, const Value& a, const Value& b
     if (ints) return checked(__builtin_add_overflow(x, y, &r));
     if (nums) return Value::number(a.as_double() + b.as_double());
     if (a.is_string() && b.is_string()) {
+      charge_bytes(a.s.size() + b.s.size(), line);
       if (!a.markup && !b.markup) return Value::string(a.s + b.s);
       return markup((a.markup ? a.s : html_escape(a.s)) + (b.markup ? b.s : html_escape(b.s)));
     }
     if (a.is_plain_sequence() && b.is_plain_sequence() && a.kind == b.kind) {
+      charge_bytes(value_bytes(a) + value_bytes(b), line);
       List items = *a.list;
       items.insert(items.end(), b.list->begin(), b.list->end());
       return Value::make_list(std::move(items), a.kind == K::Tuple);
@@ -281,6 +286,7 @@ Value Builtins::arithmetic(const std::string& op, const Value& a, const Value& b
       const size_t unit = seq->is_string() ? seq->s.size() : seq->list->size();
       if (n > 0 && unit > 0 && static_cast<uint64_t>(n) > (uint64_t{1} << 30) / unit)
         throw Error("unsupported: a repetition of more than 2^30 items or bytes", line);
+      if (n > 0) charge_bytes(saturating_mul(static_cast<uint64_t>(n), value_bytes(*seq)), line);
       if (seq->is_string()) {
         std::string out;
         for (int64_t k = 0; k < n; ++k) out += seq->s;

@@ -11,6 +11,7 @@
 #include <functional>
 #include <map>
 
+#include "jinja_budget.hpp"
 #include "jinja_builtins.hpp"
 #include "jinja_str.hpp"
 
@@ -160,11 +161,13 @@ Value py_round(const Value& v, int64_t precision, const std::string& method, int
 }
 
 std::string indent_filter(std::string s, const Value& width, bool first, bool blank) {
+  if (!width.is_string()) check_fits(static_cast<uint64_t>(std::max<int64_t>(width.i, 0)), 0);
   const std::string ind =
       width.is_string() ? width.s
                         : std::string(static_cast<size_t>(std::max<int64_t>(width.i, 0)), ' ');
   s += "\n";  // jinja2's quirk for splitlines
   const auto lines = py_splitlines(s, false);
+  check_fits(saturating_mul(ind.size(), lines.size() + 1) + s.size(), 0);
   std::string rv;
   if (blank) {
     for (size_t k = 0; k < lines.size(); ++k) rv += (k ? "\n" + ind : "") + lines[k];
@@ -380,6 +383,7 @@ void add_sequence_filters(FilterTable& f) {
       if (!first) out += sep;
       first = false;
       out += to_str(attribute.is_none() ? item : attr_path(item, attribute, a.line));
+      check_fits(out.size(), a.line);  // a long separator repeats once per item
     }
     return Value::string(out);
   };
@@ -442,6 +446,8 @@ void add_selection_filters(FilterTable& f) {
         out.push_back(Value::make_list(std::move(cur))), cur = {};
     }
     if (!cur.empty()) {
+      if (!fill.is_none())
+        check_fits(saturating_mul(static_cast<uint64_t>(n), sizeof(Value)), a.line);
       if (!fill.is_none())
         while (static_cast<int64_t>(cur.size()) < n) cur.push_back(fill);
       out.push_back(Value::make_list(std::move(cur)));

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <ctime>
 
+#include "jinja_budget.hpp"
 #include "jinja_builtins.hpp"
 
 namespace trainrun::text::jinja {
@@ -53,7 +54,8 @@ enum class Flow { Normal, Break, Continue };
 
 class Renderer : public Builtins::Host {
  public:
-  explicit Renderer(const Dict& variables) : root_(std::make_shared<Scope>()) {
+  Renderer(const Dict& variables, const Limits& limits)
+      : root_(std::make_shared<Scope>()), budget_(limits.max_bytes, limits.max_operations) {
     root_->parent = globals();
     for (const auto& kv : variables.items) root_->vars[kv.first] = kv.second;
   }
@@ -62,7 +64,10 @@ class Renderer : public Builtins::Host {
     RenderResult result;
     main_ = &result.text;
     spans_ = &result.generation_spans;
+    const Budget::Install install(budget_);
     exec_body(t.body, root_, result.text);
+    result.bytes_built = budget_.bytes_used();
+    result.operations = budget_.operations_used();
     return result;
   }
 
@@ -84,9 +89,14 @@ class Renderer : public Builtins::Host {
   }
 
   Flow exec(const Stmt& s, const ScopePtr& scope, std::string& out) {
+    budget_.line = s.line;
     switch (s.kind) {
-      case Stmt::Kind::Text: out += s.text; return Flow::Normal;
-      case Stmt::Kind::Output: out += to_str(eval(*s.expr, scope)); return Flow::Normal;
+      case Stmt::Kind::Text:
+        append(out, s.text, s.line);
+        return Flow::Normal;
+      case Stmt::Kind::Output:
+        append(out, to_str(eval(*s.expr, scope)), s.line);
+        return Flow::Normal;
       case Stmt::Kind::If:
         for (const auto& branch : s.branches)
           if (eval(*branch.first, scope).truthy()) return exec_body(branch.second, scope, out);
@@ -102,7 +112,8 @@ class Renderer : public Builtins::Host {
       case Stmt::Kind::FilterBlock: {
         std::string text;
         exec_body(s.body, scope, text);
-        out += to_str(apply_filters(s.filters, Value::string(std::move(text)), scope));
+        append(out, to_str(apply_filters(s.filters, Value::string(std::move(text)), scope)),
+               s.line);
         return Flow::Normal;
       }
       case Stmt::Kind::With: {
@@ -129,8 +140,42 @@ class Renderer : public Builtins::Host {
   Value apply_filters(const std::vector<ExprPtr>& filters, Value v, const ScopePtr& scope) {
     for (const auto& f : filters) {
       CallArgs args = eval_args(f->args, scope, f->line);
-      v = Builtins::filter(*this, f->name, v, args);
+      charge_call(v, f->line);
+      v = built(Builtins::filter(*this, f->name, v, args), f->line);
     }
+    return v;
+  }
+
+  // ---- the budget (jinja_budget.hpp) ----
+
+  void append(std::string& out, const std::string& text, int line) {
+    budget_.bytes(text.size(), line);
+    out += text;
+  }
+
+  // A call costs one operation plus one per item (list, dict) or KiB (string) of the operand it
+  // scans, so a loop over calls on large values runs out of operations as fast as one over small.
+  void charge_call(const Value& operand, int line) {
+    uint64_t scanned = 0;
+    if (operand.is_string())
+      scanned = operand.s.size() / 1024;
+    else if (operand.is_sequence())
+      scanned = operand.list->size();
+    else if (operand.kind == Value::Kind::Dict)
+      scanned = operand.dict->items.size();
+    budget_.operations(1 + scanned, line);
+  }
+
+  // A value a call made: its bytes count against the budget.
+  Value built(Value v, int line) {
+    budget_.bytes(value_bytes(v), line);
+    return v;
+  }
+
+  // Reading a variable copies its value: a large string read in a loop costs as much as scanning
+  // it.
+  Value read(Value v, int line) {
+    if (v.s.size() >= 1024) budget_.operations(v.s.size() / 1024, line);
     return v;
   }
 
@@ -140,6 +185,7 @@ class Renderer : public Builtins::Host {
     if (s.cond) {
       // `for x in xs if cond`: the condition sees the target but not `loop`; loop counts the kept items.
       for (const auto& item : all) {
+        budget_.operations(1, s.line);
         auto probe = std::make_shared<Scope>();
         probe->parent = scope;
         bind_target(s.target, item, *probe, s.line);
@@ -152,6 +198,7 @@ class Renderer : public Builtins::Host {
     const int64_t n = static_cast<int64_t>(items.size());
     ++loop_depth_;
     for (int64_t k = 0; k < n; ++k) {
+      budget_.operations(1, s.line);
       auto iteration = std::make_shared<Scope>();  // jinja2: nothing set in one iteration survives it
       iteration->parent = scope;
       bind_target(s.target, items[static_cast<size_t>(k)], *iteration, s.line);
@@ -267,10 +314,12 @@ class Renderer : public Builtins::Host {
       case Expr::Kind::Const: return e.constant;
       case Expr::Kind::Name: {
         const Value* v = scope->find(e.name);
-        return v ? *v : Value::undefined("'" + e.name + "' is undefined");
+        return v ? read(*v, e.line) : Value::undefined("'" + e.name + "' is undefined");
       }
-      case Expr::Kind::GetAttr: return Builtins::getattr(eval(*e.a, scope), e.name, e.line);
-      case Expr::Kind::GetItem: return Builtins::getitem(eval(*e.a, scope), eval(*e.b, scope), e.line);
+      case Expr::Kind::GetAttr:
+        return read(Builtins::getattr(eval(*e.a, scope), e.name, e.line), e.line);
+      case Expr::Kind::GetItem:
+        return read(Builtins::getitem(eval(*e.a, scope), eval(*e.b, scope), e.line), e.line);
       case Expr::Kind::Slice: {
         const Value obj = eval(*e.a, scope);
         auto part = [&](const ExprPtr& p) { return p ? eval(*p, scope) : Value::none(); };
@@ -281,22 +330,27 @@ class Renderer : public Builtins::Host {
           // obj.method(...): call the method of a builtin type without materialising a bound method
           const Value obj = eval(*e.a->a, scope);
           CallArgs args = eval_args(e.args, scope, e.line);
+          charge_call(obj, e.line);
           Value result;
-          if (Builtins::call_method(*this, obj, e.a->name, args, result)) return result;
-          return call(Builtins::getattr(obj, e.a->name, e.line), args);
+          if (Builtins::call_method(*this, obj, e.a->name, args, result))
+            return built(std::move(result), e.line);
+          return built(call(Builtins::getattr(obj, e.a->name, e.line), args), e.line);
         }
         const Value callee = eval(*e.a, scope);
         CallArgs args = eval_args(e.args, scope, e.line);
-        return call(callee, args);
+        charge_call(args.pos.empty() ? Value() : args.pos[0], e.line);
+        return built(call(callee, args), e.line);
       }
       case Expr::Kind::Filter: {
         const Value v = eval(*e.a, scope);
         CallArgs args = eval_args(e.args, scope, e.line);
-        return Builtins::filter(*this, e.name, v, args);
+        charge_call(v, e.line);
+        return built(Builtins::filter(*this, e.name, v, args), e.line);
       }
       case Expr::Kind::Test: {
         const Value v = eval(*e.a, scope);
         CallArgs args = eval_args(e.args, scope, e.line);
+        charge_call(v, e.line);
         return Value::boolean(Builtins::test(*this, e.name, v, args) != e.negated);
       }
       case Expr::Kind::Neg:
@@ -340,7 +394,7 @@ class Renderer : public Builtins::Host {
       case Expr::Kind::TupleLit: {
         List items;
         for (const auto& a : e.args) items.push_back(eval(*a.value, scope));
-        return Value::make_list(std::move(items), e.kind == Expr::Kind::TupleLit);
+        return built(Value::make_list(std::move(items), e.kind == Expr::Kind::TupleLit), e.line);
       }
       case Expr::Kind::DictLit: {
         Dict d;
@@ -348,7 +402,7 @@ class Renderer : public Builtins::Host {
           const Value key = eval(*kv.first, scope);
           d.set(dict_key(key, e.line), eval(*kv.second, scope));
         }
-        return Value::make_dict(std::move(d));
+        return built(Value::make_dict(std::move(d)), e.line);
       }
     }
     throw Error("internal error: unknown expression", e.line);
@@ -357,6 +411,7 @@ class Renderer : public Builtins::Host {
   bool compare(const std::string& op, const Value& a, const Value& b, int line) {
     if (op == "eq") return equal(a, b);
     if (op == "ne") return !equal(a, b);
+    if (op == "in" || op == "notin") charge_call(b, line);
     if (op == "in") return Builtins::contains(b, a, line);
     if (op == "notin") return !Builtins::contains(b, a, line);
     if (a.is_undefined()) undefined_error(a, line);
@@ -368,7 +423,11 @@ class Renderer : public Builtins::Host {
   }
 
   Value binary(const std::string& op, const Value& a, const Value& b, int line) {
-    if (op == "~") return Value::string(to_str(a) + to_str(b));
+    if (op == "~") {
+      std::string left = to_str(a), right = to_str(b);
+      budget_.bytes(left.size() + right.size(), line);
+      return Value::string(left + right);
+    }
     if (a.is_undefined()) undefined_error(a, line);
     if (b.is_undefined()) undefined_error(b, line);
     return Builtins::arithmetic(op, a, b, line);
@@ -379,6 +438,7 @@ class Renderer : public Builtins::Host {
   std::vector<std::pair<size_t, size_t>>* spans_ = nullptr;
   int loop_depth_ = 0;
   int call_depth_ = 0;
+  Budget budget_;
 };
 
 
@@ -463,8 +523,8 @@ ScopePtr make_globals() {
   throw Error(v.s.empty() ? std::string("a value is undefined") : v.s, line);
 }
 
-RenderResult render(const Template& t, const Dict& variables) {
-  Renderer r(variables);
+RenderResult render(const Template& t, const Dict& variables, const Limits& limits) {
+  Renderer r(variables, limits);
   return r.run(t);
 }
 

@@ -3,9 +3,13 @@
 
 #include <unicode/uchar.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
+
+#include "jinja_budget.hpp"
 
 namespace trainrun::text::jinja {
 namespace {
@@ -20,6 +24,13 @@ std::string format_conversion(char type, const std::string& flags, const std::st
                               const std::string& prec, const Value& arg, int line) {
   char buf[512];
   const std::string spec = "%" + flags + width + prec;
+  // A width or precision is a size the template chooses: bounded by the budget for strings, and
+  // by the buffer for numbers (snprintf would cut longer ones, after formatting all of them).
+  const uint64_t w = width.empty() ? 0 : std::strtoull(width.c_str(), nullptr, 10);
+  const uint64_t p = prec.size() > 1 ? std::strtoull(prec.c_str() + 1, nullptr, 10) : 0;
+  check_fits(std::max(w, p), line);
+  if (type != 's' && type != 'r' && type != 'a' && std::max(w, p) > 400)
+    throw Error("unsupported: a %-format width or precision over 400 for a number", line);
   if (type == 's' || type == 'r' || type == 'a') {
     std::string text = type == 's' ? to_str(arg) : repr(arg);
     if (prec.size() > 1)
@@ -110,6 +121,7 @@ std::string py_replace(const std::string& s, const std::string& from, const std:
       if (count < 0 || n < count) {
         out += to;
         ++n;
+        check_fits(out.size(), 0);
       }
       if (k < u.size()) out += utf8_encode(u[k]);
     }
@@ -121,6 +133,7 @@ std::string py_replace(const std::string& s, const std::string& from, const std:
     const size_t f = s.find(from, k);
     if (f == std::string::npos) break;
     out += s.substr(k, f - k) + to;
+    check_fits(out.size(), 0);
     k = f + from.size();
     ++n;
   }
@@ -147,6 +160,7 @@ std::string pad(const std::string& s, int64_t width, char align, const std::stri
   const int64_t len = static_cast<int64_t>(utf8_decode(s).size());
   if (width <= len) return s;
   const int64_t total = width - len;
+  check_fits(saturating_mul(static_cast<uint64_t>(total), fill.size()) + s.size(), 0);
   int64_t left = 0;
   if (align == '>')
     left = total;
@@ -218,6 +232,10 @@ std::string percent_format(const std::string& fmt, const Value& args, int line) 
 }
 
 std::string html_escape(const std::string& s) {
+  // Each of the five characters becomes up to 5 bytes: check the result's size before building it.
+  uint64_t size = s.size();
+  for (char c : s) size += (c == '&' || c == '<' || c == '>' || c == '"' || c == '\'') ? 4 : 0;
+  check_fits(size, 0);
   std::string out;
   for (char c : s) {
     switch (c) {

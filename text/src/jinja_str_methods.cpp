@@ -6,6 +6,7 @@
 #include <cctype>
 #include <map>
 
+#include "jinja_budget.hpp"
 #include "jinja_builtins.hpp"
 #include "jinja_str.hpp"
 
@@ -257,6 +258,7 @@ Value join_method(const std::string& s, const std::string&, Args& a) {
     if (!first) out += s;
     first = false;
     out += item.s;
+    check_fits(out.size(), line);  // a long separator repeats once per item
     ++idx;
   }
   return Value::string(out);

@@ -63,7 +63,7 @@ void check_names(const Expr* e, bool soft) {
 
 }  // namespace
 
-std::shared_ptr<const Template> parse(const std::string& source) {
+std::shared_ptr<Template> parse(const std::string& source) {
   auto t = std::make_shared<Template>();
   t->body = Parser(lex(source)).parse_template();
   check_names(t->body, false);

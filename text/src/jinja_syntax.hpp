@@ -3,6 +3,7 @@
 // transformers' environment (trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=False).
 // The grammar and operator precedence follow jinja2's parser.py; every node carries its template
 // line so that errors can name it.
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -66,9 +67,11 @@ struct Stmt {
 
 struct Template {
   Body body;
+  /// The budget of each rendering (ChatTemplate's TemplateLimits, set once after parsing).
+  uint64_t max_bytes = 0, max_operations = 0;
 };
 
 /// Parses `source`; throws Error naming the construct and line for anything outside the subset.
-std::shared_ptr<const Template> parse(const std::string& source);
+std::shared_ptr<Template> parse(const std::string& source);
 
 }  // namespace trainrun::text::jinja

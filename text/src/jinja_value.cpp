@@ -10,6 +10,8 @@
 #include <cmath>
 #include <cstdio>
 
+#include "jinja_budget.hpp"
+
 namespace trainrun::text::jinja {
 
 namespace {
@@ -291,42 +293,77 @@ std::string to_str(const Value& v) {
   }
 }
 
-std::string repr(const Value& v) {
+namespace {
+
+// repr() written into one buffer: a list or dict that holds the same container many times over
+// prints exponentially, and building each level's text apart would copy every byte once per level.
+void repr_into(std::string& out, const Value& v) {
   switch (v.kind) {
-    case Value::Kind::Undefined: return "Undefined";
-    case Value::Kind::None: return "None";
-    case Value::Kind::Bool: return v.b ? "True" : "False";
-    case Value::Kind::Int: return std::to_string(v.i);
-    case Value::Kind::Float: return float_repr(v.f);
-    case Value::Kind::String: return string_repr(v.s);
+    case Value::Kind::Undefined:
+      out += "Undefined";
+      return;
+    case Value::Kind::None:
+      out += "None";
+      return;
+    case Value::Kind::Bool:
+      out += v.b ? "True" : "False";
+      return;
+    case Value::Kind::Int:
+      out += std::to_string(v.i);
+      return;
+    case Value::Kind::Float:
+      out += float_repr(v.f);
+      return;
+    case Value::Kind::String:
+      out += string_repr(v.s);
+      return;
     case Value::Kind::List:
     case Value::Kind::Tuple: {
-      if (v.is_iterator()) return "<" + type_name(v) + " object>";
+      if (v.is_iterator()) {
+        out += "<" + type_name(v) + " object>";
+        return;
+      }
       const bool tuple = v.kind == Value::Kind::Tuple;
-      std::string out = tuple ? "(" : "[";
-      if (v.view != Value::View::None) out = type_name(v) + "([";
+      out += v.view != Value::View::None ? type_name(v) + "([" : tuple ? "(" : "[";
       for (size_t k = 0; k < v.list->size(); ++k) {
         if (k) out += ", ";
-        out += repr((*v.list)[k]);
+        repr_into(out, (*v.list)[k]);
+        check_fits(out.size(), 0);
       }
       if (tuple && v.list->size() == 1) out += ",";
-      return out + (tuple ? ")" : v.view != Value::View::None ? "])" : "]");
+      out += tuple ? ")" : v.view != Value::View::None ? "])" : "]";
+      return;
     }
     case Value::Kind::Dict:
     case Value::Kind::Namespace: {
-      std::string out = v.kind == Value::Kind::Namespace ? "<Namespace {" : "{";
+      out += v.kind == Value::Kind::Namespace ? "<Namespace {" : "{";
       bool first = true;
       for (const auto& kv : v.dict->items) {
         if (!first) out += ", ";
         first = false;
-        out += repr(key_value(kv.first)) + ": " + repr(kv.second);
+        repr_into(out, key_value(kv.first));
+        out += ": ";
+        repr_into(out, kv.second);
+        check_fits(out.size(), 0);
       }
-      return out + (v.kind == Value::Kind::Namespace ? "}>" : "}");
+      out += v.kind == Value::Kind::Namespace ? "}>" : "}";
+      return;
     }
-    case Value::Kind::Object: return "<LoopContext>";
-    case Value::Kind::Callable: return "<function " + v.fn->name + ">";
+    case Value::Kind::Object:
+      out += "<LoopContext>";
+      return;
+    case Value::Kind::Callable:
+      out += "<function " + v.fn->name + ">";
+      return;
   }
-  return "";
+}
+
+}  // namespace
+
+std::string repr(const Value& v) {
+  std::string out;
+  repr_into(out, v);
+  return out;
 }
 
 bool equal(const Value& a, const Value& b) {
@@ -419,6 +456,7 @@ void json_value(std::string& out, const Value& v, const JsonOptions& o, int leve
   const bool indented = o.indent >= 0 || o.indent_is_string;
   const std::string unit = o.indent_is_string ? o.indent_str : std::string(std::max(o.indent, 0), ' ');
   auto newline = [&](int lvl) {
+    check_fits(out.size() + saturating_mul(unit.size(), static_cast<uint64_t>(lvl)), line);
     out += '\n';
     for (int k = 0; k < lvl; ++k) out += unit;
   };
@@ -450,6 +488,7 @@ void json_value(std::string& out, const Value& v, const JsonOptions& o, int leve
           if (indented) newline(level + 1);
         }
         json_value(out, (*v.list)[k], o, level + 1, line);
+        check_fits(out.size(), line);  // shared lists nest without costing bytes until printed
       }
       if (indented) newline(level);
       out += ']';
@@ -476,6 +515,7 @@ void json_value(std::string& out, const Value& v, const JsonOptions& o, int leve
         json_string(out, key.is_string() ? key.s : key.is_none() ? "null" : to_json(key, o, line), o.ensure_ascii);
         out += o.separators_given ? o.key_sep : ": ";
         json_value(out, items[k]->second, o, level + 1, line);
+        check_fits(out.size(), line);
       }
       if (indented) newline(level);
       out += '}';

@@ -316,6 +316,9 @@ HfTokenizer::HfTokenizer(const std::string& directory, const json& config) {
       vocab_size_ = std::max(vocab_size_, a.id + 1);
       added_.push_back(std::move(a));
     }
+    detail::check_id_range(vocab_size_ - 1, static_cast<int64_t>(model_->size() + added_.size()),
+                           detail::Where{file, "added_tokens"},
+                           "the model's vocabulary with the added tokens");
   }
   for (size_t k = 0; k < added_.size(); ++k) {
     const AddedToken& a = added_[k];

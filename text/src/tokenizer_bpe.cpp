@@ -149,6 +149,8 @@ BpeModel::BpeModel(const nlohmann::json& model, const Where& where) {
       where.fail("vocab entry \"" + it.key() + "\" has id " + it.value().dump() + ", not a non-negative integer");
     max_id = std::max(max_id, it.value().get<int32_t>());
   }
+  check_id_range(max_id, static_cast<int64_t>(vocab.size()),
+                 Where{where.file, where.path + ".vocab"}, "the vocabulary");
   id_to_token_.assign(static_cast<size_t>(max_id + 1), std::string());
   for (auto it = vocab.begin(); it != vocab.end(); ++it) id_to_token_[it.value().get<int32_t>()] = it.key();
   maps_ = std::make_unique<Maps>(id_to_token_);

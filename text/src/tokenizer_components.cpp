@@ -11,6 +11,14 @@ void Where::fail(const std::string& msg) const {
   throw v1::ConfigError(file + ": " + path + ": " + msg);
 }
 
+void check_id_range(int64_t max_id, int64_t entries, const Where& w, const std::string& what) {
+  if (max_id >= entries + kMaxUnusedIds)
+    w.fail(what + " holds id " + std::to_string(max_id) + " among " + std::to_string(entries) +
+           " entries: more than " + std::to_string(kMaxUnusedIds) +
+           " ids unused, which real tokenizers never leave (the id table would take " +
+           std::to_string(max_id + 1) + " slots); the file is broken or hostile");
+}
+
 namespace {
 
 using json = nlohmann::json;
@@ -43,8 +51,12 @@ std::unique_ptr<Regex> make_pattern(const json& j, const Where& w) {
   if (!j.contains("pattern") || !j["pattern"].is_object()) w.fail("missing \"pattern\" object");
   const json& p = j["pattern"];
   try {
-    if (p.contains("String") && p["String"].is_string()) return std::make_unique<Regex>(p["String"].get<std::string>(), true);
-    if (p.contains("Regex") && p["Regex"].is_string()) return std::make_unique<Regex>(p["Regex"].get<std::string>());
+    const std::string origin =
+        w.file + ": " + w.path + " (" + j.value("type", std::string("?")) + ")";
+    if (p.contains("String") && p["String"].is_string())
+      return std::make_unique<Regex>(p["String"].get<std::string>(), true, origin);
+    if (p.contains("Regex") && p["Regex"].is_string())
+      return std::make_unique<Regex>(p["Regex"].get<std::string>(), false, origin);
   } catch (const std::invalid_argument& e) {
     w.fail(std::string("pattern: ") + e.what());
   }

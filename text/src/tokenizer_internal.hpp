@@ -71,16 +71,21 @@ int byte_level_byte(uint32_t cp);
 class Regex {
  public:
   /// Throws std::invalid_argument with PCRE2's message and the offset in the pattern.
-  explicit Regex(const std::string& pattern, bool literal = false);
+  /// `origin` ("FILE: COMPONENT PATH (TYPE)") names a pattern a tokenizer file gave, for the
+  /// error when a match fails.
+  explicit Regex(const std::string& pattern, bool literal = false, std::string origin = "");
   ~Regex();
   Regex(const Regex&) = delete;
   Regex& operator=(const Regex&) = delete;
-  /// Non-overlapping matches [begin, end) of s, left to right, appended to `out`.
+  /// Non-overlapping matches [begin, end) of s, left to right, appended to `out`. Throws
+  /// v1::ConfigError naming the origin and the pattern when PCRE2 gives up (its match limit:
+  /// a pattern that backtracks catastrophically on this input).
   void find_all(std::string_view s, std::vector<std::pair<size_t, size_t>>& out) const;
 
  private:
   void* code_ = nullptr;  // pcre2_code_8
   bool jit_ = false;
+  std::string pattern_, origin_;
 };
 
 // ---- Unicode normalization (ICU) ---------------------------------------------------------
@@ -95,6 +100,15 @@ struct Where {
   std::string path;
   [[noreturn]] void fail(const std::string& msg) const;
 };
+
+/// Ids beyond the entries a tokenizer file lists that it may leave unused. Real vocabularies
+/// are dense (ids 0..n-1, added tokens right after); the largest id sizes the id table and the
+/// vocabulary a model is built with, so a file stating a huge id for a handful of entries would
+/// make trainrun allocate in proportion to that number.
+constexpr int64_t kMaxUnusedIds = 65536;
+
+/// Fails (naming `w`) unless `max_id` < `entries` + kMaxUnusedIds.
+void check_id_range(int64_t max_id, int64_t entries, const Where& w, const std::string& what);
 
 class Normalizer {
  public:

@@ -223,7 +223,8 @@ ThreadMatchState& match_state() {
 }
 }  // namespace
 
-Regex::Regex(const std::string& pattern, bool literal) {
+Regex::Regex(const std::string& pattern, bool literal, std::string origin)
+    : pattern_(pattern), origin_(std::move(origin)) {
   const std::string p = literal ? pattern : translate_pattern(pattern);
   int err = 0;
   PCRE2_SIZE at = 0;
@@ -256,7 +257,13 @@ void Regex::find_all(std::string_view s, std::vector<std::pair<size_t, size_t>>&
     if (rc < 0) {
       PCRE2_UCHAR msg[256];
       pcre2_get_error_message(rc, msg, sizeof msg);
-      throw std::runtime_error(std::string("regex match failed: ") + reinterpret_cast<const char*>(msg));
+      // PCRE2_ERROR_MATCHLIMIT and its kin: a pattern of the tokenizer file, not the text, is at
+      // fault (nested quantifiers backtrack exponentially), so the error names the file.
+      throw v1::ConfigError(
+          (origin_.empty() ? std::string("tokenizer regex") : origin_) + ": the pattern /" +
+          pattern_ + "/ failed on a text of " + std::to_string(s.size()) +
+          " bytes: " + reinterpret_cast<const char*>(msg) +
+          " (the pattern backtracks too much; fix or remove it in the tokenizer file)");
     }
     const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(st.data);
     const size_t b = ov[0], e = ov[1];

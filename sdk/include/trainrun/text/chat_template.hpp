@@ -8,6 +8,7 @@
 // Anything outside the subset is refused when the template is compiled or when the construct is
 // reached, naming the construct and the template line.
 #include <cstddef>
+#include <cstdint>
 #include <filesystem>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -62,6 +63,30 @@ struct RenderedChat {
   std::vector<std::pair<std::size_t, std::size_t>> generation_spans;
 };
 
+/// What one rendering cost, in the units of TemplateLimits (render/apply's optional output;
+/// a separate struct so that RenderedChat keeps the layout plugins were built against).
+struct RenderCost {
+  std::uint64_t bytes_built = 0;
+  std::uint64_t operations = 0;
+};
+
+/// The budget of one rendering of a chat template. A model directory is untrusted input, and a
+/// template that grows a string, list or dict in a loop, or loops without producing anything,
+/// would otherwise take the machine (every rank renders at start-up). Exceeding a limit throws
+/// ChatTemplateError naming the template, its line, the limit and its option. The defaults are
+/// over a hundred times what the largest real templates need for ordinary conversations
+/// (docs/troubleshooting.md gives the figures); raise them for a trusted template rendering
+/// conversations of several MB.
+struct TemplateLimits {
+  /// Bytes of every string, list and dict one rendering builds, and of its output, in all (a
+  /// list or dict counts its slots and string items). Job option / CLI flag: template_max_bytes.
+  std::uint64_t max_bytes = std::uint64_t{32} << 20;
+  /// Loop iterations and calls (filters, tests, methods, functions, macros) of one rendering, a
+  /// call weighted by what it scans (one per item of a list or dict operand, per KiB of a
+  /// string). Job option / CLI flag: template_max_operations.
+  std::uint64_t max_operations = 500000;
+};
+
 /// A compiled chat template plus the special-token variables it is rendered with.
 /// Immutable after construction; render/apply may be called from several threads at once.
 class ChatTemplate {
@@ -69,8 +94,13 @@ class ChatTemplate {
   /// Compiles `source`. `special_tokens` (a JSON object of strings such as {"bos_token": "<s>"})
   /// become template variables; `origin` names the template in errors (a file, a built-in).
   /// Throws ChatTemplateError for syntax outside the supported subset.
-  explicit ChatTemplate(std::string source, nlohmann::ordered_json special_tokens = nlohmann::ordered_json::object(),
+  explicit ChatTemplate(std::string source,
+                        nlohmann::ordered_json special_tokens = nlohmann::ordered_json::object(),
                         std::string origin = "chat template");
+  /// As above, every rendering bounded by `limits` (the three-argument form uses the defaults).
+  /// Both forms exist so that plugins built against SDK 1.9 keep linking.
+  ChatTemplate(std::string source, nlohmann::ordered_json special_tokens, std::string origin,
+               TemplateLimits limits);
 
   /// apply_chat_template(messages, tokenize=False): drops message keys whose value is null,
   /// aliases reasoning_content/thinking/reasoning as transformers does, and renders with the
@@ -78,13 +108,21 @@ class ChatTemplate {
   /// options.variables. `messages` is a non-empty JSON array of message objects.
   /// Throws ChatTemplateError (bad messages, template errors, raise_exception).
   RenderedChat apply(const nlohmann::ordered_json& messages, const ChatTemplateOptions& options = {}) const;
+  /// As above, and stores what the rendering cost in `cost`.
+  RenderedChat apply(const nlohmann::ordered_json& messages, const ChatTemplateOptions& options,
+                     RenderCost& cost) const;
 
   /// Renders with exactly `variables` (a JSON object) and no preprocessing.
   RenderedChat render(const nlohmann::ordered_json& variables) const;
+  /// As above, and stores what the rendering cost in `cost`.
+  RenderedChat render(const nlohmann::ordered_json& variables, RenderCost& cost) const;
 
   const std::string& source() const { return source_; }
   const std::string& origin() const { return origin_; }
   const nlohmann::ordered_json& special_tokens() const { return special_tokens_; }
+  /// The budget every rendering is held to (kept with the compiled template, so the class keeps
+  /// the layout plugins were built against).
+  TemplateLimits limits() const;
 
  private:
   std::string source_;
@@ -112,6 +150,11 @@ nlohmann::ordered_json load_special_tokens(const std::filesystem::path& tokenize
 /// the tokenizer, else a built-in of that name, else a .jinja file at that path. Without a name,
 /// the tokenizer's single or "default" template. Throws std::runtime_error naming the directory
 /// when there is none (suggesting the built-ins), ChatTemplateError when it does not compile.
-ChatTemplate load_chat_template(const std::filesystem::path& tokenizer_dir, const std::string& name = "");
+ChatTemplate load_chat_template(const std::filesystem::path& tokenizer_dir,
+                                const std::string& name = "");
+/// As above, every rendering of the template bounded by `limits` (a separate overload so that
+/// plugins built against SDK 1.9 keep linking).
+ChatTemplate load_chat_template(const std::filesystem::path& tokenizer_dir, const std::string& name,
+                                const TemplateLimits& limits);
 
 }  // namespace trainrun::text
