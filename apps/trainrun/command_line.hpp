@@ -3,6 +3,7 @@
 // Boost.Program_options, the same error and --help output.
 #include <boost/program_options.hpp>
 
+#include <exception>
 #include <iostream>
 #include <optional>
 #include <string>
@@ -14,6 +15,21 @@ namespace trainrun::app {
 inline int command_error(const std::string& command, const std::string& message) {
   std::cerr << "trainrun " << command << ": error: " << message << std::endl;
   return 2;
+}
+
+/// Called in a catch block of `trainrun COMMAND`: prints the exception in flight with
+/// command_error and returns the exit code: 2 when it is a `BadInput` (what the command counts as
+/// bad input), 1 for any other std::exception. Rethrows anything else.
+template <class BadInput>
+int command_failure(const std::string& command) {
+  try {
+    throw;
+  } catch (const BadInput& e) {
+    return command_error(command, e.what());
+  } catch (const std::exception& e) {
+    command_error(command, e.what());
+    return 1;
+  }
 }
 
 /// Stores argv[1..] (argv[0] is skipped as the program's name) parsed against `opts` and the

@@ -73,13 +73,9 @@ int run_consolidate_command(int argc, char** argv) {
     std::cout << "consolidated " << n << " tensors from " << src << " into " << args[1]
               << std::endl;
     return 0;
-  } catch (const v1::Error& e) {
-    // A missing, incomplete or corrupt checkpoint is bad input.
-    std::cerr << "trainrun consolidate: error: " << e.what() << std::endl;
-    return 2;
-  } catch (const std::exception& e) {
-    std::cerr << "trainrun consolidate: error: " << e.what() << std::endl;
-    return 1;
+  } catch (...) {
+    // A missing, incomplete or corrupt checkpoint (v1::Error) is bad input.
+    return command_failure<v1::Error>("consolidate");
   }
 }
 

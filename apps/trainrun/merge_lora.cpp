@@ -398,12 +398,8 @@ int run_merge_lora_command(int argc, char** argv) {
   }
   try {
     return merge(base, adapter, output, hf::parse_size(max_shard), plain_base, plugin_paths);
-  } catch (const ConfigError& e) {
-    std::cerr << "trainrun merge-lora: error: " << e.what() << std::endl;
-    return 2;
-  } catch (const std::exception& e) {
-    std::cerr << "trainrun merge-lora: error: " << e.what() << std::endl;
-    return 1;
+  } catch (...) {
+    return command_failure<ConfigError>("merge-lora");
   }
 }
 

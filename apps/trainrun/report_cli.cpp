@@ -2,6 +2,7 @@
 // report library (report/); this file reads the command line and adds what needs the core and
 // the plugins: `trainrun check`'s memory estimate for each run's job.toml.
 #include "report.hpp"
+#include "command_line.hpp"
 
 #include <filesystem>
 #include <iostream>
@@ -126,12 +127,8 @@ int run_report_command(int argc, char** argv) {
   if (output.empty()) output = (fs::path(dirs.front()) / "report.html").string();
   try {
     report::write_report(dirs, output, estimate_of);
-  } catch (const std::invalid_argument& e) {
-    std::cerr << "trainrun report: error: " << e.what() << std::endl;
-    return 2;
-  } catch (const std::exception& e) {
-    std::cerr << "trainrun report: error: " << e.what() << std::endl;
-    return 1;
+  } catch (...) {
+    return command_failure<std::invalid_argument>("report");
   }
   std::cout << "wrote " << output << std::endl;
   return 0;

@@ -6,6 +6,7 @@
 #include "score_cli.hpp"
 #include "generate_cli.hpp"
 #include "command_line.hpp"
+#include "jsonl_line.hpp"
 
 #include <ATen/ATen.h>
 #include <boost/program_options.hpp>
@@ -113,15 +114,9 @@ std::vector<Item> read_items(const ScoreArgs& a) {
   if (!f) throw ConfigError("--input " + a.input + ": cannot be read");
   std::string line;
   for (int n = 1; std::getline(f, line); ++n) {
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    const std::string where = a.input + ":" + std::to_string(n);
     ordered_json j;
-    try {
-      j = ordered_json::parse(line);
-    } catch (const ordered_json::exception& e) {
-      throw ConfigError(where + ": not valid JSON: " + e.what());
-    }
-    items.push_back(parse_line(j, where));
+    if (!parse_jsonl_line(line, a.input, n, j)) continue;
+    items.push_back(parse_line(j, a.input + ":" + std::to_string(n)));
   }
   if (items.empty()) throw ConfigError("--input " + a.input + ": no lines");
   return items;

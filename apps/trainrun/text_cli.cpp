@@ -59,9 +59,15 @@ std::string read_stdin() {
   return std::string(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
 }
 
-// One JSON object per non-final line; the line number (1-based) is in every error.
-std::vector<json> read_jsonl(const std::string& input) {
-  std::vector<json> rows;
+// One JSON object per non-final line, with where it stands ("stdin:LINE", 1-based) for errors;
+// that is in read_jsonl's own errors too.
+struct JsonlRow {
+  std::string where;
+  json value;
+};
+
+std::vector<JsonlRow> read_jsonl(const std::string& input) {
+  std::vector<JsonlRow> rows;
   size_t line = 0, pos = 0;
   while (pos < input.size()) {
     size_t end = input.find('\n', pos);
@@ -70,12 +76,13 @@ std::vector<json> read_jsonl(const std::string& input) {
     std::string_view text(input.data() + pos, end - pos);
     if (!text.empty() && text.back() == '\r') text.remove_suffix(1);
     pos = end + 1;
+    const std::string where = "stdin:" + std::to_string(line);
     try {
-      rows.push_back(json::parse(text));
+      rows.push_back({where, json::parse(text)});
     } catch (const json::parse_error& e) {
-      throw v1::ConfigError("stdin:" + std::to_string(line) + ": not a JSON object: " + v1::parse_error_text(e.what()));
+      throw v1::ConfigError(where + ": not a JSON object: " + v1::parse_error_text(e.what()));
     }
-    if (!rows.back().is_object()) throw v1::ConfigError("stdin:" + std::to_string(line) + ": not a JSON object");
+    if (!rows.back().value.is_object()) throw v1::ConfigError(where + ": not a JSON object");
   }
   return rows;
 }
@@ -120,84 +127,95 @@ int guarded(const char* cmd, F body) {
   return 2;
 }
 
-}  // namespace
-
-int run_encode_command(int argc, char** argv) {
+// `trainrun CMD`: parses the flags (parse()), then, under guarded(), loads the tokenizer, reads
+// stdin and returns body(options, tokenizer, input).
+template <class F>
+int run_text_command(int argc, char** argv, const char* cmd, const char* special_flag,
+                     const char* special_help, bool with_threads, F body) {
   TextOptions o;
-  if (int rc = parse(argc, argv, "encode", "add-special-tokens", "add BOS/EOS as the tokenizer's post-processor says", true, o); rc >= 0)
+  if (int rc = parse(argc, argv, cmd, special_flag, special_help, with_threads, o); rc >= 0)
     return rc;
-  return guarded("encode", [&] {
+  return guarded(cmd, [&] {
     const auto tok = text::Tokenizer::from_directory(o.tokenizer);
     const std::string input = read_stdin();
-    std::vector<std::string> texts;
-    if (o.jsonl) {
-      size_t line = 0;
-      for (auto& row : read_jsonl(input)) {
-        ++line;
-        if (!row.contains("text") || !row["text"].is_string())
-          throw v1::ConfigError("stdin:" + std::to_string(line) + ": no \"text\" string");
-        texts.push_back(row["text"].get<std::string>());
-      }
-    } else {
-      texts.push_back(input);
-    }
-    const auto t0 = std::chrono::steady_clock::now();
-    const auto ids = tok.encode_batch(texts, o.special, o.threads);
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    std::string out;
-    for (const auto& row : ids) {
-      if (o.jsonl) out += "{\"ids\":";
-      append_ids(out, row);
-      out += o.jsonl ? "}\n" : "\n";
-    }
-    std::cout.write(out.data(), static_cast<std::streamsize>(out.size()));
-    std::cout.flush();
-    if (o.stats) {
-      size_t bytes = 0, tokens = 0;
-      for (const auto& t : texts) bytes += t.size();
-      for (const auto& r : ids) tokens += r.size();
-      std::cerr << "encoded " << texts.size() << " texts, " << bytes << " bytes, " << tokens << " tokens in "
-                << seconds << " s: " << (bytes / 1e6 / seconds) << " MB/s" << std::endl;
-    }
-    return 0;
+    return body(o, tok, input);
   });
 }
 
-int run_decode_command(int argc, char** argv) {
-  TextOptions o;
-  if (int rc = parse(argc, argv, "decode", "skip-special-tokens", "leave out special tokens (BOS, EOS, ...)", false, o); rc >= 0)
-    return rc;
-  return guarded("decode", [&] {
-    const auto tok = text::Tokenizer::from_directory(o.tokenizer);
-    const std::string input = read_stdin();
-    std::string out;
-    if (o.jsonl) {
-      size_t line = 0;
-      for (auto& row : read_jsonl(input)) {
-        ++line;
-        const std::string where = "stdin:" + std::to_string(line);
-        if (!row.contains("ids")) throw v1::ConfigError(where + ": no \"ids\" array");
-        std::string text;
-        try {
-          text = tok.decode(ids_of(row["ids"], where), o.special);
-        } catch (const std::out_of_range& e) {
-          throw std::out_of_range(where + ": " + e.what());
-        }
-        out += json{{"text", text}}.dump() + "\n";
-      }
-    } else {
-      json j;
-      try {
-        j = json::parse(input);
-      } catch (const json::parse_error& e) {
-        throw v1::ConfigError(std::string("stdin: not a JSON array of token ids: ") + v1::parse_error_text(e.what()));
-      }
-      out = tok.decode(ids_of(j, "stdin"), o.special);
+// `trainrun encode` after its flags: the ids of stdin's text, or of each {"text"} line.
+int encode(const TextOptions& o, const text::Tokenizer& tok, const std::string& input) {
+  std::vector<std::string> texts;
+  if (o.jsonl) {
+    for (auto& [where, row] : read_jsonl(input)) {
+      if (!row.contains("text") || !row["text"].is_string())
+        throw v1::ConfigError(where + ": no \"text\" string");
+      texts.push_back(row["text"].get<std::string>());
     }
-    std::cout.write(out.data(), static_cast<std::streamsize>(out.size()));
-    std::cout.flush();
-    return 0;
-  });
+  } else {
+    texts.push_back(input);
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto ids = tok.encode_batch(texts, o.special, o.threads);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::string out;
+  for (const auto& row : ids) {
+    if (o.jsonl) out += "{\"ids\":";
+    append_ids(out, row);
+    out += o.jsonl ? "}\n" : "\n";
+  }
+  std::cout.write(out.data(), static_cast<std::streamsize>(out.size()));
+  std::cout.flush();
+  if (o.stats) {
+    size_t bytes = 0, tokens = 0;
+    for (const auto& t : texts) bytes += t.size();
+    for (const auto& r : ids) tokens += r.size();
+    std::cerr << "encoded " << texts.size() << " texts, " << bytes << " bytes, " << tokens
+              << " tokens in " << seconds << " s: " << (bytes / 1e6 / seconds) << " MB/s"
+              << std::endl;
+  }
+  return 0;
+}
+
+// `trainrun decode` after its flags: the text of stdin's array of ids, or of each {"ids"} line.
+int decode(const TextOptions& o, const text::Tokenizer& tok, const std::string& input) {
+  std::string out;
+  if (o.jsonl) {
+    for (auto& [where, row] : read_jsonl(input)) {
+      if (!row.contains("ids")) throw v1::ConfigError(where + ": no \"ids\" array");
+      std::string text;
+      try {
+        text = tok.decode(ids_of(row["ids"], where), o.special);
+      } catch (const std::out_of_range& e) {
+        throw std::out_of_range(where + ": " + e.what());
+      }
+      out += json{{"text", text}}.dump() + "\n";
+    }
+  } else {
+    json j;
+    try {
+      j = json::parse(input);
+    } catch (const json::parse_error& e) {
+      throw v1::ConfigError(std::string("stdin: not a JSON array of token ids: ") +
+                            v1::parse_error_text(e.what()));
+    }
+    out = tok.decode(ids_of(j, "stdin"), o.special);
+  }
+  std::cout.write(out.data(), static_cast<std::streamsize>(out.size()));
+  std::cout.flush();
+  return 0;
+}
+
+}  // namespace
+
+int run_encode_command(int argc, char** argv) {
+  return run_text_command(argc, argv, "encode", "add-special-tokens",
+                          "add BOS/EOS as the tokenizer's post-processor says", true, encode);
+}
+
+int run_decode_command(int argc, char** argv) {
+  return run_text_command(argc, argv, "decode", "skip-special-tokens",
+                          "leave out special tokens (BOS, EOS, ...)", false, decode);
 }
 
 }  // namespace trainrun::app

@@ -8,6 +8,7 @@
 // sidecar NAME.json that names the dtype, tokenizer and counts.
 #include "tokenize_cli.hpp"
 #include "command_line.hpp"
+#include "jsonl_line.hpp"
 
 #include <unistd.h>
 
@@ -239,13 +240,8 @@ int tokenize(TokenizeArgs& a, const std::string& tmp) {
     std::string line;
     for (int64_t n = 1; std::getline(in, line); ++n) {
       encoder.bytes_read += line.size() + 1;
-      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
       json j;
-      try {
-        j = json::parse(line);
-      } catch (const json::exception& e) {
-        throw ConfigError(f + ":" + std::to_string(n) + ": not valid JSON: " + e.what());
-      }
+      if (!parse_jsonl_line(line, f, n, j)) continue;
       if (!j.is_object() || !j.contains(a.text_key) || !j[a.text_key].is_string())
         throw ConfigError(f + ":" + std::to_string(n) + ": expected an object with a string \"" +
                           a.text_key + "\"");
