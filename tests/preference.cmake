@@ -70,6 +70,19 @@ if(TARGET objectives)
   set_tests_properties(preference.vs_trl.simpo_orpo preference.vs_trl.simpo_ddp PROPERTIES
     TIMEOUT 600 LABELS "preference;objectives"
     ENVIRONMENT "HF_HUB_OFFLINE=1;TRANSFORMERS_OFFLINE=1;TOKENIZERS_PARALLELISM=false;OMP_NUM_THREADS=1")
+  # padding_free (one packed row per micro-batch, position ids and attention per sequence): each
+  # figure at each step equals the padded run's within 1e-5, and TRL's (which runs padded: TRL
+  # 1.16's DPOTrainer turns padding_free off), for DPO (full and LoRA), SimPO and ORPO; DPO
+  # under ddp with accumulation (a rank's micro-batch of 2 pairs in one row).
+  add_test(NAME preference.padding_free
+    COMMAND ${TRAINRUN_REF_PYTHON} ${_pvt} $<TARGET_FILE:trainrun> ${_pvt_work}/padding_free
+            --padding-free --objectives dpo-sigmoid,simpo,orpo --adapters none --extra conversational)
+  add_test(NAME preference.padding_free_ddp
+    COMMAND ${TRAINRUN_REF_PYTHON} ${_pvt} $<TARGET_FILE:trainrun> ${_pvt_work}/padding_free_ddp
+            --padding-free --strategy ddp --micro 2 --objectives dpo-sigmoid --adapters lora --extra "")
+  set_tests_properties(preference.padding_free preference.padding_free_ddp PROPERTIES TIMEOUT 600
+    LABELS "preference;objectives"
+    ENVIRONMENT "HF_HUB_OFFLINE=1;TRANSFORMERS_OFFLINE=1;TOKENIZERS_PARALLELISM=false;OMP_NUM_THREADS=1")
   add_test(NAME preference.checks
     COMMAND ${TRAINRUN_REF_PYTHON} ${_pvt} $<TARGET_FILE:trainrun> ${_pvt_work}/checks --checks)
   set_tests_properties(preference.vs_trl.loss_types preference.checks PROPERTIES TIMEOUT 600

@@ -17,7 +17,7 @@ foreach(_s ddp fsdp zero3)
     COMMAND ${TRAINRUN_REF_PYTHON} ${_rvt} $<TARGET_FILE:trainrun> ${_rvt_work}/${_s} --strategy ${_s} --cells plain)
   add_test(NAME reward.vs_trl.${_s}_world4_accumulation
     COMMAND ${TRAINRUN_REF_PYTHON} ${_rvt} $<TARGET_FILE:trainrun> ${_rvt_work}/${_s}4 --strategy ${_s} --world 4
-            --micro 2 --cells plain)
+            --micro 2 --cells plain,margin)
   list(APPEND _reward_tests reward.vs_trl.${_s} reward.vs_trl.${_s}_world4_accumulation)
 endforeach()
 add_test(NAME reward.checks COMMAND ${TRAINRUN_REF_PYTHON} ${_rvt} $<TARGET_FILE:trainrun> ${_rvt_work}/checks --checks)

@@ -9,6 +9,8 @@
 #include <trainrun/runtime/memory.hpp>
 #include <trainrun/strategy/memory_estimate.hpp>
 
+#include "run/objective_task.hpp"
+#include "run/setup.hpp"
 #include "trainrun/core/memory.hpp"
 #include "trainrun/core/run_dir.hpp"
 
@@ -37,9 +39,9 @@ namespace {
 // Psi: trainable parameters, a tied tensor once. The largest unit bounds what stage 3 gathers
 // at once; parameters outside every unit form one more group (the whole model without units).
 struct TrainableParameters {
-  int64_t psi = 0, largest_unit = 0;
+  int64_t psi = 0, frozen = 0, largest_unit = 0;
   size_t units = 0;
-  std::vector<at::Tensor> tensors;
+  std::vector<at::Tensor> tensors;  ///< every parameter once, trained or frozen
 };
 
 TrainableParameters count_trainable(v1::Model& model, const std::string& label) {
@@ -47,20 +49,22 @@ TrainableParameters count_trainable(v1::Model& model, const std::string& label) 
   for (const auto& p : guarded(label, "named_parameters", [&] { return model.named_parameters(); })) {
     const bool seen = std::any_of(c.tensors.begin(), c.tensors.end(),
                                   [&](const at::Tensor& t) { return t.is_same(p.tensor); });
-    if (!p.tensor.requires_grad() || seen) continue;
+    if (seen) continue;
     c.tensors.push_back(p.tensor);
-    c.psi += p.tensor.numel();
+    (p.tensor.requires_grad() ? c.psi : c.frozen) += p.tensor.numel();
   }
+  // Frozen weights are gathered with their unit at stage 3 (and kept whole when small) like the
+  // trained ones.
   const auto units = guarded(label, "units", [&] { return model.units(); });
   int64_t in_units = 0;
   for (v1::Unit* u : units) {
     int64_t n = 0;
-    for (const auto& t : u->module().parameters())
-      if (t.requires_grad()) n += t.numel();
+    for (const auto& t : u->module().parameters()) n += t.numel();
     in_units += n;
     c.largest_unit = std::max(c.largest_unit, n);
   }
-  c.largest_unit = std::max(c.largest_unit, c.psi - std::min(c.psi, in_units));
+  const int64_t all = c.psi + c.frozen;
+  c.largest_unit = std::max(c.largest_unit, all - std::min(all, in_units));
   c.units = units.size();
   return c;
 }
@@ -82,20 +86,44 @@ MemoryCheck check_memory(const JobConfig& job, const Registry& registry) {
   ctx.run_dir = run_dir_of(job);
   auto dataset = registry.create<v1::Dataset>(*job.data.info, job.data.options, ctx);
   ctx.data = guarded(describe_component(*job.data.info), "info", [&] { return dataset->info(); });
+  // The objective must train on the data's task: the run's own setup check, before any estimate.
+  std::string task;
+  if (!job.objective.plugin.empty()) {
+    auto objective =
+        registry.create<v1::Objective>(*job.objective.info, job.objective.options, ctx);
+    task =
+        guarded(describe_component(*job.objective.info), "task", [&] { return objective->task(); });
+  }
+  check_objective_task(job, task, ctx.data.task);
   torch::manual_seed(ctx.seed);
   const std::string model_label = describe_component(*job.model.info);
   auto model = registry.create<v1::Model>(*job.model.info, job.model.options, ctx);
   auto precision = registry.create<v1::Precision>(*job.precision.info, job.precision.options, ctx);
   auto optimizer = registry.create<v1::Optimizer>(*job.optimizer.info, job.optimizer.options, ctx);
+  // What the run trains, as its setup leaves it: adapters (lora: an AdapterSwitch) freeze the base
+  // and add their own parameters, then [trainer] freeze applies; only the trainable parameters
+  // get gradients and optimizer state. Other callbacks are only constructed (they do nothing yet).
+  std::vector<std::unique_ptr<v1::Callback>> adapters;
+  for (const auto& c : job.callbacks) {
+    auto cb = registry.create<v1::Callback>(*c.info, c.options, ctx);
+    if (dynamic_cast<v1::AdapterSwitch*>(cb.get()) == nullptr) continue;
+    guarded(describe_component(*c.info), "on_setup", [&] {
+      cb->on_setup(*model, ctx);
+      return 0;
+    });
+    adapters.push_back(std::move(cb));
+  }
+  freeze_parameters(job.trainer, *model);
 
   const TrainableParameters counted = count_trainable(*model, model_label);
   const int64_t psi = counted.psi, largest = counted.largest_unit;
-  const std::vector<at::Tensor>& trainable = counted.tensors;
+  const std::vector<at::Tensor>& weights = counted.tensors;
 
   const v1::MemoryInputs mi =
       memory_inputs(precision.get(), optimizer.get(), v1::memory::physical_memory_bytes(), nproc, world);
   v1::memory::ZeroEstimateInputs in = v1::memory::zero_inputs(mi, psi, world);
   in.largest_unit_params = largest;
+  in.frozen_params = counted.frozen;
   // The zero strategy's own sizes when the job uses it (its option names follow DeepSpeed's).
   const v1::Options& so = job.strategy.options;
   auto opt_int = [&](const char* key) -> int64_t {
@@ -114,7 +142,7 @@ MemoryCheck check_memory(const JobConfig& job, const Registry& registry) {
     sizes += " (strategy " + job.strategy.plugin + " sets no bucket sizes)";
   }
   if (const int64_t threshold = opt_int("param_persistence_threshold"); threshold > 0) {
-    for (const auto& t : trainable)
+    for (const auto& t : weights)
       if (t.numel() < threshold) in.persistent_params += t.numel();
     sizes += ", " + std::to_string(in.persistent_params) + " parameters persistent at stage 3";
   }
@@ -129,9 +157,12 @@ MemoryCheck check_memory(const JobConfig& job, const Registry& registry) {
 
   std::vector<std::string> lines;
   std::ostringstream os;
-  os << "model " << job.model.plugin << ": " << psi << " trainable parameters, largest unit "
-     << largest << " (" << std::max<size_t>(1, counted.units) << " unit(s)); world " << world
-     << " = " << nnodes << " node(s) x " << nproc << " process(es)";
+  os << "model " << job.model.plugin << ": " << psi << " trainable parameters"
+     << (counted.frozen > 0 ? " (+" + std::to_string(counted.frozen) +
+                                  " frozen: weights only, no gradients or optimizer state)"
+                            : std::string())
+     << ", largest unit " << largest << " (" << std::max<size_t>(1, counted.units)
+     << " unit(s)); world " << world << " = " << nnodes << " node(s) x " << nproc << " process(es)";
   lines.push_back(os.str());
   os.str("");
   os << "bytes per parameter: params " << mi.param_bytes << ", grads " << mi.grad_bytes

@@ -39,8 +39,11 @@ equal the single-process TRL run (step 1 at 1e-5, step 10 at 1e-4).
 
 usage: preference_vs_trl.py TRAINRUN WORK [--objectives a,b,...] [--adapters none,lora]
            [--extra qwen3,conversational] [--strategy single|ddp|fsdp|zero3] [--batch B]
-           [--trl-only]
+           [--trl-only] [--padding-free]
 --trl-only runs and prints the TRL side alone (TRAINRUN is then not run).
+--padding-free runs each cell's trainrun job a second time with [data] padding_free = true (one
+packed row per micro-batch): every figure it logs at every step must equal the padded run's within
+PACKED_TOL (1e-5 relative, floor ABS_FLOOR), and TRL's as above.
 """
 import argparse
 import json
@@ -167,6 +170,10 @@ ap.add_argument("--checks", action="store_true",
                 help="instead of the TRL cells: the objectives' bad-input errors (exit 2, what is "
                      "named), the reference cache reused by a second run, the held-out figures")
 ap.add_argument("--trl-only", action="store_true")
+ap.add_argument("--padding-free", action="store_true",
+                help="each cell's trainrun job also with [data] padding_free = true: its figures at "
+                     "every step equal the padded run's (PACKED_TOL) and TRL's (TRL 1.16's DPOConfig "
+                     "has padding_free but falls back to padding, so TRL itself runs padded)")
 A = ap.parse_args()
 failures = []
 
@@ -242,8 +249,9 @@ def write_job(path, model_dir, data_path, run_dir, objective, adapter, lr=LR, st
         f.write(job)
 
 
-def run_trainrun(job):
+def run_trainrun(job, extra_sets=()):
     sets, world = STRATEGIES[A.strategy]
+    sets = sets + list(extra_sets)
     world = A.world if world > 1 else 1
     if A.micro:
         sets = sets + [f"trainer.micro_batch_size={A.micro}"]
@@ -258,6 +266,44 @@ def run_trainrun(job):
 
 
 read_metrics = metrics_files
+
+# Padded vs padding-free trainrun: the same sums over the same tokens, only the attention's and the
+# head's matrix shapes differ, so every figure at every step agrees to rounding.
+PACKED_TOL = 1e-5
+# Not figures of the training: counters, clocks and memory (the packed row's attention is one
+# T x T block, so its peak differs by design).
+NOT_PACKED_FIGURES = {"step", "epoch"}
+NOT_PACKED_PREFIXES = ("mem_",)
+NOT_PACKED_SUFFIXES = ("_s", "_per_s", "_bytes", "_mib")
+
+
+def compare_packed(cell, padded, packed):
+    """Every figure the padded run logs, at every step, in the padding-free run within PACKED_TOL."""
+    for name, steps in padded.items():
+        other = packed.get(name, {})
+        if sorted(other) != sorted(steps):
+            fail(f"{cell}: padding_free {name} logged steps {sorted(other)}, padded {sorted(steps)}")
+            continue
+        worst = (0.0, "")
+        for step, row in steps.items():
+            for k, r in row.items():
+                if (k in NOT_PACKED_FIGURES or not isinstance(r, (int, float)) or k.startswith(NOT_PACKED_PREFIXES)
+                        or k.endswith(NOT_PACKED_SUFFIXES)):
+                    continue
+                v = other[step].get(k)
+                if v is None:
+                    fail(f"{cell}: padding_free {name} step {step} lacks '{k}'")
+                    continue
+                if k == "rewards/accuracies" and max(abs(row.get("rewards/margins", 1)),
+                                                     abs(other[step].get("rewards/margins", 1))) <= ABS_FLOOR:
+                    continue  # policy = reference: the sign of rounding noise, as in compare()
+                tol = max(PACKED_TOL * abs(r), ABS_FLOOR)
+                d = abs(v - r) if math.isfinite(v) else math.inf
+                worst = max(worst, (d / tol, f"step {step} {k}: {v!r} vs {r!r}"))
+                if d > tol:
+                    fail(f"{cell}: padding_free {name} step {step} {k}: {v!r}, padded {r!r} (|diff| {d:.3g} > {tol:.3g})")
+        print(f"  {cell}: padding_free = padded within {PACKED_TOL:g} relative at {len(steps)} steps "
+              f"(worst {worst[0]:.2f} of the tolerance, {worst[1]})")
 
 
 def missing_plugins():
@@ -613,6 +659,16 @@ def main():
             fail(f"{cell}: {len(runs)} metrics files for {world} ranks")
         print(f"{cell}: trainrun {time.time() - t:.1f} s")
         compare(cell, kind, trl, runs)
+        if A.padding_free:
+            packed_dir = os.path.join(cell_dir, "run-padding-free")
+            rc, out = run_trainrun(job, ["data.padding_free=true", f"trainer.run_dir={packed_dir}"])
+            open(os.path.join(cell_dir, "log-padding-free"), "w").write(out)
+            if rc != 0:
+                fail(f"{cell}: trainrun with padding_free exited {rc}:\n{out[-1500:]}")
+                continue
+            packed = read_metrics(packed_dir)
+            compare(cell + " (padding_free)", kind, trl, packed)
+            compare_packed(cell, runs, packed)
 
     print(f"{A.strategy}: {len(cells)} cells, {len(failures)} failures, {time.time() - t0:.0f} s")
     if failures:

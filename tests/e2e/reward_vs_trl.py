@@ -21,7 +21,8 @@ directory loaded with architecture = "sequence_classification" gets a fresh scor
 keeps every other weight.
 
 usage: reward_vs_trl.py TRAINRUN WORK [--strategy single|ddp|fsdp|zero3] [--world N] [--micro M]
-           [--cells plain,center,conversational]
+           [--cells plain,center,conversational,lora,margin]
+The margin cell gives every pair a "margin" (TRL's RewardTrainer subtracts it in the loss).
 """
 import argparse
 import json
@@ -57,7 +58,12 @@ CELLS = {  # cell -> (data file key, [objective] extra options, TRL RewardConfig
     "center": ("plain", {"center_rewards_coefficient": 0.01}, {"center_rewards_coefficient": 0.01}, False),
     "conversational": ("chat", {}, {}, False),
     "lora": ("plain", {}, {}, True),
+    # a "margin" column (TRL: loss = -logsigmoid(r_chosen - r_rejected - margin)), the dataset's
+    # per-pair values handed to the objective (ABI 1.10 SampleValues)
+    "margin": ("margin", {}, {}, False),
 }
+# the margin of pair i in the "margin" data: varied, negative, zero and positive
+MARGINS = [round(0.25 * ((i * 7) % 9) - 0.75, 2) for i in range(64)]
 LORA_TABLE = {"plugin": "lora", "r": 4, "lora_alpha": 8.0, "target_modules": ["all-linear"]}
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -89,7 +95,7 @@ ap.add_argument("work")
 ap.add_argument("--strategy", default="single", choices=sorted(STRATEGIES))
 ap.add_argument("--world", type=int, default=2)
 ap.add_argument("--micro", type=int, default=0)
-ap.add_argument("--cells", default="plain,center,conversational,lora")
+ap.add_argument("--cells", default="plain,center,conversational,lora,margin")
 ap.add_argument("--checks", action="store_true", help="instead of the cells: the bad-input errors")
 A = ap.parse_args()
 failures = []
@@ -134,7 +140,11 @@ def write_data(work):
                 prompt.insert(0, {"role": "system", "content": "You answer briefly."})
             f.write(json.dumps({"prompt": prompt, "chosen": [{"role": "assistant", "content": c.strip()}],
                                 "rejected": [{"role": "assistant", "content": r.strip()}]}) + "\n")
-    return {"plain": plain, "chat": chat}
+    margin = os.path.join(work, "pairs-margin.jsonl")
+    with open(margin, "w", encoding="utf-8") as f:
+        for i, (p, c, r) in enumerate(PAIRS):
+            f.write(json.dumps({"prompt": p, "chosen": c, "rejected": r, "margin": MARGINS[i]}) + "\n")
+    return {"plain": plain, "chat": chat, "margin": margin}
 
 
 def write_job(path, model, data, run_dir, objective_extra, lr=LR, steps=STEPS, arch=None, lora=False):
@@ -332,6 +342,15 @@ def checks(model_dir, data):
     for name in os.listdir(model_dir):
         if name.startswith("tokenizer") or name.endswith(".jinja") or name == "special_tokens_map.json":
             shutil.copy(os.path.join(model_dir, name), causal)
+    rows = [json.loads(l) for l in open(data)]
+    partial_margin = os.path.join(A.work, "partial-margin.jsonl")
+    with open(partial_margin, "w") as f:
+        for i, row in enumerate(rows):
+            f.write(json.dumps({**row, **({"margin": 0.5} if i % 2 else {})}) + "\n")
+    bad_margin = os.path.join(A.work, "bad-margin.jsonl")
+    with open(bad_margin, "w") as f:
+        for i, row in enumerate(rows):
+            f.write(json.dumps({**row, "margin": "big" if i == 1 else 0.5}) + "\n")
     cases = [  # (name, job edits, words the error must contain)
         ("dpo layout + reward", lambda j: j.replace('trainer = "reward"', 'trainer = "dpo"'),
          ["[objective] reward", "'reward'", "'preference'", 'trainer = "reward"']),
@@ -345,7 +364,14 @@ def checks(model_dir, data):
          ["cannot be loaded as a causal LM"]),
         ("kto on reward data", lambda j: j.replace('plugin = "reward"', 'plugin = "kto"'),
          ["[objective] kto", 'plugin = "unpaired"']),
+        ("margin on some pairs only", lambda j: j.replace(data, partial_margin),
+         ["with a \"margin\"", "without one", "every pair"]),
+        ("margin not a number", lambda j: j.replace(data, bad_margin), [bad_margin + ":2", "margin must be a number"]),
+        ("reward layout + padding_free", lambda j: j.replace('trainer = "reward"', 'trainer = "reward"\npadding_free = true'),
+         ["padding_free", 'trainer = \"reward\"']),
     ]
+    # `trainrun check` refuses the jobs whose objective and data disagree as the run does.
+    check_cases = {"dpo layout + reward", "reward layout without objective", "kto on reward data"}
     base = os.path.join(A.work, "base.toml")
     write_job(base, model_dir, data, os.path.join(A.work, "checks-run"), {})
     text = open(base).read()
@@ -359,6 +385,12 @@ def checks(model_dir, data):
         print(f"  check {name}: exit {rc}: {msg}")
         if not ok:
             fail(f"check {name}: expected exit 2 naming {words}, got exit {rc}:\n{out[-1200:]}")
+        if name in check_cases:
+            r = subprocess.run([A.trainrun, "check", "--config", job], capture_output=True, text=True, timeout=120)
+            out = r.stdout + r.stderr
+            print(f"  trainrun check {name}: exit {r.returncode}")
+            if r.returncode != 2 or not all(w in out for w in words):
+                fail(f"trainrun check {name}: expected exit 2 naming {words}, got exit {r.returncode}:\n{out[-1200:]}")
     # The commands around a reward model: scoring a causal LM says how to score a LoRA run;
     # generating with a reward model says to score instead.
     commands = [

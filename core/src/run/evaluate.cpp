@@ -16,6 +16,12 @@ v1::EvalMetrics Run::evaluate(int64_t step) {
   v1::EvalMetrics em;
   em.step = step;
   em.rank = env_.ctx.rank;
+  // No held-out sample: nothing to evaluate, and a loss of 0 would look like a result (the
+  // warning at setup names the empty set); callbacks see no evaluation.
+  if (plan_->eval_samples == 0) {
+    em.loss = std::nan("");
+    return em;
+  }
   // [loss_sum, correct, samples, targets, has_accuracy], summed over ranks at the end.
   double totals[5] = {0, 0, 0, 0, 0};
   const EvalShard shard = eval_shard(plan_->eval_samples, plan_->eval_max_batches * plan_->eval_batch_size * env_.ctx.world_size,

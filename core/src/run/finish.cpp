@@ -119,8 +119,12 @@ int Run::print_result(const v1::TrainSummary& summary, int stop_sig) const {
                 << summary.elapsed_s << " s); no final evaluation" << std::endl;
       return 130;
     }
-    std::cout << "final eval: loss " << std::fixed << std::setprecision(4) << progress_.last_eval.loss;
-    if (progress_.last_eval.accuracy >= 0)
+    if (progress_.last_eval.samples == 0)
+      std::cout << "final eval: none ([data] " << job_.data.plugin << " gives no held-out samples)";
+    else
+      std::cout << "final eval: loss " << std::fixed << std::setprecision(4)
+                << progress_.last_eval.loss;
+    if (progress_.last_eval.samples > 0 && progress_.last_eval.accuracy >= 0)
       std::cout << ", accuracy " << std::setprecision(2) << 100 * progress_.last_eval.accuracy << "%";
     std::cout << " on " << progress_.last_eval.samples << " held-out samples after " << progress_.step << " steps, "
               << std::setprecision(1) << summary.elapsed_s << " s, " << std::setprecision(0)

@@ -15,6 +15,7 @@
 #include <sstream>
 #include <vector>
 
+#include "objective_task.hpp"
 #include "run.hpp"
 #include "trainrun/core/log.hpp"
 #include "trainrun/core/safetensors.hpp"
@@ -112,30 +113,39 @@ static std::string data_hint(const std::string& wanted, const std::string& given
   return "";
 }
 
-// In build, after the callbacks' on_setup (LoRA's adapters exist) and before Strategy::setup.
-void Run::set_up_objective() {
-  if (!parts_.objective.obj) {
+void check_objective_task(const JobConfig& job, const std::string& task,
+                          const std::string& data_task) {
+  if (task.empty()) {
     // The model's own loss is next-token cross-entropy over language-modelling targets.
-    if (env_.ctx.data.task == "preference")
-      throw ConfigError(job_.file + ": [data] " + job_.data.plugin +
+    if (data_task == "preference")
+      throw ConfigError(job.file + ": [data] " + job.data.plugin +
                         " gives preference pairs, which need an " +
                         "[objective] that compares them (plugin = \"dpo\", \"simpo\" or \"orpo\")");
-    if (env_.ctx.data.task == "unpaired-preference")
-      throw ConfigError(job_.file + ": [data] " + job_.data.plugin +
+    if (data_task == "unpaired-preference")
+      throw ConfigError(job.file + ": [data] " + job.data.plugin +
                         " gives KTO's unpaired examples with their KL rows, which need " +
                         "[objective] plugin = \"kto\"");
-    if (env_.ctx.data.task == "reward")
-      throw ConfigError(job_.file + ": [data] " + job_.data.plugin +
+    if (data_task == "reward")
+      throw ConfigError(job.file + ": [data] " + job.data.plugin +
                         " gives pairs laid out for a reward model, which need [objective] " +
                         "plugin = \"reward\"");
     return;
   }
+  if (task != data_task)
+    throw ConfigError(job.file + ": [objective] " + job.objective.plugin + " trains on '" + task +
+                      "' data, but [data] " + job.data.plugin + " gives '" + data_task + "' data" +
+                      data_hint(task, data_task));
+}
+
+// In build, after the callbacks' on_setup (LoRA's adapters exist) and before Strategy::setup.
+void Run::set_up_objective() {
+  if (!parts_.objective.obj) {
+    check_objective_task(job_, "", env_.ctx.data.task);
+    return;
+  }
   v1::Objective& obj = *parts_.objective.obj;
   const std::string task = parts_.objective.call("task", [](v1::Objective& o) { return o.task(); });
-  if (task != env_.ctx.data.task)
-    throw ConfigError(job_.file + ": [objective] " + job_.objective.plugin + " trains on '" + task +
-                      "' data, but [data] " + job_.data.plugin + " gives '" + env_.ctx.data.task +
-                      "' data" + data_hint(task, env_.ctx.data.task));
+  check_objective_task(job_, task, env_.ctx.data.task);
   caps_.objective_model = dynamic_cast<v1::ObjectiveModel*>(parts_.model.obj.get());
   if (caps_.objective_model == nullptr)
     throw ConfigError(job_.file + ": [objective] " + job_.objective.plugin +
@@ -156,6 +166,7 @@ void Run::set_up_objective() {
                             : std::string(" is not one")));
   }
   caps_.extremes = dynamic_cast<v1::ObjectiveExtremes*>(parts_.objective.obj.get());
+  caps_.sample_values = dynamic_cast<v1::SampleValues*>(parts_.dataset.obj.get());
   for (auto& cb : parts_.callbacks)
     if (auto* s = dynamic_cast<v1::AdapterSwitch*>(cb.obj.get()); s && s->has_adapters())
       caps_.adapters = s;
@@ -297,6 +308,13 @@ v1::ModelOutput Run::objective_forward(v1::Split split, const v1::Batch& batch,
   f.split = split;
   f.indices = indices;
   f.filler = filler;
+  if (v1::SampleValues* values = caps_.sample_values) {  // ABI 1.10: e.g. a reward margin
+    f.sample_value_names = parts_.dataset.call(
+        "sample_value_names", [&](v1::Dataset&) { return values->sample_value_names(); });
+    if (!f.sample_value_names.empty())
+      f.sample_values = parts_.dataset.call(
+          "sample_values", [&](v1::Dataset&) { return values->sample_values(split, indices); });
+  }
   if (plan_->reference == ReferenceMode::AdaptersOff) {
     f.pass = v1::ObjectivePass::Reference;
     parts_.objective.call("begin_forward", [&](v1::Objective& o) {

@@ -146,6 +146,7 @@ struct Capabilities {
   v1::ObjectiveModel* objective_model = nullptr;  ///< set when the job has an [objective]
   v1::AdapterSwitch* adapters = nullptr;          ///< a callback that can switch adapters off
   v1::ObjectiveExtremes* extremes = nullptr;      ///< the objective's minima/maxima (ABI 1.9)
+  v1::SampleValues* sample_values = nullptr;      ///< the dataset's per-sample values (ABI 1.10)
 };
 
 // How the reference model of an objective with Objective::reference_width() > 0 is computed.

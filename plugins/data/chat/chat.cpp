@@ -24,6 +24,7 @@
 #include "chat_samples.hpp"
 #include "trainrun/interfaces.hpp"
 #include "trainrun/plugin.hpp"
+#include "trainrun/text/template_limits.hpp"
 #include <trainrun/log.hpp>
 
 namespace trainrun::chat {
@@ -31,9 +32,6 @@ namespace trainrun::chat {
 using v1::Batch;
 using v1::ConfigError;
 using v1::DataInfo;
-using v1::Options;
-using v1::OptionSchema;
-using v1::RunContext;
 using v1::Split;
 
 namespace {
@@ -71,7 +69,7 @@ std::vector<std::vector<int64_t>> pack(const std::vector<int64_t>& members,
 
 class ChatDataset final : public v1::Dataset {
  public:
-  static void declare_options(OptionSchema& s) {
+  static void declare_options(v1::OptionSchema& s) {
     s.add({"paths", v1::OptionType::StringList, std::monostate{}, /*required=*/true, {}, {}, {},
            "JSONL or JSON files (or glob(3) patterns) of conversations: OpenAI {\"messages\"}, "
            "ShareGPT {\"conversations\"} or Alpaca {\"instruction\", \"input\", \"output\"}"});
@@ -92,16 +90,18 @@ class ChatDataset final : public v1::Dataset {
                                 "restart per conversation, attention never crosses them)");
     s.real("validation_fraction", 0.0, "fraction of the conversations held out for evaluation", 0.0, 0.9);
     s.integer("split_seed", 0, "seed of the held-out choice (the same seed holds out the same conversations)", 0);
+    text::declare_template_limits(s);
   }
 
-  ChatDataset(const Options& o, const RunContext& ctx) {
+  ChatDataset(const v1::Options& o, const v1::RunContext& ctx) {
     const std::string context = o.context();
     const std::vector<std::string> files = expand(o.get_string_list("paths"), context);
     const std::string dir = o.get_string("tokenizer");
     const text::Tokenizer tok = text::Tokenizer::from_directory(dir);
     std::unique_ptr<text::ChatTemplate> tmpl;
     try {
-      tmpl = std::make_unique<text::ChatTemplate>(text::load_chat_template(dir, o.get_string("chat_template")));
+      tmpl = std::make_unique<text::ChatTemplate>(
+          text::load_chat_template(dir, o.get_string("chat_template"), text::template_limits(o)));
     } catch (const std::exception& e) {
       throw ConfigError(context + ": chat_template: " + e.what());
     }

@@ -28,9 +28,6 @@ namespace trainrun::data {
 
 using v1::Batch;
 using v1::DataInfo;
-using v1::Options;
-using v1::OptionSchema;
-using v1::RunContext;
 using v1::Split;
 
 namespace {
@@ -132,7 +129,7 @@ torch::Tensor index_tensor(const std::vector<int64_t>& indices) {
 
 class Idx final : public v1::Dataset {
  public:
-  static void declare_options(OptionSchema& s) {
+  static void declare_options(v1::OptionSchema& s) {
     s.string("dir", "/usr/share/datasets/fashion-mnist", "folder holding the four IDX files");
     s.string("train_images", "train-images-idx3-ubyte.gz", "training images (relative to dir)");
     s.string("train_labels", "train-labels-idx1-ubyte.gz", "training labels (relative to dir)");
@@ -144,7 +141,7 @@ class Idx final : public v1::Dataset {
            1e-6);
   }
 
-  Idx(const Options& o, const RunContext&) {
+  Idx(const v1::Options& o, const v1::RunContext&) {
     normalize_ = o.get_bool("normalize");
     mean_ = o.get_double("mean");
     std_ = o.get_double("std");
@@ -214,7 +211,7 @@ class Idx final : public v1::Dataset {
 
 class Text final : public v1::Dataset {
  public:
-  static void declare_options(OptionSchema& s) {
+  static void declare_options(v1::OptionSchema& s) {
     s.add({"paths", v1::OptionType::StringList, std::monostate{}, /*required=*/true, {}, {}, {},
            "files or glob(3) patterns (with {a,b} and ~), read in this order; each pattern "
            "must match at least one file"});
@@ -231,7 +228,7 @@ class Text final : public v1::Dataset {
                                "token files (give the tokenizer's to be safe)", 0, 1 << 24);
   }
 
-  Text(const Options& o, const RunContext&) {
+  Text(const v1::Options& o, const v1::RunContext&) {
     block_ = o.get_int("block_size");
     const std::vector<std::string> files = expand(o.get_string_list("paths"), o.context());
     std::string format = o.get_string("format");

@@ -3,6 +3,7 @@
 #include "dataset_setup.hpp"
 
 #include <trainrun/error.hpp>
+#include <trainrun/text/template_limits.hpp>
 
 #include <chat_samples.hpp>
 
@@ -29,6 +30,7 @@ void declare_source_options(v1::OptionSchema& s, const std::string& paths_help,
            conversational +
                ": \"\" = the tokenizer's own chat template; else a named template of the "
                "tokenizer, a built-in (chatml, llama3, llama2, mistral, alpaca) or a .jinja file");
+  text::declare_template_limits(s);
 }
 
 void declare_split_options(v1::OptionSchema& s, const std::string& unit) {
@@ -54,7 +56,7 @@ std::unique_ptr<text::ChatTemplate> load_template_for(const v1::Options& o, cons
                                                       const std::string& where) {
   try {
     return std::make_unique<text::ChatTemplate>(
-        text::load_chat_template(dir, o.get_string("chat_template")));
+        text::load_chat_template(dir, o.get_string("chat_template"), text::template_limits(o)));
   } catch (const std::exception& e) {
     throw ConfigError(o.context() + ": chat_template (" + where +
                       " is conversational): " + e.what());

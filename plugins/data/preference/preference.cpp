@@ -8,7 +8,9 @@
 // kIgnoreIndex; rows are right-padded (pad token, target ignored) to the longest. With trainer =
 // "orpo" rows 2B..3B-1 repeat the chosen rows with their prompt tokens as targets (ORPOTrainer's
 // NLL counts them). num_samples = num_targets = B (the loss unit of a paired objective is the
-// pair); num_tokens counts the real input positions of the first 2B rows.
+// pair); num_tokens counts the real input positions of the first 2B rows. With padding_free the
+// same rows are packed into one (position_ids, segment_ids), which the model hands the objective
+// as separate rows again.
 #include <torch/types.h>
 #include <torch/utils.h>
 
@@ -31,17 +33,15 @@ namespace trainrun::preference {
 
 using v1::Batch;
 using v1::ConfigError;
-using v1::DataInfo;
 using v1::Options;
-using v1::OptionSchema;
-using v1::RunContext;
 using v1::Split;
 
 namespace {
 
 // What tokenizing the pairs kept and dropped, for rank 0's log.
 struct Counts {
-  Tally prompt_fills{"pair"}, no_target{"pair"}, same{"pair"}, diverged{"pair"}, too_long{"pair"};
+  Tally prompt_fills{"pair"}, no_target{"pair"}, same{"pair"}, diverged{"pair"}, too_long{"pair"},
+      with_margin{"pair"}, without_margin{"pair"};
   int64_t conversational = 0, implicit = 0, prompt_tokens = 0, chosen_tokens = 0,
           rejected_tokens = 0;
 };
@@ -49,10 +49,10 @@ struct Counts {
 }  // namespace
 
 /// Preference pairs for paired objectives (DPO), TRL 1.16's tokenization and batch layout.
-class PreferenceDataset final : public v1::Dataset {
+class PreferenceDataset final : public v1::Dataset, public v1::SampleValues {
  public:
   /// Options: files, tokenizer and template, TRL's max_length / truncation_mode, the held-out part.
-  static void declare_options(OptionSchema& s) {
+  static void declare_options(v1::OptionSchema& s) {
     declare_source_options(
         s,
         "JSONL files (or glob(3) patterns) of preference pairs: {\"prompt\"?, \"chosen\", "
@@ -70,6 +70,11 @@ class PreferenceDataset final : public v1::Dataset {
               "(not in TRL 1.16); 0 = no limit",
               0, 1 << 24);
     declare_split_options(s, "pairs");
+    s.boolean("padding_free", false,
+              "pack each micro-batch's sequences into one row without padding (TRL's "
+              "padding_free): positions restart per sequence and attention stays within it, the "
+              "same numbers as padded rows; needs a model that supports packing (llama), not "
+              "with trainer = \"reward\"");
     s.choice("trainer", "dpo", {"dpo", "cpo", "orpo", "reward"},
              "whose tokenization: TRL's DPOTrainer (dpo: EOS text appended to text rows, the "
              "prompt split at the common prefix); CPOTrainer (cpo, for simpo: BOS and EOS ids "
@@ -81,7 +86,7 @@ class PreferenceDataset final : public v1::Dataset {
   }
 
   /// Reads, tokenizes and checks every pair; rank 0 logs what was kept and dropped.
-  PreferenceDataset(const Options& o, const RunContext& ctx) {
+  PreferenceDataset(const Options& o, const v1::RunContext& ctx) {
     const std::string context = o.context();
     const Sources sources = read_sources(o);
     const std::string dir = o.get_string("tokenizer");
@@ -99,6 +104,10 @@ class PreferenceDataset final : public v1::Dataset {
                    "RewardTrainer does, and cuts nothing: leave truncation_mode and "
                    "max_prompt_length unset");
     chosen_prompt_rows_ = trainer == "orpo";
+    padding_free_ = o.get_bool("padding_free");
+    TR_CHECK_TYPED(ConfigError, !reward_ || !padding_free_, context,
+                   ": padding_free packs sequences whose log-probabilities an objective sums; a "
+                   "reward model reads one score per row (trainer = \"reward\"): leave it unset");
     TR_CHECK_TYPED(ConfigError, !cpo || !limits_.keep_end, context, ": trainer = \"", trainer,
                    "\" takes truncation_mode = \"keep_start\" only (TRL's CPOTrainer and "
                    "ORPOTrainer cut the end of the completion)");
@@ -118,6 +127,13 @@ class PreferenceDataset final : public v1::Dataset {
                    counts.no_target.text("without a counted target after truncation"), ", ",
                    counts.too_long.text("longer than max_length"), ")");
 
+    // TRL's RewardTrainer subtracts a "margin" column when its data has one; a file where only
+    // some rows have it would leave the others' loss undefined.
+    margins_ = reward_ && counts.with_margin.n > 0;
+    TR_CHECK_TYPED(ConfigError, !margins_ || counts.without_margin.n == 0, context, ": ",
+                   counts.with_margin.text("with a \"margin\""), " but ",
+                   counts.without_margin.text("without one"),
+                   ": give every pair a margin, or none");
     members_ = split_members(kept, sources, static_cast<uint64_t>(o.get_int("split_seed")), context,
                              "pair");
 
@@ -128,22 +144,34 @@ class PreferenceDataset final : public v1::Dataset {
       log_summary(o, ctx, sources, trainer, tmpl.get(), rows[0].size() + rows[1].size(), counts);
   }
 
-  DataInfo info() const override { return info_; }
+  v1::DataInfo info() const override { return info_; }
   int64_t size(Split split) const override { return static_cast<int64_t>(members(split).size()); }
+
+  /// "margin" with trainer = "reward" when the pairs have one (the reward objective reads it).
+  std::vector<std::string> sample_value_names() const override {
+    return margins_ ? std::vector<std::string>{"margin"} : std::vector<std::string>{};
+  }
+  at::Tensor sample_values(Split split, const std::vector<int64_t>& indices) const override {
+    std::vector<double> v;
+    for (int64_t i : indices) v.push_back(pair_at(split, i).margin.value_or(0.0));
+    return torch::tensor(v, torch::kDouble).unsqueeze(1);
+  }
 
   /// B pairs -> 2B rows (chosen rows, then rejected rows), see the top of this file.
   Batch batch(Split split, const std::vector<int64_t>& indices) override {
-    const auto& table = members(split);
     std::vector<const Pair*> chosen;
     chosen.reserve(indices.size());
-    for (int64_t i : indices)
-      chosen.push_back(&pairs_[static_cast<size_t>(
-          member_at(table, i, split == Split::Train ? "train" : "eval", "preference"))]);
+    for (int64_t i : indices) chosen.push_back(&pair_at(split, i));
     Collated c = reward_ ? collate_sequences(chosen, pad_, v1::kIgnoreIndex)
                          : collate(chosen, limits_, pad_, v1::kIgnoreIndex, chosen_prompt_rows_);
+    if (padding_free_) c = packed(c);
+    auto tensor = [&c](std::vector<int64_t>& v) {
+      return torch::from_blob(v.data(), {c.rows, c.width}, torch::kLong).clone();
+    };
     Batch b;
-    b.input = torch::from_blob(c.input.data(), {c.rows, c.width}, torch::kLong).clone();
-    b.target = torch::from_blob(c.target.data(), {c.rows, c.width}, torch::kLong).clone();
+    b.input = tensor(c.input);
+    b.target = tensor(c.target);
+    if (padding_free_) b.position_ids = tensor(c.positions), b.segment_ids = tensor(c.segments);
     b.num_samples = static_cast<int64_t>(indices.size());
     b.num_targets = b.num_samples;
     b.num_tokens = c.num_tokens;
@@ -152,6 +180,10 @@ class PreferenceDataset final : public v1::Dataset {
 
  private:
   const std::vector<int64_t>& members(Split s) const { return members_[s == Split::Train ? 0 : 1]; }
+  const Pair& pair_at(Split s, int64_t i) const {
+    return pairs_[static_cast<size_t>(
+        member_at(members(s), i, s == Split::Train ? "train" : "eval", "preference"))];
+  }
 
   // Tokenizes `rows` and appends the pairs that train to pairs_; returns their indices.
   std::vector<int64_t> keep(const std::vector<Row>& rows, bool cpo, const text::Tokenizer& tok,
@@ -161,6 +193,8 @@ class PreferenceDataset final : public v1::Dataset {
       c.conversational += r.conversational;
       c.implicit += r.implicit_prompt;
       Pair p = cpo ? tokenize_row_cpo(r, tok, tmpl) : tokenize_row(r, tok, tmpl);
+      p.margin = r.margin;
+      (r.margin ? c.with_margin : c.without_margin).add(r.where());
       if (p.prompt_diverged) c.diverged.add(p.where);
       clip_prompt(p, limits_);
       if (reward_ && limits_.max_length > 0 && longest_sequence(p) > limits_.max_length) {
@@ -190,7 +224,7 @@ class PreferenceDataset final : public v1::Dataset {
   }
 
   // Rank 0's account of the `read` pairs: what was kept, dropped and held out.
-  void log_summary(const Options& o, const RunContext& ctx, const Sources& sources,
+  void log_summary(const Options& o, const v1::RunContext& ctx, const Sources& sources,
                    const std::string& trainer, const text::ChatTemplate* tmpl, size_t read,
                    const Counts& c) const {
     const v1::Logger log("preference", ctx.rank);
@@ -212,6 +246,8 @@ class PreferenceDataset final : public v1::Dataset {
     if (!reward_) os << ", " << o.get_string("truncation_mode");
     if (limits_.max_prompt_length > 0) os << ", max_prompt_length = " << limits_.max_prompt_length;
     os << ")";
+    if (margins_) os << "; per-pair margins (the reward loss subtracts them)";
+    if (padding_free_) os << "; padding-free batches";
     if (c.diverged.n && !reward_)  // where DPO splits a sequence; a reward model reads it whole
       os << "; " << c.diverged.text("whose tokenized prompt is not a prefix of prompt+completion")
          << ": the completion starts where the two diverge, as in TRL";
@@ -238,8 +274,10 @@ class PreferenceDataset final : public v1::Dataset {
   int32_t pad_ = 0;
   bool reward_ = false;              // trainer = "reward": whole sequences (reward_layout.hpp)
   bool chosen_prompt_rows_ = false;  // trainer = "orpo": 3B rows, see the top of this file
+  bool margins_ = false;             // trainer = "reward" and the pairs have a "margin"
+  bool padding_free_ = false;        // the rows packed into one (preference_samples.hpp packed)
   int64_t longest_ = 0;              // tokens of the longest kept prompt + completion
-  DataInfo info_;
+  v1::DataInfo info_;
 };
 
 /// The components of the "preference" plugin.

@@ -78,6 +78,10 @@ Row parse_row(const json& rec, Row r) {
     bad(where, std::string("rejected is ") + kind_of(rejected) + " but chosen is " +
                    kind_of(chosen) + " (both strings, or both lists of messages)");
   r.implicit_prompt = !rec.contains("prompt");
+  if (auto m = rec.find("margin"); m != rec.end()) {
+    if (!m->is_number()) bad(where, "margin must be a number, got " + excerpt(*m));
+    r.margin = m->get<double>();
+  }
   if (!r.implicit_prompt) {
     const json& prompt = field("prompt");
     if (prompt.is_array() != r.conversational)
@@ -437,7 +441,28 @@ Collated collate(const std::vector<const Pair*>& pairs, const Limits& limits, in
       if ((t + 1 >= s.completion_begin) != prompt_targets) c.target[r * W + t] = s.ids[t + 1];
     }
     if (s.ids.size() > 1 && !prompt_targets) c.num_tokens += static_cast<int64_t>(s.ids.size()) - 1;
+    c.lengths.push_back(std::max<int64_t>(static_cast<int64_t>(s.ids.size()) - 1, 0));
   }
+  return c;
+}
+
+Collated packed(const Collated& padded) {
+  Collated c;
+  c.rows = 1;
+  c.num_tokens = padded.num_tokens;
+  const auto W = static_cast<size_t>(padded.width);
+  for (size_t r = 0; r < padded.lengths.size(); ++r) {
+    const auto row = static_cast<std::ptrdiff_t>(r * W);
+    const auto n = static_cast<std::ptrdiff_t>(padded.lengths[r]);
+    c.input.insert(c.input.end(), padded.input.begin() + row, padded.input.begin() + row + n);
+    c.target.insert(c.target.end(), padded.target.begin() + row, padded.target.begin() + row + n);
+    for (int64_t t = 0; t < n; ++t) {
+      c.positions.push_back(t);
+      c.segments.push_back(static_cast<int64_t>(r));
+    }
+  }
+  c.width = static_cast<int64_t>(c.input.size());
+  c.lengths = {c.width};
   return c;
 }
 

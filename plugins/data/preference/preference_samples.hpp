@@ -32,6 +32,8 @@ struct Row {
   /// (an object, empty when absent), passed to the chat template as TRL does.
   nlohmann::ordered_json tools = nullptr;
   nlohmann::ordered_json template_kwargs = nlohmann::ordered_json::object();
+  /// The row's "margin" (a number), when it has one: TRL RewardTrainer's per-pair margin.
+  std::optional<double> margin;
 };
 
 /// glob(3)-expands `patterns` (option `key` of the table `context`) into files. Throws
@@ -85,6 +87,7 @@ struct Pair {
   const std::vector<int32_t>& prompt_of(bool rejected) const {
     return rejected && rejected_prompt_ids ? *rejected_prompt_ids : prompt_ids;
   }
+  std::optional<double> margin;  ///< Row::margin
 };
 
 /// Tokenizes `row` as TRL 1.16's DPOTrainer: standard rows get the EOS token's text appended to
@@ -158,11 +161,21 @@ Verdict verdict(const Pair& pair, const Limits& limits);
 struct Collated {
   int64_t rows = 0, width = 0;
   std::vector<int64_t> input, target;
-  int64_t num_tokens = 0;  ///< real (non-pad) input positions of the first 2B rows
+  int64_t num_tokens = 0;        ///< real (non-pad) input positions of the first 2B rows
+  std::vector<int64_t> lengths;  ///< real input positions of each row (collate only)
+  /// Packed (padding_free) only: [rows, width] position within the sequence and its index.
+  std::vector<int64_t> positions, segments;
 };
 
 /// Lays out `pairs` (pointers into the caller's pairs) as above.
 Collated collate(const std::vector<const Pair*>& pairs, const Limits& limits, int32_t pad,
                  int64_t ignore_index, bool chosen_prompt_rows = false);
+
+/// The padding-free layout of `padded` (from collate): its rows' real positions concatenated in
+/// row order into one row of width = the sum of the lengths, with positions restarting at 0 for
+/// each sequence and segment k for the sequence of padded row k (TRL's padding_free; the model
+/// keeps the sequences apart and hands the objective one row per sequence again). num_tokens is
+/// unchanged.
+Collated packed(const Collated& padded);
 
 }  // namespace trainrun::preference

@@ -57,10 +57,6 @@ namespace trainrun::unpaired {
 using json = nlohmann::ordered_json;
 using v1::Batch;
 using v1::ConfigError;
-using v1::DataInfo;
-using v1::Options;
-using v1::OptionSchema;
-using v1::RunContext;
 using v1::Split;
 
 /// Values of the marker column (the last input column of every row), read by the `kto`
@@ -193,7 +189,7 @@ struct Tokenized {
 class UnpairedDataset final : public v1::Dataset {
  public:
   /// Options: files, tokenizer and template, TRL's max_length, the KL blocks, the held-out part.
-  static void declare_options(OptionSchema& s) {
+  static void declare_options(v1::OptionSchema& s) {
     preference::declare_source_options(
         s,
         "JSONL files (or glob(3) patterns): unpaired rows {\"prompt\", \"completion\", "
@@ -214,7 +210,7 @@ class UnpairedDataset final : public v1::Dataset {
   }
 
   /// Reads, unpairs, tokenizes and checks every example; rank 0 logs what was kept and dropped.
-  UnpairedDataset(const Options& o, const RunContext& ctx) {
+  UnpairedDataset(const v1::Options& o, const v1::RunContext& ctx) {
     const std::string context = o.context();
     const preference::Sources sources = preference::read_sources(o);
     block_ = o.get_int("kl_block_size");
@@ -267,7 +263,7 @@ class UnpairedDataset final : public v1::Dataset {
                   parts[0].size() + parts[1].size(), counts);
   }
 
-  DataInfo info() const override { return info_; }
+  v1::DataInfo info() const override { return info_; }
   int64_t size(Split split) const override { return static_cast<int64_t>(members(split).size()); }
 
   /// B examples -> B rows (+ B KL rows), plus the marker column; see the top of this file.
@@ -351,7 +347,7 @@ class UnpairedDataset final : public v1::Dataset {
   }
 
   // Rank 0's account of the `total` examples: what was kept, dropped and held out.
-  void log_summary(const RunContext& ctx, const preference::Sources& sources, bool paired,
+  void log_summary(const v1::RunContext& ctx, const preference::Sources& sources, bool paired,
                    const text::ChatTemplate* tmpl, size_t total, const Counts& c) const {
     const v1::Logger log("unpaired", ctx.rank);
     const int64_t n_kept = static_cast<int64_t>(examples_.size());
@@ -397,7 +393,7 @@ class UnpairedDataset final : public v1::Dataset {
   preference::Limits limits_;  // max_length, keep_start (KTOConfig has no other mode)
   int64_t block_ = 8;
   int32_t pad_ = 0;
-  DataInfo info_;
+  v1::DataInfo info_;
 };
 
 /// The components of the "unpaired" plugin.

@@ -213,17 +213,24 @@ v1::ModelOutput LlamaModel::forward(const v1::Batch& b) {
     TR_CHECK(objective_ != nullptr && (objective_->wanted_statistics() & v1::Objective::kScores),
              "llama: a model with a score head (sequence classification) trains with an "
              "objective that reads scores ([objective] plugin = \"reward\")");
+    TR_CHECK(!b.segment_ids.defined(),
+             "llama: the score head reads one sequence per row, not packed rows");
     v1::TokenLogProbs lp;
     lp.scores = pool_scores(h, b.input);
     return objective_->compute(lp, b);
   }
   if (objective_ != nullptr) {
-    TR_CHECK(!b.segment_ids.defined(),
-             "llama: objectives take one sequence per row, not packed rows");
+    // A packed batch (padding-free preference pairs) gives the objective one row per sequence.
+    const torch::Tensor segments = segment_ids(b);
+    TR_CHECK(segments.defined() || !b.segment_ids.defined(),
+             "llama: packed rows for an objective need a strategy that passes segment ids "
+             "(ABI >= 1.6)");
     const torch::Tensor positions = v1::counted_positions(b.target);
     const torch::Tensor logits = head(h.reshape({-1, h.size(-1)}).index_select(0, positions));
-    return objective_->compute(
-        v1::token_log_probs(logits, b.target, positions, objective_->wanted_statistics()), b);
+    v1::TokenLogProbs lp =
+        v1::token_log_probs(logits, b.target, positions, objective_->wanted_statistics());
+    if (segments.defined()) lp = v1::per_sequence(lp, b.target, segments);
+    return objective_->compute(lp, b);
   }
   h = h.reshape({-1, h.size(-1)});
   torch::Tensor target = b.target.reshape({-1});

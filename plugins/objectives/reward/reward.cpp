@@ -3,7 +3,9 @@
 // TRL 1.16's RewardTrainer computes it:
 //   loss = mean over pairs of -log sigmoid(r_chosen - r_rejected)
 //          + center_rewards_coefficient * mean over pairs of (r_chosen + r_rejected)^2
-// (the second term as Eisenstein et al. 2023 propose, to keep rewards centred on 0). A reward r
+// (the second term as Eisenstein et al. 2023 propose, to keep rewards centred on 0); when the
+// pairs have a "margin" (the dataset's per-sample value, ABI 1.10 SampleValues), the first term is
+// -log sigmoid(r_chosen - r_rejected - margin), as TRL's with a margin column. A reward r
 // is the model's score head at the last non-padding token of prompt + completion
 // (TokenLogProbs::scores, one label). The batch is the `preference` dataset's with
 // trainer = "reward": rows 0..B-1 prompt + chosen, rows B..2B-1 prompt + rejected, whole sequences;
@@ -14,6 +16,7 @@
 // micro-batch's scores over all ranks averaged over the micro-batches (ObjectiveExtremes).
 #include <torch/types.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <limits>
@@ -63,7 +66,7 @@ class RewardObjective final : public v1::Objective, public v1::ObjectiveExtremes
     const at::Tensor r = scores.squeeze(1).to(at::kFloat);
     const at::Tensor chosen = r.slice(0, 0, pairs), rejected = r.slice(0, pairs, rows);
     const at::Tensor margin = chosen - rejected;
-    at::Tensor loss = -at::log_sigmoid(margin);
+    at::Tensor loss = -at::log_sigmoid(margin - wanted_margin(pairs, r.device()));
     if (center_ > 0) loss = loss + center_ * (chosen + rejected).pow(2);
     ModelOutput out;
     out.loss_sum = loss.sum();
@@ -104,6 +107,20 @@ class RewardObjective final : public v1::Objective, public v1::ObjectiveExtremes
   }
 
  private:
+  // The pairs' "margin" values as float32 [pairs], or 0 when the data has none.
+  at::Tensor wanted_margin(int64_t pairs, c10::Device device) const {
+    const auto& names = fwd_.sample_value_names;
+    const auto it = std::find(names.begin(), names.end(), "margin");
+    if (it == names.end()) return torch::zeros({}, torch::TensorOptions(device));
+    const at::Tensor& v = fwd_.sample_values;
+    TR_CHECK(v.defined() && v.dim() == 2 && v.size(0) == pairs &&
+                 v.size(1) == static_cast<int64_t>(names.size()),
+             "reward: the dataset gave sample values of shape ",
+             v.defined() ? v.sizes() : c10::IntArrayRef{}, " for ", pairs, " pairs and ",
+             names.size(), " names");
+    return v.select(1, it - names.begin()).to(device, at::kFloat);
+  }
+
   double center_ = 0;
   ObjectiveForward fwd_;
   std::array<double, 4> sums_[2] = {};  ///< per split: correct pairs, Σ margin, Σ rewards, pairs

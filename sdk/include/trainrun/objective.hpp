@@ -34,8 +34,12 @@ namespace trainrun::v1 {
 class Communicator;
 
 /// ABI 1.8. What a model computes for an objective on one micro-batch of R rows and T positions
-/// (Batch::input [R, T]); one sequence per row (packed rows are not supported with objectives).
-/// Positions whose target is kIgnoreIndex hold 0 in every per-token tensor.
+/// (Batch::input [R, T]): one row per sequence. Since ABI 1.10 a batch may pack its sequences
+/// (Batch::segment_ids, e.g. the preference dataset's padding_free); the model then hands the
+/// objective one row per sequence all the same, R = the sequences in row-major order and T the
+/// longest one's positions (model/token_log_probs.hpp per_sequence), so an objective reads the
+/// same rows padded or packed. Positions whose target is kIgnoreIndex hold 0 in every per-token
+/// tensor.
 struct TokenLogProbs {
   /// float32 [R, T]: log p(target[r, t] | input[r, 0..t]), log-softmax over the vocabulary in
   /// float32. Differentiable (with respect to the parameters) when grad mode is on.
@@ -86,6 +90,12 @@ struct ObjectiveForward {
   /// included, so a collective issued there meets its peers; reference passes do not (the
   /// precomputed one is rank-strided), and there it is null, as with one rank.
   Communicator* comm = nullptr;
+  // ---- ABI 1.10 ----
+  /// Per-sample values of the dataset (SampleValues below), for these samples in batch order:
+  /// float64 [samples, sample_value_names.size()] on the CPU; undefined, with no names, when the
+  /// dataset gives none. TRL's RewardTrainer reads its "margin" column from here.
+  at::Tensor sample_values;
+  std::vector<std::string> sample_value_names;
 };
 
 /// ABI 1.8. One logged figure: the core sums `sum` and `count` over the ranks and logs
@@ -192,6 +202,20 @@ class ObjectiveExtremes {
   virtual ~ObjectiveExtremes() = default;
   /// The figures gathered since the last call for `split` (called right after take_metrics).
   virtual std::vector<ObjectiveExtreme> take_extremes(Split split) = 0;
+};
+
+/// ABI 1.10. A Dataset whose samples carry values an objective reads besides the tokens (the
+/// `preference` dataset's per-pair "margin" column, TRL RewardTrainer's). Found with
+/// dynamic_cast; the core hands the values of each micro-batch's samples to the objective in
+/// ObjectiveForward::sample_values before every forward.
+class SampleValues {
+ public:
+  virtual ~SampleValues() = default;
+  /// The values every sample has, by name ("margin"); empty when this run's data has none.
+  virtual std::vector<std::string> sample_value_names() const = 0;
+  /// float64 [indices.size(), sample_value_names().size()] on the CPU for the samples `indices`
+  /// of `split` (the indices of Dataset::batch). Throws Error for an index out of range.
+  virtual at::Tensor sample_values(Split split, const std::vector<int64_t>& indices) const = 0;
 };
 
 }  // namespace trainrun::v1

@@ -46,6 +46,10 @@ struct ZeroEstimateInputs {
   /// Stage 3: parameters below param_persistence_threshold, kept whole on every rank (only the
   /// weights; their gradients and optimizer state are sharded like the rest).
   int64_t persistent_params = 0;
+  /// Parameters that do not train (a LoRA or QLoRA base, [trainer] freeze): their weights are
+  /// held like the trained ones (at param_bytes, sharded at stage 3), without gradients or
+  /// optimizer state. Psi (num_params) counts only the trained ones.
+  int64_t frozen_params = 0;
 };
 
 /// Per-rank bytes of one stage (SC20 sec. 3.1 and 5). buffers_bytes: communication buckets and
@@ -68,7 +72,7 @@ inline ZeroStageEstimate estimate_zero_stage(const ZeroEstimateInputs& in, int s
   TR_CHECK(stage >= 0 && stage <= 3, "ZeRO estimate: stage ", stage, " is not 0, 1, 2 or 3");
   TR_CHECK(in.world_size >= 1, "ZeRO estimate: world_size ", in.world_size, " < 1");
   TR_CHECK(in.num_params >= 0 && in.reduce_bucket_elems >= 0 && in.largest_unit_params >= 0 &&
-               in.prefetch_elems >= 0 && in.persistent_params >= 0,
+               in.prefetch_elems >= 0 && in.persistent_params >= 0 && in.frozen_params >= 0,
            "ZeRO estimate: parameter and element counts must be >= 0");
   TR_CHECK(in.param_bytes >= 0 && in.grad_bytes >= 0 && in.master_bytes >= 0 &&
                in.optimizer_bytes >= 0 && in.bucket_elem_bytes >= 0,
@@ -78,7 +82,8 @@ inline ZeroStageEstimate estimate_zero_stage(const ZeroEstimateInputs& in, int s
   const double k = in.master_bytes + in.optimizer_bytes;
   ZeroStageEstimate e;
   e.stage = stage;
-  e.params_bytes = in.param_bytes * psi;
+  const double weights = psi + static_cast<double>(in.frozen_params);
+  e.params_bytes = in.param_bytes * weights;
   e.grads_bytes = in.grad_bytes * psi;
   e.optimizer_bytes = k * psi;
   if (stage >= 1) e.optimizer_bytes /= n;
@@ -88,12 +93,12 @@ inline ZeroStageEstimate estimate_zero_stage(const ZeroEstimateInputs& in, int s
     e.buffers_bytes += elem * std::min(psi, static_cast<double>(in.reduce_bucket_elems));
   }
   if (stage == 3) {
-    const double persistent = std::min(psi, static_cast<double>(in.persistent_params));
-    e.params_bytes = in.param_bytes * ((psi - persistent) / n + persistent);
-    const double unit = std::min(psi, static_cast<double>(in.largest_unit_params));
+    const double persistent = std::min(weights, static_cast<double>(in.persistent_params));
+    e.params_bytes = in.param_bytes * ((weights - persistent) / n + persistent);
+    const double unit = std::min(weights, static_cast<double>(in.largest_unit_params));
     const double ahead =
         in.prefetch_elems > 0 ? std::max(unit, static_cast<double>(in.prefetch_elems)) : 0.0;
-    const double gathered = std::min(psi - persistent, unit + ahead);
+    const double gathered = std::min(weights - persistent, unit + ahead);
     e.buffers_bytes += in.param_bytes * gathered;
   }
   e.model_state_bytes = e.params_bytes + e.grads_bytes + e.optimizer_bytes;
