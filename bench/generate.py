@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
-"""Greedy generation speed on the CPU: `trainrun generate` (KV cache, LibTorch) vs transformers'
-generate(do_sample=False) (DynamicCache, eager attention, fp32), same model, prompts, new tokens
-and threads, in one run. Model loading is not timed on either side; prefill and decode are
-reported apart (trainrun's own per-prompt rates; transformers' prefill = a forward of the prompt,
-decode = the rest of generate()'s time). Also checks that both produced the same ids.
+"""Batched generation speed on the CPU: `trainrun generate` (KV cache, LibTorch, left-padded
+batches) vs transformers' generate (DynamicCache, eager attention, fp32) on the same model,
+prompts, batch, new tokens and threads (torch.set_num_threads = --threads), in one run. Model
+loading is not timed on either side: trainrun's time is its own prefill + decode (its summary
+line), transformers' the generate() call. Greedy by default (then both must give the same ids);
+--temperature T samples (with --top-k/--top-p) on both sides, and the ids are not compared.
+Every row generates all --new tokens (min_new_tokens = --new on both sides: EOS suppressed) so both
+decode the same work.
 
-  python bench/generate.py [--model DIR] [--trainrun BIN] [--threads 1] [--new 64] [--prompts 8]
+  python bench/generate.py [--model DIR] [--trainrun BIN] [--threads 1] [--new 128] [--batch 8]
 
 Default model: SmolLM2-135M-Instruct converted by scripts/gguf_to_hf.py into build/cache.
 Needs the reference venv (scripts/venv).
@@ -13,6 +16,7 @@ Needs the reference venv (scripts/venv).
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -39,61 +43,56 @@ def main():
     ap.add_argument("--model", default=os.path.join(ROOT, "build", "cache", "smollm2-135m-instruct"))
     ap.add_argument("--trainrun", default=os.path.join(ROOT, "build", "bin", "trainrun"))
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--new", type=int, default=64)
-    ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--new", type=int, default=128)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--top-k", type=int, default=0)
+    ap.add_argument("--top-p", type=float, default=1.0)
     a = ap.parse_args()
     if not os.path.isfile(os.path.join(a.model, "config.json")):
         subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "gguf_to_hf.py"), a.model], check=True)
-    prompts = PROMPTS[: a.prompts]
+    prompts = (PROMPTS * (a.batch // len(PROMPTS) + 1))[: a.batch]
     torch.set_num_threads(a.threads)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(a.model)
+    tok = AutoTokenizer.from_pretrained(a.model, padding_side="left")
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
     model = AutoModelForCausalLM.from_pretrained(a.model, attn_implementation="eager", dtype=torch.float32).eval()
-    hf = {"prefill_s": 0.0, "decode_s": 0.0, "prompt": 0, "new": 0}
-    hf_ids = []
+    enc = tok(prompts, return_tensors="pt", padding=True)
+    sample = dict(do_sample=True, temperature=a.temperature, top_k=a.top_k or None, top_p=a.top_p) \
+        if a.temperature > 0 else dict(do_sample=False)
+    # No EOS on either side: every row decodes --new tokens.
+    common = dict(max_new_tokens=a.new, min_new_tokens=a.new, pad_token_id=tok.pad_token_id, **sample)
     with torch.no_grad():
-        model.generate(torch.tensor([tok(prompts[0])["input_ids"]]), do_sample=False, max_new_tokens=4)  # warm-up
-        for p in prompts:
-            ids = torch.tensor([tok(p)["input_ids"]])
-            t0 = time.perf_counter()
-            model(input_ids=ids)
-            prefill = time.perf_counter() - t0
-            t0 = time.perf_counter()
-            g = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=a.new)
-            total = time.perf_counter() - t0
-            new = g.size(1) - ids.size(1)
-            hf["prefill_s"] += prefill
-            hf["decode_s"] += max(total - prefill, 1e-9)
-            hf["prompt"] += ids.size(1)
-            hf["new"] += new
-            hf_ids.append(g[0, ids.size(1):].tolist())
+        model.generate(**enc, **dict(common, max_new_tokens=4, min_new_tokens=4))  # warm-up
+        t0 = time.perf_counter()
+        g = model.generate(**enc, **common)
+        hf_s = time.perf_counter() - t0
+    hf_ids = g[:, enc["input_ids"].size(1):].tolist()
     with tempfile.TemporaryDirectory() as d:
         pf = os.path.join(d, "p.jsonl")
         with open(pf, "w") as f:
             for p in prompts:
                 f.write(json.dumps({"prompt": p}) + "\n")
-        r = subprocess.run([a.trainrun, "generate", "--model", a.model, "--prompts-file", pf, "--max-new-tokens",
-                            str(a.new), "--threads", str(a.threads), "--jsonl"], capture_output=True, text=True)
+        cmd = [a.trainrun, "generate", "--model", a.model, "--min-new-tokens", str(a.new), "--prompts-file", pf, "--max-new-tokens", str(a.new),
+               "--threads", str(a.threads), "--batch-size", str(a.batch), "--jsonl", "--temperature",
+               str(a.temperature), "--top-k", str(a.top_k), "--top-p", str(a.top_p)]
+        r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
         sys.exit(r.stderr)
     rows = [json.loads(x) for x in r.stdout.splitlines() if x.strip()]
-    ours = {"prefill_s": 0.0, "decode_s": 0.0, "prompt": 0, "new": 0}
-    for row in rows:
-        ours["prompt"] += len(row["prompt_ids"])
-        ours["new"] += len(row["ids"])
-        ours["prefill_s"] += len(row["prompt_ids"]) / row["prefill_tokens_per_s"]
-        if row["decode_tokens_per_s"]:
-            ours["decode_s"] += (len(row["ids"]) - 1) / row["decode_tokens_per_s"]
-    same = [row["ids"] for row in rows] == hf_ids
-    print(f"model {a.model}, {len(prompts)} prompts x {a.new} new tokens, {a.threads} thread(s), fp32, greedy; "
-          f"same ids: {same}")
-    for name, s in (("trainrun", ours), ("transformers", hf)):
-        print(f"  {name:13s} prefill {s['prompt'] / s['prefill_s']:8.1f} tokens/s   decode "
-              f"{(s['new'] - len(prompts)) / s['decode_s']:7.1f} tokens/s   end to end "
-              f"{s['new'] / (s['prefill_s'] + s['decode_s']):7.1f} new tokens/s")
-    print(f"  ratio trainrun / transformers: prefill {(ours['prompt'] / ours['prefill_s']) / (hf['prompt'] / hf['prefill_s']):.2f}x, "
-          f"end to end {(hf['prefill_s'] + hf['decode_s']) / (ours['prefill_s'] + ours['decode_s']):.2f}x")
+    m = re.search(r"prefill ([0-9.e+-]+) s; (\d+) new tokens, decode ([0-9.e+-]+) s", r.stderr)
+    ours_s = float(m.group(1)) + float(m.group(3))
+    new = int(m.group(2))
+    hf_new = sum(len(x) for x in hf_ids)
+    same = "n/a (sampled)" if a.temperature > 0 else [row["ids"] for row in rows] == hf_ids
+    print(f"model {a.model}, batch {a.batch} x {a.new} new tokens, {a.threads} thread(s), fp32, "
+          f"{'T ' + str(a.temperature) if a.temperature > 0 else 'greedy'}; same ids: {same}")
+    print(f"  trainrun      {new / ours_s:8.1f} new tokens/s ({new} tokens in {ours_s:.2f} s, prefill "
+          f"{float(m.group(1)):.2f} s)")
+    print(f"  transformers  {hf_new / hf_s:8.1f} new tokens/s ({hf_new} tokens in {hf_s:.2f} s)")
+    print(f"  ratio trainrun / transformers: {(new / ours_s) / (hf_new / hf_s):.2f}x")
 
 
 if __name__ == "__main__":

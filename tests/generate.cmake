@@ -14,3 +14,14 @@ add_test(NAME generate.smollm2
           ${CMAKE_BINARY_DIR}/cache ${CMAKE_SOURCE_DIR}/scripts)
 set_tests_properties(generate.smollm2 PROPERTIES TIMEOUT 900 LABELS "llama;generate"
   ENVIRONMENT "OMP_NUM_THREADS=1;OPENBLAS_NUM_THREADS=1")
+# Batched generation (issue 44): left-padded batches against transformers' batched generate,
+# batch 1 == batch 16 (greedy and seeded sampling), sampled first-token frequencies against the
+# top-k/top-p filtered softmax (chi-square, p > 0.001), stop strings. mistral: sliding window.
+foreach(_variant llama3 mistral)
+  add_test(NAME generate.batch.${_variant}
+    COMMAND ${TRAINRUN_REF_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/e2e/generate_ref.py $<TARGET_FILE:trainrun>
+            $<TARGET_FILE:llama_logits> ${CMAKE_CURRENT_BINARY_DIR}/work/generate-batch-${_variant} batch
+            ${_variant})
+  set_tests_properties(generate.batch.${_variant} PROPERTIES TIMEOUT 300 LABELS "llama;generate"
+    ENVIRONMENT "OMP_NUM_THREADS=1;OPENBLAS_NUM_THREADS=1")
+endforeach()

@@ -1,17 +1,20 @@
 // `trainrun generate`: loads an HF model directory through a model plugin (`llama` by default)
-// and decodes with its KV cache (v1::IncrementalDecoder): the prompt in one prefill call, then
-// one token per call. Greedy unless --temperature > 0 (then softmax sampling with nucleus
-// truncation, Holtzman et al. 2020), stopping at any EOS id of generation_config.json /
-// config.json / the tokenizer, or after --max-new-tokens. An adapter directory (PEFT layout) is
+// and decodes batches of prompts with its KV cache (v1::generate_batch over v1::PaddedDecoder:
+// left-padded prompts prefilled together, then one token per row per call). Greedy unless
+// --temperature > 0 (then softmax sampling after top-k and nucleus truncation, as transformers'
+// warpers), stopping a completion at any EOS id of generation_config.json / config.json / the
+// tokenizer, at a --stop string, or after --max-new-tokens. An adapter directory (PEFT layout) is
 // merged into the weights in memory (W + scaling x B A, as `trainrun merge-lora`).
 #include "generate_cli.hpp"
 #include "command_line.hpp"
+#include "jsonl_line.hpp"
+#include "template_limits_cli.hpp"
 
 #include <ATen/ATen.h>
-#include <ATen/CPUGeneratorImpl.h>
 #include <boost/program_options.hpp>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -28,6 +31,7 @@
 #include "trainrun/core/registry.hpp"
 #include "trainrun/core/runtime.hpp"
 #include "trainrun/deferred_weights.hpp"
+#include "trainrun/batch_generation.hpp"
 #include "trainrun/generation.hpp"
 #include "trainrun/objective.hpp"
 #include "trainrun/hf/safetensors.hpp"
@@ -220,38 +224,14 @@ std::vector<std::string> read_prompts_file(const std::string& path) {
   std::vector<std::string> out;
   std::string line;
   for (int n = 1; std::getline(f, line); ++n) {
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     json j;
-    try {
-      j = json::parse(line);
-    } catch (const json::exception& e) {
-      throw ConfigError(path + ":" + std::to_string(n) + ": not valid JSON: " + e.what());
-    }
+    if (!parse_jsonl_line(line, path, n, j)) continue;
     const char* key = j.is_object() && j.contains("prompt") ? "prompt" : "text";
     if (!j.is_object() || !j.contains(key) || !j[key].is_string())
       throw ConfigError(path + ":" + std::to_string(n) + ": expected an object with a string \"prompt\" (or \"text\")");
     out.push_back(j[key].get<std::string>());
   }
   return out;
-}
-
-struct Sampling {
-  double temperature = 0.0, top_p = 1.0;
-  at::Generator gen;
-};
-
-// The next token from logits [vocab] (float32): arg-max, or a draw from the temperature-scaled
-// softmax restricted to the smallest set of most likely tokens whose probability reaches top_p.
-int64_t next_token(const at::Tensor& logits, Sampling& s) {
-  if (s.temperature <= 0) return logits.argmax().item<int64_t>();
-  at::Tensor probs = at::softmax(logits.to(at::kDouble) / s.temperature, -1);
-  if (s.top_p < 1.0) {
-    auto [sorted, order] = probs.sort(-1, /*descending=*/true);
-    // Keep a token while the mass before it is below top_p (the first one always).
-    const at::Tensor keep = (sorted.cumsum(-1) - sorted) < s.top_p;
-    probs = at::zeros_like(probs).scatter_(-1, order, sorted * keep);
-  }
-  return at::multinomial(probs, 1, false, s.gen).item<int64_t>();
 }
 
 // The OpenBLAS kernel as a training job's [launch] blas_coretype = "auto" picks it
@@ -277,10 +257,12 @@ void select_blas_kernel(const std::string& option, char** argv) {
 struct GenerateArgs {
   std::string model_dir, adapter, prompts_file, model_plugin = "llama", blas_coretype = "auto";
   std::vector<std::string> prompts, plugin_paths;
-  int64_t max_new = 0, threads = 0;
+  std::vector<std::string> stop;
+  int64_t max_new = 0, min_new = 0, threads = 0, top_k = 0, num_generations = 1, batch_size = 8;
   double temperature = 0.0, top_p = 1.0;
   uint64_t seed = 0;
   bool chat = false, jsonl = false;
+  text::TemplateLimits template_limits;
 };
 
 // A prompt's ids: as text with the tokenizer's special tokens, or (--chat) as a user message
@@ -298,47 +280,13 @@ std::vector<int32_t> encode_prompt(const std::string& prompt, const text::Tokeni
                     /*add_special_tokens=*/false);
 }
 
-// One prompt's continuation: its ids, why it stopped ("eos", "length") and the time of the
-// prefill (up to the first new token) and of the decode steps after it.
-struct Continuation {
-  std::vector<int64_t> ids;
-  std::string finish = "length";
-  double prefill_s = 0, decode_s = 0;
-};
-
-Continuation continue_prompt(v1::IncrementalDecoder& decoder,
-                             const std::vector<int64_t>& prompt_ids, int64_t max_new,
-                             const std::set<int64_t>& eos, Sampling& sampling,
-                             const std::string& label) {
-  const int64_t P = static_cast<int64_t>(prompt_ids.size());
-  Continuation c;
-  auto t0 = std::chrono::steady_clock::now();
-  // Not core::guarded: its PluginError means bad input (exit 2); a failure while decoding is
-  // exit 1, still naming the plugin.
-  try {
-    std::unique_ptr<v1::DecodeState> state = decoder.new_decode_state(1, P + max_new);
-    at::Tensor logits = decoder.decode(at::tensor(prompt_ids, at::kLong).view({1, P}), *state);
-    for (;;) {
-      const int64_t next = next_token(logits[0][-1], sampling);
-      if (c.ids.empty()) {
-        c.prefill_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        t0 = std::chrono::steady_clock::now();
-      }
-      c.ids.push_back(next);
-      if (eos.count(next)) {
-        c.finish = "eos";
-        break;
-      }
-      if (static_cast<int64_t>(c.ids.size()) >= max_new) break;
-      logits = decoder.decode(at::tensor({next}, at::kLong).view({1, 1}), *state);
-    }
-  } catch (const c10::Error& e) {
-    throw std::runtime_error(label + ": decode failed: " + e.what_without_backtrace());
-  } catch (const std::exception& e) {
-    throw std::runtime_error(label + ": decode failed: " + e.what());
-  }
-  c.decode_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  return c;
+// Models often pad their vocabulary past the tokenizer's (Qwen: 151936 vs 151669): such an id
+// has no text.
+std::string completion_text(const text::Tokenizer& tok, const std::vector<int64_t>& ids) {
+  std::vector<int32_t> out32;
+  for (int64_t id : ids)
+    if (id < tok.vocab_size()) out32.push_back(static_cast<int32_t>(id));
+  return tok.decode(out32, /*skip_special_tokens=*/true);
 }
 
 int generate(GenerateArgs& a, char** argv) {
@@ -351,7 +299,7 @@ int generate(GenerateArgs& a, char** argv) {
 
   const text::Tokenizer tok = text::Tokenizer::from_directory(a.model_dir);
   std::optional<text::ChatTemplate> tmpl;
-  if (a.chat) tmpl = text::load_chat_template(a.model_dir);
+  if (a.chat) tmpl = text::load_chat_template(a.model_dir, "", a.template_limits);
   const std::set<int64_t> eos = eos_ids(a.model_dir, tok);
 
   const auto t_load = std::chrono::steady_clock::now();
@@ -372,59 +320,75 @@ int generate(GenerateArgs& a, char** argv) {
   std::cerr << "generate: " << describe_loaded(loaded, merged, a.adapter) << "; loaded in "
             << std::fixed << std::setprecision(2) << load_s << " s" << std::endl;
 
-  Sampling sampling{a.temperature, a.top_p, at::detail::createCPUGenerator(a.seed)};
-  const std::vector<std::string>& prompts = a.prompts;
-  int64_t total_prompt = 0, total_new = 0;
-  double total_prefill_s = 0, total_decode_s = 0;
-  int64_t total_decode_tokens = 0;
-  for (size_t n = 0; n < prompts.size(); ++n) {
-    const std::vector<int32_t> ids32 = encode_prompt(prompts[n], tok, tmpl);
+  v1::GenerationRequest req;
+  for (size_t n = 0; n < a.prompts.size(); ++n) {
+    const std::vector<int32_t> ids32 = encode_prompt(a.prompts[n], tok, tmpl);
     if (ids32.empty())
       throw ConfigError("prompt " + std::to_string(n + 1) + " encodes to no tokens");
-    const std::vector<int64_t> prompt_ids(ids32.begin(), ids32.end());
-    const int64_t P = static_cast<int64_t>(prompt_ids.size());
-    const Continuation c = continue_prompt(*decoder, prompt_ids, a.max_new, eos, sampling, label);
-    const std::vector<int64_t>& out = c.ids;
-    const int64_t decode_tokens =
-        static_cast<int64_t>(out.size()) - 1;  // the first came from the prefill
-    total_prompt += P;
-    total_new += static_cast<int64_t>(out.size());
-    total_prefill_s += c.prefill_s;
-    total_decode_s += c.decode_s;
-    total_decode_tokens += decode_tokens;
-    // Models often pad their vocabulary past the tokenizer's (Qwen: 151936 vs 151669): such
-    // an id has no text.
-    std::vector<int32_t> out32;
-    for (int64_t id : out)
-      if (id < tok.vocab_size()) out32.push_back(static_cast<int32_t>(id));
-    const std::string text = tok.decode(out32, /*skip_special_tokens=*/true);
-    const double prefill_tps = P / c.prefill_s,
-                 decode_tps = decode_tokens > 0 ? decode_tokens / c.decode_s : 0.0;
+    req.prompts.emplace_back(ids32.begin(), ids32.end());
+  }
+  req.num_generations = a.num_generations;
+  req.max_completion_length = a.max_new;
+  req.min_new_tokens = a.min_new;
+  req.temperature = a.temperature;
+  req.top_k = a.top_k;
+  req.top_p = a.top_p;
+  req.eos_token_ids.assign(eos.begin(), eos.end());
+  // transformers falls back to the first EOS id when there is no pad token; the filler's value
+  // never reaches a real token (masked), it only has to be a valid id.
+  req.pad_token_id = tok.pad_token_id() ? *tok.pad_token_id() : (eos.empty() ? 0 : *eos.begin());
+  req.seed = a.seed;
+  req.batch_size = a.batch_size;
+  // A stop string may span tokens: the completion's text so far is searched (as transformers'
+  // stop_strings, the completion keeps the token that completed it).
+  if (!a.stop.empty())
+    req.stop = [&](int64_t, const std::vector<int64_t>& ids) {
+      const std::string t = completion_text(tok, ids);
+      return std::any_of(a.stop.begin(), a.stop.end(),
+                         [&](const std::string& s) { return t.find(s) != std::string::npos; });
+    };
+  v1::GenerationResult res;
+  // Not core::guarded: its PluginError means bad input (exit 2); a failure while decoding is
+  // exit 1, still naming the plugin.
+  try {
+    res = v1::generate_batch(*decoder, req);
+  } catch (const c10::Error& e) {
+    throw std::runtime_error(label + ": decode failed: " + e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    throw std::runtime_error(label + ": decode failed: " + e.what());
+  }
+  const bool several = res.completions.size() > 1;
+  int64_t total_new = 0;
+  for (size_t c = 0; c < res.completions.size(); ++c) {
+    const v1::Completion& comp = res.completions[c];
+    const int64_t g = static_cast<int64_t>(c) % a.num_generations;
+    const std::string text = completion_text(tok, comp.ids);
+    total_new += static_cast<int64_t>(comp.ids.size());
     if (a.jsonl) {
-      json j = {{"prompt", prompts[n]},
-                {"prompt_ids", prompt_ids},
-                {"ids", out},
+      json j = {{"prompt", a.prompts[comp.prompt]},
+                {"prompt_index", comp.prompt},
+                {"generation", g},
+                {"prompt_ids", req.prompts[comp.prompt]},
+                {"ids", comp.ids},
                 {"text", text},
-                {"finish_reason", c.finish},
-                {"prefill_tokens_per_s", prefill_tps},
-                {"decode_tokens_per_s", decode_tps}};
+                {"finish_reason", comp.finish}};
       std::cout << j.dump(-1, ' ', false, json::error_handler_t::replace) << std::endl;
     } else {
-      std::cout << (prompts.size() > 1 ? "### prompt " + std::to_string(n + 1) + "\n"
-                                       : std::string())
+      std::cout << (several ? "### prompt " + std::to_string(comp.prompt + 1) +
+                                  (a.num_generations > 1 ? ", completion " + std::to_string(g + 1)
+                                                         : std::string()) +
+                                  "\n"
+                            : std::string())
                 << text << std::endl;
     }
-    std::cerr << "generate: prompt " << n + 1 << ": " << P << " prompt tokens, " << out.size()
-              << " new (" << (c.finish == "eos" ? "stopped at EOS" : "max-new-tokens")
-              << "); prefill " << std::setprecision(1) << prefill_tps << " tokens/s, decode "
-              << decode_tps << " tokens/s" << std::endl;
   }
-  if (prompts.size() > 1)
-    std::cerr << "generate: " << prompts.size() << " prompts: " << total_prompt
-              << " prompt tokens at " << std::setprecision(1) << total_prompt / total_prefill_s
-              << " tokens/s (prefill), " << total_new << " new tokens, decode "
-              << (total_decode_s > 0 ? total_decode_tokens / total_decode_s : 0.0) << " tokens/s"
-              << std::endl;
+  // One line a script can parse: the prefill covers each batch up to its first new tokens.
+  std::cerr << "generate: " << res.completions.size() << " completions in batches of "
+            << (a.batch_size > 0 ? a.batch_size : static_cast<int64_t>(res.completions.size()))
+            << ": " << res.prefill_tokens << " prompt tokens, prefill " << std::setprecision(3)
+            << res.prefill_s << " s; " << total_new << " new tokens, decode " << res.decode_s
+            << " s; " << std::setprecision(1) << total_new / (res.prefill_s + res.decode_s)
+            << " new tokens/s end to end" << std::endl;
   return 0;
 }
 
@@ -443,26 +407,38 @@ int run_generate_command(int argc, char** argv) {
       "prompt", po::value(&a.prompts)->composing(), "prompt text (repeatable)")(
       "prompts-file", po::value(&a.prompts_file), "JSONL file, one {\"prompt\": TEXT} per line")(
       "max-new-tokens", po::value(&a.max_new), "tokens to generate at most per prompt")(
+      "min-new-tokens", po::value(&a.min_new),
+      "EOS ids cannot be chosen before this many new tokens (default 0)")(
       "temperature", po::value(&a.temperature),
       "0 (default): greedy; > 0: sample from softmax(logits / T)")(
       "top-p", po::value(&a.top_p),
       "sampling: keep the most likely tokens up to this probability mass (default 1)")(
+      "top-k", po::value(&a.top_k), "sampling: keep the k most likely tokens (default 0: all)")(
+      "num-generations", po::value(&a.num_generations),
+      "completions per prompt (default 1; each sampled with its own seed)")(
+      "batch-size", po::value(&a.batch_size),
+      "completions decoded together, left-padded in one KV cache (default 8; 0: all)")(
+      "stop", po::value(&a.stop)->composing(),
+      "stop a completion once its text contains this string (repeatable)")(
       "seed", po::value(&a.seed), "sampling: random seed (default 0)")(
       "threads", po::value(&a.threads), "LibTorch intra-op threads (default: LibTorch's choice)")(
       "blas-coretype", po::value(&a.blas_coretype),
       "OpenBLAS kernel: auto (default: as a job's [launch] "
       "blas_coretype), off, or a kernel name")(
-      "jsonl", "print one JSON object per prompt (ids, text, timings) instead of plain text")(
+      "jsonl", "print one JSON object per completion (ids, text, finish_reason) instead of text")(
       "model-plugin", po::value(&a.model_plugin),
       "model component to load the directory with (default llama)")(
       "plugin-path", po::value(&a.plugin_paths)->composing(),
       "plugin directory or file, searched first (repeatable)");
+  add_template_limit_options(opts, a.template_limits);
   po::variables_map vm;
   if (const auto done = parse_command_line(argc, argv, "generate",
                                            "usage: trainrun generate --model DIR [--adapter DIR] "
                                            "[--chat] --prompt TEXT [--prompt TEXT]...\n"
                                            "                         --max-new-tokens N "
-                                           "[--temperature T --top-p P --seed S] [--jsonl]\n"
+                                           "[--temperature T --top-p P --top-k K --seed S]\n"
+                                           "                         [--num-generations N] "
+                                           "[--batch-size B] [--stop TEXT]... [--jsonl]\n"
                                            "       trainrun generate --model DIR --prompts-file "
                                            "prompts.jsonl --max-new-tokens N ...",
                                            opts, vm))
@@ -471,6 +447,9 @@ int run_generate_command(int argc, char** argv) {
   if (a.max_new <= 0) return command_error("generate", "--max-new-tokens N (N > 0) is required");
   if (a.temperature < 0) return command_error("generate", "--temperature must be >= 0");
   if (!(a.top_p > 0 && a.top_p <= 1)) return command_error("generate", "--top-p must be in (0, 1]");
+  if (a.top_k < 0) return command_error("generate", "--top-k must be >= 0");
+  if (a.num_generations <= 0) return command_error("generate", "--num-generations must be > 0");
+  if (a.batch_size < 0) return command_error("generate", "--batch-size must be >= 0");
   a.chat = vm.count("chat") > 0;
   a.jsonl = vm.count("jsonl") > 0;
   return run_model_command("generate", [&] { return generate(a, argv); });

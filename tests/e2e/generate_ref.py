@@ -16,16 +16,29 @@ Modes:
                 greedy; (5) llama3 only: a random PEFT LoRA adapter (--adapter) equals
                 PeftModel.generate, and bad input (no config.json, a bad prompts-file line, an
                 adapter of the wrong shape, --top-p 0) exits 2 naming the fault.
+  batch VARIANT Batched generation (issue 44) on the tiny model: (a) greedy --batch-size 16 over 16
+                prompts of different lengths equals transformers' left-padded batched
+                generate(do_sample=False) token for token (cut at EOS); (b) it also equals
+                --batch-size 1, and seeded sampling (--num-generations 2, top-k, top-p) gives the
+                same completions at --batch-size 1 and 16; (c) the first sampled token of 6000
+                completions of one prompt, at (T 0.7, top-k 50, top-p 0.9) and (T 1.3, no filter),
+                matches softmax(logits / T) after transformers' TopK/TopP warpers: no draw outside
+                the kept set, and Pearson's chi-square over the kept tokens (expected counts < 5
+                pooled) has p > 0.001; (d) --stop ends a completion at the token whose text
+                completes the string (finish "stop"); (e) llama_logits --padded (rows of 4 lengths,
+                left-padded, through PaddedDecoder) equals the full forward within 1e-5 relative,
+                with and without a random PEFT LoRA adapter as unmerged LoRA modules.
   smollm2       SmolLM2-135M-Instruct (scripts/gguf_to_hf.py, cached): 8 prompts x 32 new tokens
                 equal transformers' greedy ids (plus 2 --chat prompts); KV-cache logits vs full
                 forward on one prompt; tokens/s of both (1 thread each) printed.
 
 "Relative" is max|x - ref| / max|ref|.
 
-usage: generate_ref.py TRAINRUN LLAMA_LOGITS WORK MODE [VARIANT | CACHE_DIR SCRIPTS_DIR]
+usage: generate_ref.py TRAINRUN LLAMA_LOGITS WORK MODE [VARIANT | CACHE_DIR SCRIPTS_DIR [smollm2 only: batch]]
 """
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -137,7 +150,7 @@ def reference(model, tok, prompts, chat, max_new):
     return out, seconds
 
 
-def trainrun_generate(model_dir, prompts, max_new, extra=()):
+def trainrun_generate(model_dir, prompts, max_new, extra=(), expect=None, quiet=False):
     pf = os.path.join(WORK, "prompts.jsonl")
     with open(pf, "w", encoding="utf-8") as f:
         for p in prompts:
@@ -145,13 +158,17 @@ def trainrun_generate(model_dir, prompts, max_new, extra=()):
     cmd = [TRAINRUN, "generate", "--model", model_dir, "--prompts-file", pf, "--max-new-tokens", str(max_new),
            "--jsonl", "--threads", "1", *extra]
     r = subprocess.run(cmd, capture_output=True, text=True)
-    sys.stdout.write(r.stderr)
+    if not quiet or r.returncode != 0:
+        sys.stdout.write(r.stderr)
     if r.returncode != 0:
         print(r.stdout)
         fail(f"trainrun generate exited {r.returncode}: {' '.join(cmd)}")
+    global LAST_TIMES
+    m = re.search(r"prefill ([0-9.e+-]+) s; \d+ new tokens, decode ([0-9.e+-]+) s", r.stderr)
+    LAST_TIMES = (float(m.group(1)), float(m.group(2))) if m else None
     rows = [json.loads(line) for line in r.stdout.splitlines() if line.strip()]
-    if len(rows) != len(prompts):
-        fail(f"trainrun generate printed {len(rows)} results for {len(prompts)} prompts")
+    if len(rows) != (rows_expected := len(prompts) if expect is None else expect):
+        fail(f"trainrun generate printed {len(rows)} results, expected {rows_expected}")
     return rows
 
 
@@ -166,24 +183,32 @@ def compare(what, ours, ref, eos=None):
     print(f"{what}: {len(ref)} prompts, {sum(len(n) for _, n in ref)} new tokens equal transformers' greedy ids")
 
 
-def kv_logits(model_dir, ids):
+def kv_logits(model_dir, ids, mode="--kv-cache", adapter=None):
+    """llama_logits' KV-cache logits (`mode`: --kv-cache, or --padded: row b cut to T - 2b tokens and
+    left-padded) against its full forward, optionally with a PEFT adapter as unmerged LoRA modules."""
     from safetensors.torch import load_file, save_file
 
     ids_path = os.path.join(WORK, "kv-ids.safetensors")
     save_file({"input_ids": ids}, ids_path)
     outs = []
-    for extra in ([], ["--kv-cache"]):
+    for extra in ([], [mode]):
         out = os.path.join(WORK, f"kv-logits{len(outs)}.safetensors")
-        r = subprocess.run([LOGITS_EXE, model_dir, ids_path, out, *extra], capture_output=True, text=True)
+        r = subprocess.run([LOGITS_EXE, model_dir, ids_path, out, *([adapter] if adapter else []), *extra],
+                           capture_output=True, text=True)
         if r.returncode != 0:
             print(r.stdout + r.stderr)
             fail(f"llama_logits {' '.join(extra)} exited {r.returncode}")
         outs.append(load_file(out)["logits"])
+    if mode == "--padded":
+        for b in range(ids.size(0)):
+            outs[0][b, ids.size(1) - 2 * b:] = 0
     d = rel(outs[1], outs[0])
-    print(f"KV-cache logits vs full forward, ids {list(ids.shape)}: max relative difference {d:.2e} "
+    print(f"KV-cache logits ({mode}{', LoRA' if adapter else ''}) vs full forward, ids {list(ids.shape)}: "
+          f"max relative difference {d:.2e} "
           f"(max abs {(outs[1] - outs[0]).abs().max().item():.2e})")
     if d > 1e-5:
         fail(f"KV-cache logits differ from the full forward by {d:.2e} (tolerance 1e-5)")
+    return outs[0]
 
 
 def tiny(variant):
@@ -233,6 +258,115 @@ def tiny(variant):
         compare(f"{variant} --adapter (PEFT LoRA r 4)", ours, ref_adapter, eos={2, stop})
 
 
+BATCH_TEXT = ("Batched generation pads the shorter prompts on the left, so that every row's last prompt "
+              "token sits in the same slot, and masks the padding out of attention.")
+BATCH_PROMPTS = [BATCH_TEXT[i: i + 3 + 7 * i] for i in range(16)]  # 16 different lengths
+
+
+def hf_batched(model, tok, prompts, max_new, eos):
+    """transformers' greedy generate over one left-padded batch; each row cut after its first EOS."""
+    tok.padding_side = "left"
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    enc = tok(prompts, return_tensors="pt", padding=True)
+    with torch.no_grad():
+        g = model.generate(**enc, do_sample=False, max_new_tokens=max_new, pad_token_id=tok.pad_token_id)
+    out = []
+    for row in g[:, enc["input_ids"].size(1):].tolist():
+        cut = next((i + 1 for i, t in enumerate(row) if t in eos), len(row))
+        out.append(row[:cut])
+    return out
+
+
+def chi_square_p(counts, probs, n):
+    """Pearson's chi-square p-value of `counts` (n draws) against `probs`; bins with expected < 5 pooled."""
+    expected = probs * n
+    big = expected >= 5
+    obs = torch.cat([counts[big], counts[~big].sum().view(1)])
+    exp = torch.cat([expected[big], expected[~big].sum().view(1)])
+    if exp[-1] < 5:  # too little mass to pool: fold it into the last big bin
+        obs, exp = torch.cat([obs[:-2], (obs[-2] + obs[-1]).view(1)]), torch.cat([exp[:-2], (exp[-2] + exp[-1]).view(1)])
+    stat = ((obs - exp) ** 2 / exp).sum()
+    dof = obs.numel() - 1
+    return torch.special.gammaincc(torch.tensor(dof / 2.0, dtype=torch.float64), stat / 2).item(), stat.item(), dof
+
+
+def batch(variant):
+    from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+    model_dir = os.path.join(WORK, "model")
+    model, tok = make_tiny(variant, model_dir)
+    model = hf_model(model_dir)
+    max_new, eos = 24, {2}
+    if len({len(prompt_ids(tok, p, False)) for p in BATCH_PROMPTS}) < 12:
+        fail("the batch prompts do not have enough different lengths")
+    ref = hf_batched(model, tok, BATCH_PROMPTS, max_new, eos)
+    ours = trainrun_generate(model_dir, BATCH_PROMPTS, max_new, ["--batch-size", "16"])
+    compare(f"(a) {variant} greedy, one left-padded batch of 16", ours,
+            [(prompt_ids(tok, p, False), r) for p, r in zip(BATCH_PROMPTS, ref)], eos=eos)
+    single = trainrun_generate(model_dir, BATCH_PROMPTS, max_new, ["--batch-size", "1"])
+    if [r["ids"] for r in single] != [r["ids"] for r in ours]:
+        fail("(b) greedy --batch-size 1 differs from --batch-size 16")
+    sampled = ["--temperature", "0.9", "--top-k", "30", "--top-p", "0.95", "--num-generations", "2", "--seed", "11"]
+    s16 = trainrun_generate(model_dir, BATCH_PROMPTS, 12, ["--batch-size", "16", *sampled], expect=32)
+    s1 = trainrun_generate(model_dir, BATCH_PROMPTS, 12, ["--batch-size", "1", *sampled], expect=32)
+    if [r["ids"] for r in s16] != [r["ids"] for r in s1]:
+        fail("(b) seeded sampling differs between --batch-size 1 and 16")
+    if all(s16[2 * i]["ids"] == s16[2 * i + 1]["ids"] for i in range(16)):
+        fail("(b) the two sampled completions of every prompt are equal: sampling is not sampling")
+    print("(b) greedy and seeded sampling: --batch-size 1 equals --batch-size 16")
+
+    prompt, n = BATCH_PROMPTS[9], 6000
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt_ids(tok, prompt, False)])).logits[:, -1].double()
+    for temp, top_k, top_p in ((0.7, 50, 0.9), (1.3, 0, 1.0)):
+        scores = TemperatureLogitsWarper(temp)(None, logits)
+        if top_k:
+            scores = TopKLogitsWarper(top_k)(None, scores)
+        if top_p < 1:
+            scores = TopPLogitsWarper(top_p)(None, scores)
+        probs = scores.softmax(-1)[0]
+        rows = trainrun_generate(model_dir, [prompt], 1, ["--temperature", str(temp), "--top-k", str(top_k), "--top-p",
+                                                          str(top_p), "--num-generations", str(n), "--batch-size",
+                                                          "2000", "--seed", "3"], expect=n, quiet=True)
+        counts = torch.bincount(torch.tensor([r["ids"][0] for r in rows]), minlength=probs.numel()).double()
+        outside = int(counts[probs == 0].sum())
+        if outside:
+            fail(f"(c) T {temp} top-k {top_k} top-p {top_p}: {outside} draws outside the kept tokens")
+        kept = probs > 0
+        p, stat, dof = chi_square_p(counts[kept], probs[kept], n)
+        print(f"(c) T {temp} top-k {top_k} top-p {top_p}: {int(kept.sum())} kept tokens, {n} draws, "
+              f"chi-square {stat:.1f} on {dof} dof, p = {p:.3f}")
+        if not p > 1e-3:
+            fail(f"(c) sampled frequencies do not match the filtered softmax (p = {p:.2e} <= 0.001)")
+
+    # (e) Left-padded KV-cache logits equal the full forward's, also with LoRA adapters active as the
+    # lora callback's own (unmerged) modules, which generation then runs through.
+    ids = torch.randint(0, len(tok), (4, 20), generator=torch.Generator().manual_seed(5))
+    base = kv_logits(model_dir, ids, "--padded")
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(2)
+    adapter = os.path.join(WORK, "adapter")
+    get_peft_model(hf_model(model_dir), LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"],
+                                                   init_lora_weights=False)).save_pretrained(adapter)
+    if rel(kv_logits(model_dir, ids, "--padded", adapter), base) < 1e-3:
+        fail("(e) the adapter does not change the logits: the check would prove nothing")
+
+    # (d) A stop string: the text of new tokens 4-5 of prompt 0's greedy completion.
+    row = ours[0]["ids"]
+    if len(row) < 6:
+        fail("(d) the greedy completion is too short to take a stop string from")
+    target = tok.decode(row[3:5], skip_special_tokens=True)
+    stopped = trainrun_generate(model_dir, BATCH_PROMPTS[:1], max_new, ["--stop", target])[0]
+    ids = stopped["ids"]
+    if (stopped["finish_reason"] != "stop" or ids != row[: len(ids)] or
+            target not in tok.decode(ids, skip_special_tokens=True) or
+            target in tok.decode(ids[:-1], skip_special_tokens=True)):
+        fail(f"(d) --stop {target!r}: got {ids} ({stopped['finish_reason']}) from {row}")
+    print(f"(d) --stop {target!r} ended the completion after {len(ids)} tokens")
+
+
 def bad_cases(model_dir):
     """Bad input: exit 2 with a message naming the fault."""
     bad_prompts = os.path.join(WORK, "bad.jsonl")
@@ -271,16 +405,24 @@ def smollm2(cache, scripts):
     t0 = time.perf_counter()
     ours = trainrun_generate(model_dir, SMOL_PROMPTS, max_new)
     wall = time.perf_counter() - t0
+    ours_s = sum(LAST_TIMES)  # trainrun's own prefill + decode time, without model loading
     compare("SmolLM2-135M-Instruct greedy, fp32", ours, ref)
     chat_prompts = ["What is 2 + 2?", "Name a fruit that is yellow."]
     compare("SmolLM2-135M-Instruct greedy --chat", trainrun_generate(model_dir, chat_prompts, max_new, ["--chat"]),
             reference(model, tok, chat_prompts, True, max_new)[0])
     new = sum(len(r["ids"]) for r in ours)
-    # trainrun's time from its own per-prompt rates (prefill + decode), without model loading.
-    ours_s = sum(len(r["prompt_ids"]) / r["prefill_tokens_per_s"] +
-                 ((len(r["ids"]) - 1) / r["decode_tokens_per_s"] if r["decode_tokens_per_s"] else 0) for r in ours)
-    print(f"tokens/s (1 thread, {new} new tokens over 8 prompts, prefill included): trainrun {new / ours_s:.1f}, "
-          f"transformers generate {new / hf_s:.1f} (ratio {hf_s / ours_s:.2f}x); trainrun process wall "
+    # Issue 44 done-when 2: 16 prompts of different lengths in one left-padded batch.
+    prompts16 = SMOL_PROMPTS + [p.split(",")[0][:12] + " and" for p in SMOL_PROMPTS]
+    with open(os.path.join(model_dir, "generation_config.json")) as f:
+        eos = json.load(f).get("eos_token_id")
+    eos = set(eos if isinstance(eos, list) else [eos]) | {tok.eos_token_id}
+    ref16 = hf_batched(model, tok, prompts16, max_new, eos)
+    compare("SmolLM2-135M-Instruct greedy, one left-padded batch of 16", trainrun_generate(
+        model_dir, prompts16, max_new, ["--batch-size", "16"]), [(prompt_ids(tok, p, False), r)
+                                                                  for p, r in zip(prompts16, ref16)], eos=eos)
+    print(f"tokens/s (1 thread, {new} new tokens over 8 prompts, prefill included): trainrun (one batch) "
+          f"{new / ours_s:.1f}, transformers generate (one prompt at a time) {new / hf_s:.1f} (ratio "
+          f"{hf_s / ours_s:.2f}x; bench/generate.py compares batch with batch); trainrun process wall "
           f"{wall:.1f} s incl. loading")
 
 
@@ -289,6 +431,8 @@ def main():
     os.makedirs(WORK)
     if MODE == "tiny":
         tiny(sys.argv[5])
+    elif MODE == "batch":
+        batch(sys.argv[5])
     elif MODE == "smollm2":
         smollm2(sys.argv[5], sys.argv[6])
     else:

@@ -9,6 +9,8 @@
 // of the lora plugin loaded with those weights. --bf16 casts the model to bfloat16 first (the
 // `bf16-true` precision's compute). --kv-cache computes them through the KV-cache decoder instead
 // (v1::IncrementalDecoder): the first half of the tokens as one prefill, then one token per call.
+// --padded does the same through v1::PaddedDecoder with row b cut to its first T - 2b tokens and
+// left-padded back to T (pad id 0, masked): logits[b, t] for t < T - 2b, zeros after.
 // Exit 2 on bad input, with the reason.
 #include <torch/types.h>
 #include <torch/utils.h>
@@ -58,14 +60,17 @@ void add_adapters(llama::LlamaModel& model, const std::string& dir) {
 
 int main(int argc, char** argv) {
   std::vector<std::string> args;
-  bool bf16 = false, kv_cache = false;
+  bool bf16 = false, kv_cache = false, padded = false;
   for (int i = 1; i < argc; ++i) {
     if (std::string(argv[i]) == "--bf16") bf16 = true;
     else if (std::string(argv[i]) == "--kv-cache") kv_cache = true;
+    else if (std::string(argv[i]) == "--padded")
+      padded = true;
     else args.push_back(argv[i]);
   }
   if (args.size() < 3 || args.size() > 4) {
-    std::cerr << "usage: llama_logits MODEL_DIR IDS.safetensors OUT.safetensors [ADAPTER_DIR] [--bf16] [--kv-cache]\n";
+    std::cerr << "usage: llama_logits MODEL_DIR IDS.safetensors OUT.safetensors [ADAPTER_DIR] "
+                 "[--bf16] [--kv-cache | --padded]\n";
     return 2;
   }
   try {
@@ -80,7 +85,25 @@ int main(int argc, char** argv) {
     if (!ids.defined()) throw v1::ConfigError(args[1] + ": no tensor 'input_ids'");
     torch::NoGradGuard no_grad;
     at::Tensor logits;
-    if (kv_cache) {
+    if (padded) {
+      const int64_t B = ids.size(0), T = ids.size(1), prefill = std::max<int64_t>(1, T / 2);
+      if (T - 2 * (B - 1) < 1) throw v1::ConfigError("--padded needs T > 2 (B - 1)");
+      at::Tensor in = at::zeros_like(ids), mask = at::zeros_like(ids);
+      for (int64_t b = 0; b < B; ++b) {
+        const int64_t n = T - 2 * b;
+        in[b].narrow(0, T - n, n).copy_(ids[b].narrow(0, 0, n));
+        mask[b].narrow(0, T - n, n).fill_(1);
+      }
+      auto state = model.new_decode_state(B, T);
+      std::vector<at::Tensor> parts = {
+          model.decode_padded(in.narrow(1, 0, prefill), mask.narrow(1, 0, prefill), *state)};
+      for (int64_t t = prefill; t < T; ++t)
+        parts.push_back(model.decode_padded(in.narrow(1, t, 1), mask.narrow(1, 0, t + 1), *state));
+      const at::Tensor all = at::cat(parts, 1);
+      logits = at::zeros_like(all);
+      for (int64_t b = 0; b < B; ++b)
+        logits[b].narrow(0, 0, T - 2 * b).copy_(all[b].narrow(0, 2 * b, T - 2 * b));
+    } else if (kv_cache) {
       const int64_t T = ids.size(1), prefill = std::max<int64_t>(1, T / 2);
       auto state = model.new_decode_state(ids.size(0), T);
       std::vector<at::Tensor> parts = {model.decode(ids.narrow(1, 0, prefill), *state)};

@@ -3,14 +3,18 @@
 // prompt, then one token per call, each layer's keys (after RoPE) and values appended to a
 // preallocated cache, as transformers' DynamicCache does in
 // LlamaAttention.forward. The arithmetic is the training forward's, operation by operation, so
-// the logits agree with the full forward's to rounding.
+// the logits agree with the full forward's to rounding. decode_padded() runs a left-padded batch
+// of rows of different lengths as transformers' generate(input_ids, attention_mask) does.
 #include <torch/types.h>
 #include <torch/utils.h>
 
+#include <cmath>
+#include <limits>
 #include <vector>
 
 #include "llama.hpp"
 #include "modules.hpp"
+#include "small_batch_linear.hpp"
 #include "trainrun/generation.hpp"
 
 namespace trainrun::llama {
@@ -31,27 +35,51 @@ class KvCache final : public v1::DecodeState {
   std::vector<torch::Tensor> keys, values;
 };
 
-// A projection of the new tokens. One token at a time (the decode steps) on a dense weight
-// goes through matrix-vector products: OpenBLAS 0.3.21's sgemm packs the whole weight on every
-// call even for a single row, which made each step about twice as slow as transformers'.
-// Anything else (a prompt, a quantized base, unmerged adapters) is the layer's own forward.
-torch::Tensor project(v1::LinearImpl& l, const torch::Tensor& x) {
-  if (x.numel() != x.size(-1) || l.base() || !l.adapters().empty() || !l.weight.defined() ||
-      l.weight.scalar_type() != x.scalar_type())
-    return l.forward(x);
-  torch::Tensor y = torch::mv(l.weight, x.reshape({-1}));
-  if (l.bias.defined()) y = y + l.bias;
+// x [..., K] times a dense weight [N, K] transposed, for the decode steps: one row through a
+// matrix-vector product, up to 2 x kSmallBatchRows rows (a small batch) through
+// small_batch_linear: OpenBLAS 0.3.21's sgemm packs the whole weight on every call, which made
+// each step about twice as slow as transformers' (1 row) and 1.8 times (8 rows). Undefined when
+// neither applies (a prompt, another dtype or device).
+torch::Tensor few_rows_linear(const torch::Tensor& x, const torch::Tensor& w) {
+  const int64_t rows = x.numel() / x.size(-1);
+  if (w.scalar_type() != x.scalar_type()) return {};
   std::vector<int64_t> shape = x.sizes().vec();
-  shape.back() = y.size(0);
-  return y.view(shape);
+  shape.back() = w.size(0);
+  if (rows == 1) return torch::mv(w, x.reshape({-1})).view(shape);
+  if (rows <= 2 * kSmallBatchRows && x.scalar_type() == torch::kFloat && x.device().is_cpu() &&
+      w.device().is_cpu() && small_batch_linear_available())
+    return small_batch_linear(x, w);
+  return {};
+}
+
+// A projection of the new tokens: few_rows_linear on a dense weight, else (a prompt, a quantized
+// base, unmerged adapters) the layer's own forward.
+torch::Tensor project(v1::LinearImpl& l, const torch::Tensor& x) {
+  if (l.base() || !l.adapters().empty() || !l.weight.defined()) return l.forward(x);
+  torch::Tensor y = few_rows_linear(x, l.weight);
+  if (!y.defined()) return l.forward(x);
+  return l.bias.defined() ? y + l.bias : y;
 }
 
 // Scaled dot-product attention: q [B, nh, Tq, hd] over k, v [B, nkv, Tk, hd] (grouped-query:
-// each key/value head serves nh / nkv consecutive query heads), `masked` bool [Tq, Tk] true
-// where a query must not see a key (undefined: sees all) -> [B, nh, Tq, hd]. Softmax in float32
-// on 1.13 as transformers' eager path; the SDK's attention() (SDPA on LibTorch >= 2.1).
+// each key/value head serves nh / nkv consecutive query heads), `masked` bool broadcastable to
+// [B, 1, Tq, Tk], true where a query must not see a key (undefined: sees all) -> [B, nh, Tq, hd].
+// A single query per row (a decode step) groups the query heads of each key/value head into one
+// product over the cache, as the SDK's attention_math computes it (scores in q's dtype, softmax in
+// float32) but without copying the keys and values once per query head (repeat_kv), which at 8
+// rows cost as much as the attention itself. Otherwise the SDK's attention().
 torch::Tensor decode_attention(const torch::Tensor& q, torch::Tensor k, torch::Tensor v,
                                const torch::Tensor& masked) {
+  const int64_t B = q.size(0), nh = q.size(1), nkv = k.size(1), hd = q.size(3);
+  if (q.size(2) == 1 && nh % nkv == 0) {
+    const torch::Tensor qg = q.reshape({B, nkv, nh / nkv, hd});
+    torch::Tensor att = torch::matmul(qg, k.transpose(-2, -1)) * (1.0 / std::sqrt(double(hd)));
+    if (masked.defined())
+      att = att.masked_fill(masked.view({masked.dim() == 4 ? B : 1, 1, 1, -1}),
+                            -std::numeric_limits<float>::infinity());
+    att = torch::softmax(att, -1, torch::kFloat).to(q.scalar_type());
+    return torch::matmul(att, v).view({B, nh, 1, hd});
+  }
   v1::AttentionOptions o;
   o.causal = false;  // `masked` holds the causal (and sliding-window) mask already
   if (masked.defined()) o.mask = masked.logical_not();
@@ -115,7 +143,10 @@ std::unique_ptr<v1::DecodeState> LlamaModel::new_decode_state(int64_t batch_size
   return cache;
 }
 
-at::Tensor LlamaModel::decode(const at::Tensor& ids, v1::DecodeState& state) {
+// The shared body of decode() and decode_padded(): `real` int64 [B, past + T] (1 = a real
+// token) or undefined (every slot real, the same positions for every row).
+at::Tensor LlamaModel::decode_rows(const at::Tensor& ids, const at::Tensor& real,
+                                   v1::DecodeState& state) {
   auto* cache = dynamic_cast<KvCache*>(&state);
   TR_CHECK(cache && cache->owner == this,
            "llama: decode() was given a cache this model did not make");
@@ -127,26 +158,42 @@ at::Tensor LlamaModel::decode(const at::Tensor& ids, v1::DecodeState& state) {
            cache->batch);
   TR_CHECK(T > 0 && past + T <= cache->capacity_, "llama: decode() of ", T, " tokens after ", past,
            " overflows the cache (", cache->capacity_, " tokens)");
+  TR_CHECK(!real.defined() || (real.dim() == 2 && real.size(0) == B && real.size(1) == past + T),
+           "llama: decode_padded() needs an attention mask [", B, ", ", past + T, "], got ",
+           real.sizes());
   torch::NoGradGuard no_grad;
   auto& net = net_of(net_);
   const c10::Device dev = net.model->embed_tokens->weight.device();
   const torch::Tensor input = ids.to(dev);
-  // cos/sin in float32 for positions past .. past + T - 1, as the full forward computes them.
-  const torch::Tensor pos =
-      torch::arange(past, past + T, torch::TensorOptions().dtype(torch::kFloat).device(dev));
-  const torch::Tensor freqs = torch::outer(pos, net.inv_freq.to(dev));
-  const torch::Tensor emb = torch::cat({freqs, freqs}, -1);
+  const auto lopts = torch::TensorOptions().dtype(torch::kLong).device(dev);
+  // Slots: query i sits at slot past + i; key j at slot j.
+  const torch::Tensor i = torch::arange(past, past + T, lopts).unsqueeze(1);
+  const torch::Tensor j = torch::arange(0, past + T, lopts).unsqueeze(0);
+  // cos/sin in float32, as the full forward computes them: [T, hd] at positions past .. past +
+  // T - 1, or [B, 1, T, hd] at each row's count of real tokens before the slot (transformers'
+  // position_ids = attention_mask.cumsum(-1) - 1 for a left-padded batch).
+  torch::Tensor pos;
+  torch::Tensor mask = real.defined() ? real.to(dev).to(torch::kLong) : torch::Tensor();
+  if (mask.defined())
+    pos = (mask.cumsum(1) - 1).clamp_min(0).narrow(1, past, T).to(torch::kFloat).unsqueeze(-1);
+  else
+    pos = torch::arange(past, past + T, torch::TensorOptions().dtype(torch::kFloat).device(dev))
+              .unsqueeze(-1);
+  const torch::Tensor freqs = pos * net.inv_freq.to(dev);
+  torch::Tensor emb = torch::cat({freqs, freqs}, -1);
+  if (mask.defined()) emb = emb.unsqueeze(1);
   const torch::Tensor cos = emb.cos(), sin = emb.sin();
-  // Query i (absolute position) must not see key j when j > i, or i - j >= sliding_window.
+  // Query i must not see key j when j > i, or i - j >= sliding_window (slot distance: a row's
+  // padding all comes first, so it equals the position distance between its real tokens), or
+  // when j is padding. A padding query sees itself, so that no softmax row is empty (NaN).
+  torch::Tensor m = j > i;
+  if (cfg_.sliding_window > 0) m = m | ((i - j) >= cfg_.sliding_window);
   torch::Tensor masked;
-  {
-    const auto lopts = torch::TensorOptions().dtype(torch::kLong).device(dev);
-    const torch::Tensor i = torch::arange(past, past + T, lopts).unsqueeze(1);
-    const torch::Tensor j = torch::arange(0, past + T, lopts).unsqueeze(0);
-    torch::Tensor m = j > i;
-    if (cfg_.sliding_window > 0) m = m | ((i - j) >= cfg_.sliding_window);
-    if (m.any().item<bool>()) masked = m;
-  }
+  if (mask.defined())
+    masked = (m.unsqueeze(0) | (mask.unsqueeze(1) == 0)) & (i != j).unsqueeze(0);
+  else if (m.any().item<bool>())
+    masked = m;
+  if (masked.defined() && masked.dim() == 3) masked = masked.unsqueeze(1);  // [B, 1, T, past+T]
   torch::Tensor x = net.model->embed_tokens->forward(input);
   for (size_t l = 0; l < net.model->layer_ptrs.size(); ++l)
     x = decode_layer(*net.model->layer_ptrs[l], cfg_, x, cos, sin, masked, cache->keys[l],
@@ -156,11 +203,19 @@ at::Tensor LlamaModel::decode(const at::Tensor& ids, v1::DecodeState& state) {
   torch::Tensor logits;
   if (!cfg_.tie_word_embeddings)
     logits = project(*net.lm_head, x);
-  else if (x.numel() == x.size(-1))
-    logits = torch::mv(net.model->embed_tokens->weight, x.reshape({-1})).view({B, T, -1});
-  else
+  else if (!(logits = few_rows_linear(x, net.model->embed_tokens->weight)).defined())
     logits = torch::linear(x, net.model->embed_tokens->weight);
   return logits.to(torch::kFloat);
+}
+
+at::Tensor LlamaModel::decode(const at::Tensor& ids, v1::DecodeState& state) {
+  return decode_rows(ids, at::Tensor(), state);
+}
+
+at::Tensor LlamaModel::decode_padded(const at::Tensor& ids, const at::Tensor& attention_mask,
+                                     v1::DecodeState& state) {
+  TR_CHECK(attention_mask.defined(), "llama: decode_padded() needs an attention mask");
+  return decode_rows(ids, attention_mask, state);
 }
 
 }  // namespace trainrun::llama

@@ -64,6 +64,7 @@ class LlamaModel final : public v1::ModuleModel,
                          public v1::FinalStateDictConsumer,
                          public v1::HfModelSource,
                          public v1::IncrementalDecoder,
+                         public v1::PaddedDecoder,
                          public v1::DeferredWeights,
                          public v1::ObjectiveModel,
                          public v1::SequenceClassifier {
@@ -102,6 +103,9 @@ class LlamaModel final : public v1::ModuleModel,
   /// transformers' DynamicCache holds them; the training forward above is not used.
   std::unique_ptr<v1::DecodeState> new_decode_state(int64_t batch_size, int64_t max_length) override;
   at::Tensor decode(const at::Tensor& ids, v1::DecodeState& state) override;
+  /// PaddedDecoder (ABI 1.10): left-padded rows of different lengths (decode.cpp).
+  at::Tensor decode_padded(const at::Tensor& ids, const at::Tensor& attention_mask,
+                           v1::DecodeState& state) override;
 
   /// ObjectiveModel (ABI 1.8): forward() then hands the log-probabilities of the batch's
   /// counted targets to `objective` (the head runs on those positions only, as for the loss).
@@ -124,6 +128,8 @@ class LlamaModel final : public v1::ModuleModel,
  private:
   void build(bool release);
   void load(const std::string& dir, bool defer);
+  /// decode() (real undefined) and decode_padded() (real: the attention mask) in one body.
+  at::Tensor decode_rows(const at::Tensor& ids, const at::Tensor& real, v1::DecodeState& state);
   /// The final norm's output [B, T, hidden] for the batch (logits() without the head).
   at::Tensor hidden_states(const v1::Batch& batch);
   /// hidden [..., hidden_size] -> logits [..., vocab_size] (lm_head, or the tied embedding).

@@ -4,6 +4,9 @@
 // whole sequence again (transformers' past_key_values / DynamicCache, computed the same way).
 // Found with dynamic_cast on the Model; header-only and independent of the ABI minor, so
 // plugins built against an earlier SDK are unaffected (they simply lack the capability).
+// PaddedDecoder (ABI 1.10) adds rows of different lengths in one batch (left padding with an
+// attention mask, as transformers' generate batches prompts); the sampling loop over it, shared
+// by `trainrun generate` and online RL rollouts, is v1::generate_batch (batch_generation.hpp).
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
@@ -38,6 +41,24 @@ class IncrementalDecoder {
   /// Appends the tokens' keys and values to `state`. Runs without autograd. Throws Error when B
   /// differs from the state's batch, the state would overflow, or `state` is not this model's.
   virtual at::Tensor decode(const at::Tensor& ids, DecodeState& state) = 0;
+};
+
+/// Incremental decoding of a batch whose rows have different lengths (ABI 1.10): each row is
+/// left-padded, and an attention mask says which cache slots hold real tokens, exactly as
+/// transformers' generate(input_ids, attention_mask) runs a left-padded batch. Positions (RoPE)
+/// count real tokens only: a row's first real token is position 0 whatever its padding.
+class PaddedDecoder {
+ public:
+  virtual ~PaddedDecoder() = default;
+  /// ids int64 [B, T] at cache slots state.length() .. state.length() + T - 1; attention_mask
+  /// int64 or bool [B, state.length() + T] (1 = a real token, 0 = padding) over every slot so
+  /// far, these included -> logits float32 [B, T, vocab_size]. A real token sees the real tokens
+  /// at or before its slot; a padding slot's logits are meaningless. A row's padding must come
+  /// before its real tokens (left padding). Appends the keys and values to `state` (made by
+  /// IncrementalDecoder::new_decode_state of the same model). Runs without autograd. Throws Error
+  /// on a shape mismatch, an overflow or a foreign state, as IncrementalDecoder::decode.
+  virtual at::Tensor decode_padded(const at::Tensor& ids, const at::Tensor& attention_mask,
+                                   DecodeState& state) = 0;
 };
 
 }  // namespace trainrun::v1
