@@ -24,6 +24,7 @@
 #include "score_cli.hpp"
 #include "merge_lora.hpp"
 #include "report.hpp"
+#include "reward_cli.hpp"
 #include "text_cli.hpp"
 #include "tokenize_cli.hpp"
 #include "trainrun/core/checkpoint.hpp"
@@ -32,6 +33,7 @@
 #include "trainrun/core/log.hpp"
 #include "trainrun/core/memory.hpp"
 #include "trainrun/core/registry.hpp"
+#include "trainrun/core/rewards.hpp"
 #include "trainrun/core/runtime.hpp"
 #include "trainrun/core/trainer.hpp"
 
@@ -201,6 +203,8 @@ int print_version() {
 
 // `trainrun check`: the resolved job, its components, runtime and memory estimate.
 int print_check(const std::string& config, const core::JobConfig& job, const Registry& reg) {
+  // Created, as a run would, so options only a constructor can judge (a regex) fail here.
+  if (!job.rewards.empty()) core::RewardSet(job, reg, core::offline_reward_context(job));
   std::cout << "# " << config << ": valid\n" << job.resolved_toml;
   std::cout << "# components\n";
   for (const auto* c :
@@ -213,6 +217,9 @@ int print_check(const std::string& config, const core::JobConfig& job, const Reg
   for (const auto& c : job.callbacks)
     std::cout << "#   " << std::left << std::setw(12) << "callback" << c.plugin << " ("
               << c.info->file << ")\n";
+  for (const auto& r : job.rewards)
+    std::cout << "#   " << std::left << std::setw(12) << "reward" << r.component.plugin << " '"
+              << r.name << "' x " << r.weight << " (" << r.component.info->file << ")\n";
   std::vector<std::string> accelerators;
   for (const auto* c : reg.all_components())
     if (c->kind == v1::ComponentKind::Accelerator) accelerators.push_back(c->name);
@@ -270,6 +277,10 @@ const std::vector<Command>& subcommands() {
        "score --model HF_DIR --input pairs.jsonl | --text TEXT [--jsonl] (a reward model's scores; "
        "see trainrun score --help)",
        run_score_command},
+      {"reward",
+       "reward --config job.toml --input rows.jsonl (the job's [[rewards]] on completions; see "
+       "trainrun reward --help)",
+       run_reward_command},
       {"chat-template", "chat-template --tokenizer DIR [--add-generation-prompt] [--template NAME]",
        run_chat_template_command},
       {"report", "report RUN_DIR [--compare OTHER_RUN_DIR]... [--output FILE]", run_report_command},

@@ -247,6 +247,15 @@ v1::OptionSchema plugins_schema() {
   return s;
 }
 
+v1::OptionSchema reward_entry_schema() {
+  v1::OptionSchema s;
+  s.real("weight", 1.0,
+         "factor of this reward in the weighted sum of the rewards (TRL's reward_weights); "
+         "negative values penalise");
+  s.string("name", "", "name in metrics (rewards/<name>/mean) and messages; default the plugin's");
+  return s;
+}
+
 std::string launcher_of(const JobConfig& job) {
   const std::string& l = job.launch.get_string("launcher");
   if (l != "auto") return l;
@@ -589,15 +598,17 @@ void check_blas_coretype(const std::string& k, const toml::table& root, const st
                     "; use \"auto\", \"off\" or one of: " + known_kernels());
 }
 void check_top_level(const toml::table& root, const std::string& file) {
-  std::vector<std::string> top = {"trainer", "launch", "plugins", "callbacks", "objective"};
+  std::vector<std::string> top = {"trainer",   "launch",    "plugins",
+                                  "callbacks", "objective", "rewards"};
   for (const auto& s : kSections) top.push_back(s.key);
   for (const auto& [key, node] : root) {
     const std::string k(key.str());
     if (std::find(top.begin(), top.end(), k) != top.end()) {
-      bool ok = k == "callbacks" ? node.is_array_of_tables() : node.is_table();
+      const bool array = k == "callbacks" || k == "rewards";
+      bool ok = array ? node.is_array_of_tables() : node.is_table();
       if (!ok)
         throw ConfigError(where(key.source(), file) + ": '" + k + "' must be " +
-                          (k == "callbacks" ? "an array of tables ([[callbacks]])" : "a table ([" + k + "])"));
+                          (array ? "an array of tables ([[" + k + "]])" : "a table ([" + k + "])"));
       continue;
     }
     std::string hint = closest(k, top);
@@ -619,7 +630,8 @@ void check_batch_layout(const JobConfig& job, const toml::table& root, const std
 
 ComponentConfig validate_component(const Registry& registry, const std::string& file,
                                    const toml::table& t, ComponentKind kind,
-                                   const std::string& section, const char* default_plugin) {
+                                   const std::string& section, const char* default_plugin,
+                                   const std::vector<std::string>& core_keys = {"plugin"}) {
   ComponentConfig c;
   c.kind = kind;
   c.section = section;
@@ -641,9 +653,32 @@ ComponentConfig validate_component(const Registry& registry, const std::string& 
   }
   std::string loc = pn ? where(pn->source(), file) : (t.source().begin.line ? where(t.source(), file) : file);
   c.info = &registry.require(kind, c.plugin, loc + ": " + section);
-  c.options = validate_table(t, c.info->schema, section, file, " (plugin '" + c.plugin + "')",
-                             {"plugin"});
+  c.options =
+      validate_table(t, c.info->schema, section, file, " (plugin '" + c.plugin + "')", core_keys);
   return c;
+}
+
+// [[rewards]][i]: the component, and the core's keys (reward_entry_schema) validated apart, so
+// an unknown key is reported against the plugin's schema and a bad weight against the core's.
+RewardConfig validate_reward(const Registry& registry, const std::string& file,
+                             const toml::table& t, size_t index) {
+  const std::string section = "[[rewards]][" + std::to_string(index) + "]";
+  const v1::OptionSchema core_schema = reward_entry_schema();
+  std::vector<std::string> core_keys = {"plugin"}, plugin_keys;
+  for (const auto& spec : core_schema.specs()) core_keys.push_back(spec.name);
+  for (const auto& [key, node] : t)
+    if (!core_schema.find(std::string(key.str()))) plugin_keys.emplace_back(key.str());
+  RewardConfig r;
+  r.component =
+      validate_component(registry, file, t, ComponentKind::Reward, section, nullptr, core_keys);
+  for (const auto& key : core_keys)
+    if (key != "plugin" && r.component.info->schema.find(key))
+      throw ConfigError(file + ": " + section + ": reward plugin '" + r.component.plugin +
+                        "' declares an option '" + key + "', which is the core's key here");
+  const v1::Options core = validate_table(t, core_schema, section, file, "", plugin_keys);
+  r.weight = core.get_double("weight");
+  r.name = core.get_string("name").empty() ? r.component.plugin : core.get_string("name");
+  return r;
 }
 
 // The job's component tables in kSections' order.
@@ -691,6 +726,17 @@ std::string resolved_job_toml(JobConfig& job) {
     for (const auto& c : job.callbacks)
       cbs.push_back(to_toml(c.options, c.plugin, c.info ? &c.info->schema : nullptr));
     out.insert("callbacks", std::move(cbs));
+  }
+  if (!job.rewards.empty()) {
+    toml::array rewards;
+    for (const auto& r : job.rewards) {
+      const ComponentConfig& c = r.component;
+      toml::table t = to_toml(c.options, c.plugin, c.info ? &c.info->schema : nullptr);
+      t.insert("weight", r.weight);
+      t.insert("name", r.name);
+      rewards.push_back(std::move(t));
+    }
+    out.insert("rewards", std::move(rewards));
   }
   std::ostringstream os;
   os << toml::toml_formatter(out) << "\n";
@@ -750,6 +796,19 @@ JobConfig JobFile::validate(const Registry& registry) const {
     if (!listed && registry.find(ComponentKind::Callback, name))
       job.callbacks.push_back(component(toml::table{}, ComponentKind::Callback,
                                         "[[callbacks]] " + name + " (default)", d.plugin));
+  }
+  if (const auto* arr = root.get_as<toml::array>("rewards")) {
+    size_t i = 0;
+    for (const auto& n : *arr) {
+      job.rewards.push_back(validate_reward(registry, file, *n.as_table(), i));
+      // Two rewards of one name would share their metrics.
+      for (size_t j = 0; j < i; ++j)
+        if (job.rewards[j].name == job.rewards[i].name)
+          throw ConfigError(where(n.source(), file) + ": [[rewards]][" + std::to_string(i) +
+                            "]: the name '" + job.rewards[i].name + "' is [[rewards]][" +
+                            std::to_string(j) + "]'s too; give one a `name = \"...\"`");
+      ++i;
+    }
   }
   check_launch_layout(job, root, file);
   job.resolved_toml = resolved_job_toml(job);

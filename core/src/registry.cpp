@@ -41,7 +41,8 @@ std::string abi_string(uint32_t major, uint32_t minor) {
   return std::to_string(major) + "." + std::to_string(minor);
 }
 
-bool valid_kind(uint32_t k) { return k >= 1 && k <= 8; }  // 8: Objective (ABI 1.8)
+// 8: Objective (ABI 1.8), 9: Reward (ABI 1.10).
+bool valid_kind(uint32_t k) { return k >= 1 && k <= 9; }
 
 }  // namespace
 

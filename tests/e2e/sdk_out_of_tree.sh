@@ -6,7 +6,9 @@
 # find_package(TrainrunSDK), then trains a short job with the INSTALLED trainrun, the example
 # found through TRAINRUN_PLUGIN_PATH, and checks what the callback printed and wrote. Then builds
 # tests/e2e/sdk_old_paths, a plugin that includes the SDK headers by their paths before issue 42
-# moved them into role folders, and checks that it loads and runs (the forwarding headers).
+# moved them into role folders, and checks that it loads and runs (the forwarding headers). Then
+# the example objective (sdk/examples/rpo) trains, and the example reward
+# (sdk/examples/keyword-reward) scores fixed rows through the installed `trainrun reward`.
 set -euo pipefail
 build=$(cd "$1" && pwd)
 src=$(cd "$2" && pwd)
@@ -25,7 +27,8 @@ step "install $build into $prefix"
 cmake --install "$build" --prefix "$prefix" >"$work/install.log" 2>&1 || {
   cat "$work/install.log"; fail "cmake --install failed"; }
 for f in bin/trainrun include/trainrun/trainrun.hpp include/trainrun/plugin.hpp \
-         include/trainrun/capabilities.hpp include/trainrun/strategy/sharding.hpp \
+         include/trainrun/capabilities.hpp include/trainrun/reward.hpp \
+         include/trainrun/strategy/sharding.hpp \
          include/trainrun/collectives/ring.hpp include/trainrun/collectives/ring_reduce_scatter.hpp \
          include/trainrun/model/linear.hpp include/trainrun/runtime/cpu_runtime.hpp \
          include/trainrun/sharding.hpp include/trainrun/ring.hpp \
@@ -232,6 +235,61 @@ echo "$out" | tail -8
 [ "$rc" -eq 0 ] || fail "training with the rpo objective exited with $rc"
 grep -q 'objective rpo (reference: precomputed)' <<<"$out" || fail "the banner does not name the rpo objective"
 grep -q '"nll_loss"' "$work/run-rpo/metrics.jsonl" || fail "rpo's nll_loss is not in metrics.jsonl"
+
+step "the example reward (sdk/examples/keyword-reward, ABI 1.10) builds against $prefix and scores"
+kw_src=$src/sdk/examples/keyword-reward
+kw_includes=$(grep -hE '#include *[<"]trainrun/' "$kw_src"/*.cpp | grep -vE '#include *<trainrun/trainrun\.hpp>' || true)
+[ -z "$kw_includes" ] || fail "keyword-reward includes other SDK headers: $kw_includes"
+cmake -S "$kw_src" -B "$work/keyword-reward" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_PREFIX_PATH="$prefix" "${launcher[@]}"
+cmake --build "$work/keyword-reward"
+kw_plugin=$work/keyword-reward/libtrainrun-keyword-reward.so
+[ -f "$kw_plugin" ] || fail "the keyword-reward build produced no $kw_plugin"
+export TRAINRUN_PLUGIN_PATH=$work/keyword-reward
+out=$("$trainrun" plugins keyword-reward 2>&1) || { echo "$out"; fail "trainrun plugins keyword-reward"; }
+grep -q "reward 'keyword-reward'" <<<"$out" || { echo "$out"; fail "keyword-reward is not listed as a reward"; }
+cat >"$work/keyword.toml" <<JOB
+[model]
+plugin = "mlp"
+
+[data]
+plugin = "idx"
+
+[[rewards]]
+plugin = "keyword-reward"
+keywords = ["because", "therefore"]
+banned = ["maybe"]
+penalty = 0.5
+skip_empty = true
+weight = 2.0
+JOB
+cat >"$work/keyword-rows.jsonl" <<'ROWS'
+{"prompt": "Why?", "completion": "Because it rains, therefore wet."}
+{"prompt": "Why?", "completion": "Maybe it rains because clouds."}
+{"prompt": "Why?", "completion": "becauseless"}
+{"prompt": "Why?", "completion": ""}
+{"prompt": "Why?", "completion": "THEREFORE"}
+ROWS
+out=$("$trainrun" reward --config "$work/keyword.toml" --input "$work/keyword-rows.jsonl" 2>"$work/reward.err") || {
+  cat "$work/reward.err"; fail "trainrun reward exited with $?"; }
+echo "$out"
+# By hand: both keywords 1; one keyword 0.5 minus the penalty 0.5; 'because' inside a word 0;
+# empty: no reward (null, so 0 in the weighted sum); one keyword 0.5. Weighted by 2.
+expected='{"row":0,"rewards":{"keyword-reward":1.0},"reward":2.0}
+{"row":1,"rewards":{"keyword-reward":0.0},"reward":0.0}
+{"row":2,"rewards":{"keyword-reward":0.0},"reward":0.0}
+{"row":3,"rewards":{"keyword-reward":null},"reward":0.0}
+{"row":4,"rewards":{"keyword-reward":0.5},"reward":1.0}'
+[ "$out" = "$expected" ] || fail "keyword-reward's scores differ from the expected ones"
+# An option only the constructor judges: `trainrun check` exits 2 naming the entry and the option.
+set +e
+out=$("$trainrun" check --config "$work/keyword.toml" --set 'rewards.0.keywords=[]' 2>&1)
+rc=$?
+set -e
+echo "$out" | tail -1
+[ "$rc" -eq 2 ] || fail "check with keywords = []: expected exit 2, got $rc"
+grep -q "reward 'keyword-reward' (plugin keyword-reward, .*): create failed: \[\[rewards\]\]\[0\] (.*): option 'keywords' needs at least one word" <<<"$out" ||
+  fail "the error does not name the entry and the option"
 
 echo
 echo "PASS"

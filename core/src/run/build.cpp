@@ -208,6 +208,10 @@ void Run::build_components() {
   if (!job_.objective.plugin.empty())
     parts_.objective = build<v1::Objective>(registry_, job_.objective, env_.ctx);
   add_default_callbacks();
+  // [[rewards]] (ABI 1.10) wait for the GRPO objective, which will score with a core::RewardSet.
+  if (!job_.rewards.empty() && env_.lead)
+    log_warn(job_.file + ": [[rewards]] are validated but not used: no objective of this build " +
+             "trains on rewards yet (try them with `trainrun reward`)");
   settle_deferred_weights(parts_.model, !init_weights.empty(), registry_, job_, parts_.precision, parts_.strategy);
   parts_.comm = parts_.accelerator.call("communicator", [](v1::Accelerator& a) { return &a.communicator(); });
 }
@@ -268,6 +272,10 @@ void Run::set_up_model() {
   const int64_t train_samples = parts_.dataset.call("size", [](v1::Dataset& d) { return d.size(v1::Split::Train); });
   const int64_t eval_samples = parts_.dataset.call("size", [](v1::Dataset& d) { return d.size(v1::Split::Eval); });
   plan_.emplace(plan_run(job_.trainer, env_.ctx, train_samples, eval_samples));
+  if (eval_samples == 0 && env_.lead)
+    log_warn(job_.file + ": [data] " + job_.data.plugin + " gives 0 held-out (eval) samples: " +
+             "no evaluation runs and no eval loss is logged (give the dataset a held-out part, " +
+             "e.g. its eval_paths or validation_fraction where it has them)");
 
   parts_.precision.call("convert", [&](v1::Precision& p) { p.convert(*parts_.model.obj); return 0; });
   for (auto& cb : parts_.callbacks) cb.call("on_setup", [&](v1::Callback& c) { c.on_setup(*parts_.model.obj, env_.ctx); return 0; });

@@ -99,7 +99,7 @@ class LlamaModel final : public v1::ModuleModel,
   /// and closes the weight files.
   void deferred_weights_loaded() override;
 
-  /// KV-cache decoding (llama_decode.inc): keys/values cached per layer after RoPE, as
+  /// KV-cache decoding (decode.cpp): keys/values cached per layer after RoPE, as
   /// transformers' DynamicCache holds them; the training forward above is not used.
   std::unique_ptr<v1::DecodeState> new_decode_state(int64_t batch_size, int64_t max_length) override;
   at::Tensor decode(const at::Tensor& ids, v1::DecodeState& state) override;

@@ -57,8 +57,11 @@
 //   implemented by: llama
 //   queried by:     lora (PEFT adapter files)
 // IncrementalDecoder (generation.hpp, no ABI minor, as its header says; added at 1.5)
-//   implemented by: llama (llama_decode.inc)
+//   implemented by: llama (decode.cpp)
 //   queried by:     apps/trainrun/generate_cli.cpp
+// PaddedDecoder (generation.hpp, since 1.10)
+//   implemented by: llama (decode.cpp)
+//   queried by:     v1::generate_batch (batch_generation.hpp): trainrun generate
 // BatchFieldsReader (interfaces.hpp, since 1.6)
 //   implemented by: BatchFieldsReaderBase (model/packed_batch.hpp): llama, models (gpt)
 //   queried by:     core/src/run/build.cpp
@@ -84,6 +87,13 @@
 // ObjectiveExtremes (objective.hpp, since 1.9)
 //   implemented by: reward (an Objective)
 //   queried by:     core/src/run/objective.cpp
+// SampleValues (objective.hpp, since 1.10)
+//   implemented by: preference (a Dataset: the "margin" column with trainer = "reward")
+//   queried by:     core/src/run/objective.cpp (ObjectiveForward::sample_values)
+//
+// Not capabilities but component kinds of their own (plugin.hpp's ComponentKind), each in its
+// header: Objective (objective.hpp, since 1.8), Reward (reward.hpp, since 1.10; created by
+// core/src/rewards.cpp for `trainrun check`, `trainrun reward` and, later, the GRPO objective).
 //
 // ReplicatedStrategy is trainrun/strategy/replicated_strategy.hpp, ShardedStrategy
 // trainrun/strategy/sharded_runtime.hpp.

@@ -15,6 +15,7 @@
 #include "trainrun/interfaces.hpp"
 #include "trainrun/objective.hpp"
 #include "trainrun/options.hpp"
+#include "trainrun/reward.hpp"
 
 namespace trainrun::v1 {
 
@@ -29,9 +30,13 @@ constexpr uint32_t kAbiMajor = 1;
 /// DeferredWeights, DeferredWeightsLoader (loading weights by shard); 1.8:
 /// ComponentKind::Objective, ObjectiveModel, AdapterSwitch, EvalMetrics::extra (objectives
 /// beyond SFT, objective.hpp); 1.9: Objective::kScores, TokenLogProbs::scores,
-/// SequenceClassifier, ObjectiveExtremes (reward models). CMakeLists.txt reads the number from the
+/// SequenceClassifier, ObjectiveExtremes (reward models); 1.10: ComponentKind::Reward, Reward,
+/// RewardSample (rewards for online RL, reward.hpp), SampleValues and
+/// ObjectiveForward::sample_values (per-sample values: a reward margin), packed objective batches
+/// (TokenLogProbs rows per sequence, objective.hpp), PaddedDecoder (left-padded batched
+/// decoding, generation.hpp). CMakeLists.txt reads the number from the
 /// next line: keep it whole.
-constexpr uint32_t kAbiMinor = 9;
+constexpr uint32_t kAbiMinor = 10;
 
 /// Component kinds; values are part of the ABI and never renumbered.
 enum class ComponentKind : uint32_t {
@@ -43,6 +48,7 @@ enum class ComponentKind : uint32_t {
   Optimizer = 6,
   Callback = 7,
   Objective = 8,  ///< ABI 1.8
+  Reward = 9,     ///< ABI 1.10
 };
 
 /// Job-file name of a kind ("model", "data", "strategy", ...).
@@ -57,6 +63,8 @@ inline const char* kind_name(ComponentKind k) {
     case ComponentKind::Callback: return "callback";
     case ComponentKind::Objective:
       return "objective";
+    case ComponentKind::Reward:
+      return "reward";
   }
   return "unknown";
 }
@@ -73,6 +81,10 @@ template <> struct KindOf<Callback> { static constexpr ComponentKind value = Com
 template <>
 struct KindOf<Objective> {
   static constexpr ComponentKind value = ComponentKind::Objective;
+};
+template <>
+struct KindOf<Reward> {
+  static constexpr ComponentKind value = ComponentKind::Reward;
 };
 
 }  // namespace trainrun::v1

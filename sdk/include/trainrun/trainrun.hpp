@@ -8,6 +8,7 @@
 #include "trainrun/optim/lr_schedule.hpp"
 #include "trainrun/options.hpp"
 #include "trainrun/plugin.hpp"
+#include "trainrun/reward.hpp"
 #include "trainrun/strategy/strategy_helpers.hpp"
 #include "trainrun/types.hpp"
 #include "trainrun/unit.hpp"

@@ -31,6 +31,15 @@ struct ComponentConfig {
   v1::Options options;
 };
 
+/// One [[rewards]] table (ABI 1.10): a Reward component, with the core's keys `weight` (TRL's
+/// reward_weights: the reward's factor in the weighted sum) and `name` (its name in metrics and
+/// messages; default the plugin's name, unique in the job).
+struct RewardConfig {
+  ComponentConfig component;
+  double weight = 1.0;
+  std::string name;
+};
+
 /// The callbacks every run has unless the job lists its own of the same plugin (metrics.jsonl,
 /// TensorBoard event files, report.html). Validation appends them to JobConfig::callbacks with
 /// their defaults, when their plugins are installed.
@@ -50,6 +59,8 @@ struct JobConfig {
   /// [objective] (ABI 1.8); plugin "" = none: the model's own loss.
   ComponentConfig objective;
   std::vector<ComponentConfig> callbacks;
+  /// [[rewards]] (ABI 1.10), in the job's order; nothing in training reads them yet (rewards.hpp).
+  std::vector<RewardConfig> rewards;
   std::string resolved_toml;  ///< the job with every default filled in, as TOML
 };
 
@@ -82,5 +93,7 @@ std::string launcher_of(const JobConfig& job);
 v1::OptionSchema trainer_schema();
 v1::OptionSchema launch_schema();
 v1::OptionSchema plugins_schema();
+/// The core's keys of a [[rewards]] table (weight, name), besides `plugin` and the plugin's own.
+v1::OptionSchema reward_entry_schema();
 
 }  // namespace trainrun::core
