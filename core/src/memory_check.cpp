@@ -69,6 +69,34 @@ TrainableParameters count_trainable(v1::Model& model, const std::string& label) 
   return c;
 }
 
+// The zero strategy's own sizes when the job uses it (its option names follow DeepSpeed's):
+// sets them in `in` and returns the line that says which were used.
+std::string strategy_sizes(const ComponentConfig& strategy, const std::vector<at::Tensor>& weights,
+                           v1::memory::ZeroEstimateInputs& in) {
+  const v1::Options& so = strategy.options;
+  auto opt_int = [&](const char* key) -> int64_t {
+    if (!so.has(key)) return -1;
+    const auto& v = so.values().at(key);
+    return std::holds_alternative<int64_t>(v) ? std::get<int64_t>(v) : -1;
+  };
+  std::string sizes = "buffers: stage 3's gathered largest unit";
+  if (opt_int("reduce_bucket_size") >= 0 || opt_int("prefetch_bucket_size") >= 0) {
+    in.reduce_bucket_elems = std::max<int64_t>(0, opt_int("reduce_bucket_size"));
+    in.prefetch_elems = std::max<int64_t>(0, opt_int("prefetch_bucket_size"));
+    sizes += " and prefetch window, the reduce bucket ([strategy] reduce_bucket_size " +
+             std::to_string(in.reduce_bucket_elems) + ", prefetch_bucket_size " +
+             std::to_string(in.prefetch_elems) + " elements)";
+  } else {
+    sizes += " (strategy " + strategy.plugin + " sets no bucket sizes)";
+  }
+  if (const int64_t threshold = opt_int("param_persistence_threshold"); threshold > 0) {
+    for (const auto& t : weights)
+      if (t.numel() < threshold) in.persistent_params += t.numel();
+    sizes += ", " + std::to_string(in.persistent_params) + " parameters persistent at stage 3";
+  }
+  return sizes;
+}
+
 }  // namespace
 
 MemoryCheck check_memory(const JobConfig& job, const Registry& registry) {
@@ -117,35 +145,14 @@ MemoryCheck check_memory(const JobConfig& job, const Registry& registry) {
 
   const TrainableParameters counted = count_trainable(*model, model_label);
   const int64_t psi = counted.psi, largest = counted.largest_unit;
-  const std::vector<at::Tensor>& weights = counted.tensors;
 
   const v1::MemoryInputs mi =
       memory_inputs(precision.get(), optimizer.get(), v1::memory::physical_memory_bytes(), nproc, world);
   v1::memory::ZeroEstimateInputs in = v1::memory::zero_inputs(mi, psi, world);
   in.largest_unit_params = largest;
   in.frozen_params = counted.frozen;
-  // The zero strategy's own sizes when the job uses it (its option names follow DeepSpeed's).
+  const std::string sizes = strategy_sizes(job.strategy, counted.tensors, in);
   const v1::Options& so = job.strategy.options;
-  auto opt_int = [&](const char* key) -> int64_t {
-    if (!so.has(key)) return -1;
-    const auto& v = so.values().at(key);
-    return std::holds_alternative<int64_t>(v) ? std::get<int64_t>(v) : -1;
-  };
-  std::string sizes = "buffers: stage 3's gathered largest unit";
-  if (opt_int("reduce_bucket_size") >= 0 || opt_int("prefetch_bucket_size") >= 0) {
-    in.reduce_bucket_elems = std::max<int64_t>(0, opt_int("reduce_bucket_size"));
-    in.prefetch_elems = std::max<int64_t>(0, opt_int("prefetch_bucket_size"));
-    sizes += " and prefetch window, the reduce bucket ([strategy] reduce_bucket_size " +
-             std::to_string(in.reduce_bucket_elems) + ", prefetch_bucket_size " +
-             std::to_string(in.prefetch_elems) + " elements)";
-  } else {
-    sizes += " (strategy " + job.strategy.plugin + " sets no bucket sizes)";
-  }
-  if (const int64_t threshold = opt_int("param_persistence_threshold"); threshold > 0) {
-    for (const auto& t : weights)
-      if (t.numel() < threshold) in.persistent_params += t.numel();
-    sizes += ", " + std::to_string(in.persistent_params) + " parameters persistent at stage 3";
-  }
   const auto stages = v1::memory::estimate_zero(in);
   int64_t budget = mi.memory_budget_bytes;
   std::string budget_source = "physical RAM / " + std::to_string(mi.local_world_size) + " local rank(s)";

@@ -78,6 +78,32 @@ std::string shown_line(const std::string& line) {
   return nlohmann::json(line.size() > 80 ? line.substr(0, 80) + "..." : line)
       .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
+
+// The program's input for one batch: each sample's row with prompt, completion and
+// completion_ids set, one JSON object a line (invalid UTF-8 replaced, never an exception).
+std::string request_lines(const std::vector<v1::RewardSample>& samples) {
+  std::string request;
+  for (const auto& s : samples) {
+    nlohmann::json j = nlohmann::json::parse(s.row, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_object()) j = nlohmann::json::object();
+    j["prompt"] = s.prompt;
+    j["completion"] = s.completion;
+    j["completion_ids"] = s.completion_ids;
+    request += j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+  }
+  return request;
+}
+
+// Appends to `pending` what `fd` has to read now, without waiting.
+void append_available(int fd, std::string& pending) {
+  for (pollfd p{fd, POLLIN, 0}; poll(&p, 1, 0) == 1 && (p.revents & POLLIN);) {
+    char buf[4096];
+    const ssize_t got = read(fd, buf, sizeof buf);
+    if (got <= 0) break;
+    pending.append(buf, static_cast<size_t>(got));
+  }
+}
+
 }  // namespace
 
 void CommandReward::declare_options(v1::OptionSchema& s) {
@@ -187,24 +213,11 @@ std::vector<double> CommandReward::score(const std::vector<v1::RewardSample>& sa
     return samples[i].row_index >= 0 ? "row " + std::to_string(samples[i].row_index)
                                      : "sample " + std::to_string(i);
   };
-  std::string request;
-  for (const auto& s : samples) {
-    nlohmann::json j = nlohmann::json::parse(s.row, nullptr, /*allow_exceptions=*/false);
-    if (!j.is_object()) j = nlohmann::json::object();
-    j["prompt"] = s.prompt;
-    j["completion"] = s.completion;
-    j["completion_ids"] = s.completion_ids;
-    request += j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
-  }
+  const std::string request = request_lines(samples);
   // Output nobody asked for: the previous batch got more lines than it had completions. What
   // the program wrote since is read first, so a late extra line is not taken for an answer to
   // this batch (one that arrives after this request still would be).
-  for (pollfd p{from_child_, POLLIN, 0}; poll(&p, 1, 0) == 1 && (p.revents & POLLIN);) {
-    char buf[4096];
-    const ssize_t got = read(from_child_, buf, sizeof buf);
-    if (got <= 0) break;
-    pending_.append(buf, static_cast<size_t>(got));
-  }
+  append_available(from_child_, pending_);
   if (!pending_.empty()) {
     const std::string extra = pending_.substr(0, pending_.find('\n'));
     fail("wrote more lines than it was sent completions (an extra line " + shown_line(extra) +
