@@ -94,6 +94,10 @@ std::string request_lines(const std::vector<v1::RewardSample>& samples) {
   return request;
 }
 
+// How long score() waits after a batch's last answer for lines a misbehaving program writes
+// beyond one per completion (they come at once; a wait per batch, not per completion).
+constexpr int kSurplusWaitMs = 100;
+
 // Appends to `pending` what `fd` has to read now, without waiting.
 void append_available(int fd, std::string& pending) {
   for (pollfd p{fd, POLLIN, 0}; poll(&p, 1, 0) == 1 && (p.revents & POLLIN);) {
@@ -290,8 +294,11 @@ std::vector<double> CommandReward::score(const std::vector<v1::RewardSample>& sa
       }
     }
   }
-  // A line already there beyond the last answer is one too many; so is one arriving later,
-  // found at the next call.
+  // A line already there beyond the last answer is one too many. A program that writes more
+  // lines than it was sent writes them at once, so they are waited for a moment here (the last
+  // batch has no next call to find them); one arriving later still is found at the next call.
+  if (pollfd p{from_child_, POLLIN, 0}; pending_.empty() && poll(&p, 1, kSurplusWaitMs) == 1)
+    append_available(from_child_, pending_);
   if (!pending_.empty()) {
     const std::string extra = pending_.substr(0, pending_.find('\n'));
     fail("wrote more lines than it was sent completions (" + std::to_string(samples.size()) +
