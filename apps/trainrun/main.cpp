@@ -384,6 +384,7 @@ int main(int argc, char** argv) {
     // Before anything starts: may run this command again with another OpenBLAS kernel.
     core::select_blas_kernel(job, argv, launching);
     if (launching) return core::launch(launch_spec(job, argc, argv));
+    core::keep_freed_memory();
     return core::train(job, reg);
   } catch (...) {
     return app::report_failure("trainrun");

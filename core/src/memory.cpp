@@ -11,9 +11,13 @@
 #include <c10/core/Allocator.h>
 #include <torch/version.h>
 
+#include <malloc.h>
+
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <string>
 
 // LibTorch 2.3 made Allocator::allocate non-const and copy_data pure virtual.
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
@@ -110,6 +114,20 @@ void install_memory_tracker() {
     return ok;
   }();
   (void)once;
+}
+
+bool keep_freed_memory() {
+  for (const char* v : {"MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_",
+                        "MALLOC_ARENA_MAX", "GLIBC_TUNABLES"})
+    if (std::getenv(v) != nullptr) return false;
+  if (const char* m = std::getenv("TRAINRUN_MALLOC"); m != nullptr && std::string(m) == "system")
+    return false;
+  // Setting the thresholds turns off glibc's dynamic threshold, whose ceiling is this same
+  // 32 MiB (DEFAULT_MMAP_THRESHOLD_MAX on 64-bit): blocks start there instead of growing to it.
+  bool ok = mallopt(M_MMAP_THRESHOLD, 32 << 20) == 1;
+  ok = mallopt(M_TRIM_THRESHOLD, std::numeric_limits<int>::max()) == 1 && ok;
+  ok = mallopt(M_TOP_PAD, 1 << 30) == 1 && ok;
+  return ok;
 }
 
 int64_t tracked_current_bytes() { return trainrun_memory_tracking() ? trainrun_memory_current_bytes() : -1; }
