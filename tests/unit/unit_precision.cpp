@@ -23,6 +23,7 @@
 #include <vector>
 
 #include <trainrun/model/activation_checkpointing.hpp>
+#include <trainrun/model/linear.hpp>
 #include <trainrun/runtime/memory.hpp>
 #include <trainrun/trainrun.hpp>
 
@@ -401,6 +402,58 @@ TEST_SUITE("precision_mixed") {
     std::map<std::string, double> extra;
     p.add_step_metrics(extra);
     CHECK(extra.empty());
+  }
+
+  TEST_CASE("bf16-mixed: a frozen Linear weight kept in bf16 gives autocast's products") {
+    Bf16Mixed p(options_of<Bf16Mixed>(), RunContext{});
+    CHECK((p.frozen_weight_dtype() == std::optional<at::ScalarType>(at::kBFloat16)));
+    Bf16Mixed off(options_of<Bf16Mixed>({{"frozen_weight_copies", false}}), RunContext{});
+    CHECK_FALSE(off.frozen_weight_dtype().has_value());
+    Bf16True t(options_of<Bf16True>(), RunContext{});
+    CHECK_FALSE(t.frozen_weight_dtype().has_value());  // its weights are bf16 already
+
+    torch::manual_seed(11);
+    trainrun::v1::Linear frozen(16, 8), twin(16, 8);
+    {
+      torch::NoGradGuard g;
+      twin->weight.copy_(frozen->weight);
+      twin->bias.copy_(frozen->bias);
+    }
+    frozen->weight.set_requires_grad(false);
+    twin->weight.set_requires_grad(false);
+    REQUIRE(frozen->keep_frozen_weight_copy(at::kBFloat16));
+    CHECK((frozen->frozen_weight_copy().scalar_type() == at::kBFloat16));
+    const torch::Tensor x = torch::randn({3, 16}, torch::requires_grad());
+    auto forward_backward = [&](trainrun::v1::Linear& l) {
+      auto scope = p.autocast();
+      torch::Tensor y = l(x);
+      const torch::Tensor gx = torch::autograd::grad({y.to(torch::kFloat).pow(2).sum()}, {x})[0];
+      return std::make_pair(y, gx);
+    };
+    auto [y1, g1] = forward_backward(frozen);
+    auto [y2, g2] = forward_backward(twin);
+    CHECK(torch::equal(y1, y2));  // the same cast, made once instead of per call
+    CHECK(torch::equal(g1, g2));
+    // Outside autocast the float32 weight computes.
+    CHECK((frozen(x).scalar_type() == torch::kFloat));
+    CHECK(torch::equal(frozen(x), twin(x)));
+    // A weight changed in place (a checkpoint loaded into it) is copied again.
+    {
+      torch::NoGradGuard g;
+      frozen->weight.mul_(2);
+      twin->weight.mul_(2);
+    }
+    CHECK(torch::equal(forward_backward(frozen).first, forward_backward(twin).first));
+    // A weight that requires grad is never copied; one unfrozen later stops using its copy.
+    trainrun::v1::Linear trained(16, 8);
+    CHECK_FALSE(trained->keep_frozen_weight_copy(at::kBFloat16));
+    frozen->weight.set_requires_grad(true);
+    {
+      auto scope = p.autocast();
+      frozen(x).sum().backward();
+    }
+    CHECK(frozen->weight.grad().defined());
+    CHECK_FALSE(frozen->frozen_weight_copy().defined());
   }
 
   TEST_CASE("bf16-mixed: micro-batch gradients accumulate in float32") {

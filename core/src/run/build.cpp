@@ -14,6 +14,7 @@
 
 #include "setup.hpp"
 #include "trainrun/deferred_weights.hpp"
+#include "trainrun/model/linear.hpp"
 #include "trainrun/core/log.hpp"
 #include "trainrun/core/launcher.hpp"
 #include "trainrun/core/memory.hpp"
@@ -46,6 +47,30 @@ uint32_t abi_minor_of(const Registry& reg, const ComponentConfig& c) {
   for (const auto& p : reg.plugins())
     if (p.name == c.info->plugin_name) return p.abi_minor;
   return v1::kAbiMinor;
+}
+
+// ABI 1.11 (v1::FrozenWeightCopies): the precision's dtype copy of every resident frozen Linear
+// weight, made once now that the strategy has set the model up (a weight it shards is released
+// here, so it is not copied). Only for a model plugin built for 1.11 or later: the copy lives in
+// the layer, whose older layout has no room for it. Returns what was kept, for the log.
+std::string keep_frozen_weight_copies(Slot<v1::Model>& model, Slot<v1::Precision>& precision,
+                                      uint32_t model_abi) {
+  auto* copies = dynamic_cast<v1::FrozenWeightCopies*>(precision.obj.get());
+  if (copies == nullptr || model_abi < 11) return "";
+  const std::optional<at::ScalarType> dtype = copies->frozen_weight_dtype();
+  torch::nn::Module* root = model.obj->module();
+  if (!dtype || root == nullptr) return "";
+  int64_t layers = 0, bytes = 0;
+  for (const auto& item : root->named_modules("", /*include_self=*/false))
+    if (auto l = std::dynamic_pointer_cast<v1::LinearImpl>(item.value());
+        l && l->keep_frozen_weight_copy(*dtype)) {
+      ++layers;
+      bytes += l->frozen_weight_copy().nbytes();
+    }
+  if (layers == 0) return "";
+  return std::to_string(layers) + " frozen Linear weights kept in " +
+         std::string(c10::toString(*dtype)) + " for the run (" +
+         std::to_string((bytes + (1 << 19)) >> 20) + " MiB)";
 }
 
 // ABI 1.7 deferred loading (trainrun/deferred_weights.hpp, protocol step 2): a model built with
@@ -299,6 +324,10 @@ void Run::set_up_model() {
     parts_.strategy.call("set_memory_inputs", [&](v1::Strategy&) { aware->set_memory_inputs(mi); return 0; });
   }
   parts_.strategy.call("setup", [&](v1::Strategy& s) { s.setup(*parts_.model.obj, *parts_.accelerator.obj, plan_->steps()); return 0; });
+  if (const std::string k = keep_frozen_weight_copies(parts_.model, parts_.precision,
+                                                      abi_minor_of(registry_, job_.model));
+      !k.empty() && env_.lead)
+    log_info("precision " + job_.precision.plugin + ": " + k);
   parts_.params = parts_.strategy.call("optimizer_parameters", [](v1::Strategy& s) { return s.optimizer_parameters(); });
   parts_.optimizer.call("init", [&](v1::Optimizer& o) { o.init(parts_.params, plan_->steps()); return 0; });
   torch::manual_seed(rank_seed(env_.ctx.seed, env_.ctx.rank));

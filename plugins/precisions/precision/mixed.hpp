@@ -60,15 +60,21 @@ struct MixedConfig {
   /// (`auto` says what it chose itself).
   std::string plugin;
   int rank = -1;
+  /// bf16-mixed: keep frozen Linear weights in bf16 for the run (v1::FrozenWeightCopies).
+  bool frozen_weight_copies = false;
 };
 
 /// bf16-mixed, bf16-true and fp16-mixed: one class, configured by MixedConfig.
 class MixedPrecision : public v1::Precision,
                        public v1::PrecisionBytes,
                        public v1::StepMetricsSource,
-                       public v1::CheckpointState {
+                       public v1::CheckpointState,
+                       public v1::FrozenWeightCopies {
  public:
   explicit MixedPrecision(MixedConfig config);
+
+  /// bf16 for bf16-mixed with frozen_weight_copies (its default), else none.
+  std::optional<at::ScalarType> frozen_weight_dtype() const override;
 
   void convert(v1::Model& model) override;
   std::unique_ptr<v1::Scope> autocast() override;
@@ -101,7 +107,7 @@ class MixedPrecision : public v1::Precision,
 /// an element outside [-65504, 65504]. On this rank only.
 bool overflow_local(const std::vector<at::Tensor>& grads, bool fp16_range_check);
 
-/// `bf16-mixed`: no options.
+/// `bf16-mixed`: frozen_weight_copies (default true: see v1::FrozenWeightCopies).
 class Bf16Mixed final : public MixedPrecision {
  public:
   static void declare_options(v1::OptionSchema& schema);
@@ -138,7 +144,8 @@ bool cpu_has_flag(const std::string& flag);
 class AutoPrecision final : public v1::Precision,
                             public v1::PrecisionBytes,
                             public v1::StepMetricsSource,
-                            public v1::CheckpointState {
+                            public v1::CheckpointState,
+                            public v1::FrozenWeightCopies {
  public:
   static void declare_options(v1::OptionSchema& schema);
   AutoPrecision(const v1::Options& options, const v1::RunContext& ctx);
@@ -151,6 +158,9 @@ class AutoPrecision final : public v1::Precision,
   }
   void update(bool skipped) override { chosen_->update(skipped); }
   double loss_scale() const override { return chosen_->loss_scale(); }
+  std::optional<at::ScalarType> frozen_weight_dtype() const override {
+    return chosen_->frozen_weight_dtype();
+  }
   double param_bytes() const override { return chosen_->param_bytes(); }
   double grad_bytes() const override { return chosen_->grad_bytes(); }
   double master_bytes() const override { return chosen_->master_bytes(); }

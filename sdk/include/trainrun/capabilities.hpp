@@ -90,6 +90,9 @@
 // SampleValues (objective.hpp, since 1.10)
 //   implemented by: preference (a Dataset: the "margin" column with trainer = "reward")
 //   queried by:     core/src/run/objective.cpp (ObjectiveForward::sample_values)
+// FrozenWeightCopies (interfaces.hpp, since 1.11)
+//   implemented by: precision (bf16-mixed; auto when it chose bf16-mixed)
+//   queried by:     core/src/run/build.cpp (keeps the copies through Linear, model/linear.hpp)
 //
 // Not capabilities but component kinds of their own (plugin.hpp's ComponentKind), each in its
 // header: Objective (objective.hpp, since 1.8), Reward (reward.hpp, since 1.10; created by

@@ -4,9 +4,11 @@
 // have defaults that throw NotSupportedError naming the operation, never silently do nothing
 // where doing nothing would compute a wrong result.
 #include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -201,6 +203,21 @@ class Precision {
   virtual void update(bool skipped) { (void)skipped; }
   /// The current loss scale (1 without scaling).
   virtual double loss_scale() const { return 1.0; }
+};
+
+/// A Precision whose forward computes float32 Linear weights in a lower dtype (bf16-mixed: CPU
+/// autocast casts a weight at every call, and keeps no cast of a weight that does not require
+/// grad). When it answers a dtype, the core keeps each frozen Linear weight of the model in that
+/// dtype for the run (LinearImpl::keep_frozen_weight_copy: resident float32 weights that do not
+/// require grad, e.g. a LoRA base), once the strategy has set the model up, and only for a model
+/// plugin built for ABI >= 1.11 (the copy lives in the layer). The products are the same as
+/// autocast's, the casts are made once instead of every step; each copy costs the dtype's bytes
+/// per element. ABI 1.11, queried by core/src/run/build.cpp.
+class FrozenWeightCopies {
+ public:
+  virtual ~FrozenWeightCopies() = default;
+  /// The dtype (at::kBFloat16) to keep frozen Linear weights in, or nullopt for none.
+  virtual std::optional<at::ScalarType> frozen_weight_dtype() const = 0;
 };
 
 /// The update rule and learning-rate schedule for the parameters it is given (all of them, or

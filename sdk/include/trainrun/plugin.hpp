@@ -34,9 +34,10 @@ constexpr uint32_t kAbiMajor = 1;
 /// RewardSample (rewards for online RL, reward.hpp), SampleValues and
 /// ObjectiveForward::sample_values (per-sample values: a reward margin), packed objective batches
 /// (TokenLogProbs rows per sequence, objective.hpp), PaddedDecoder (left-padded batched
-/// decoding, generation.hpp). CMakeLists.txt reads the number from the
-/// next line: keep it whole.
-constexpr uint32_t kAbiMinor = 10;
+/// decoding, generation.hpp); 1.11: FrozenWeightCopies (a precision's frozen Linear weights kept
+/// in its compute dtype, interfaces.hpp; Linear's kept copy, model/linear.hpp). CMakeLists.txt
+/// reads the number from the next line: keep it whole.
+constexpr uint32_t kAbiMinor = 11;
 
 /// Component kinds; values are part of the ABI and never renumbered.
 enum class ComponentKind : uint32_t {

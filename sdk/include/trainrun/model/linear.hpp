@@ -83,7 +83,8 @@ class LinearImpl : public torch::nn::Module {
   at::Tensor forward(const at::Tensor& x) {
     // Without adapters (every layer of a model not under LoRA) this is the whole of
     // forward_shared's result, without its vectors, casts and autocast queries per call.
-    if (adapters_.empty()) return base_ ? base_->forward(x, bias) : at::linear(x, weight, bias);
+    if (adapters_.empty())
+      return base_ ? base_->forward(x, bias) : at::linear(x, compute_weight(), bias);
     return forward_shared(x, {this}).front();
   }
 
@@ -137,7 +138,7 @@ class LinearImpl : public torch::nn::Module {
         y = l.base_->forward(x, l.bias);
         y = y.reshape({-1, y.size(-1)});
       } else {
-        y = at::linear(x2, l.weight, l.bias);
+        y = at::linear(x2, l.compute_weight(), l.bias);
       }
       for (size_t j = 0; j < l.adapters_.size(); ++j) {
         if (next < fused.size() && fused[next].layer == i &&
@@ -214,6 +215,28 @@ class LinearImpl : public torch::nn::Module {
     return w;
   }
 
+  /// Keeps a `dtype` copy of the dense weight for CPU autocast to `dtype`, when the weight is
+  /// frozen (requires_grad false: a LoRA base), float32, on the CPU and resident (its storage
+  /// allocated now, outside a forward: a weight a sharding strategy gathers per forward is not
+  /// copied, so sharding keeps its memory). Autocast casts a weight that does not require grad
+  /// again at every call (its cast cache holds only leaves that require grad); the copy is made
+  /// once and used while autocast to `dtype` is on, and made again when the weight changed
+  /// (another storage or an in-place write: a checkpoint loaded into it). Costs `dtype`'s bytes
+  /// per weight element. Returns whether a copy is kept; a layer with a LinearBase keeps none.
+  /// Precisions call it (bf16-mixed: after callbacks froze the base, before the first forward).
+  bool keep_frozen_weight_copy(at::ScalarType dtype) {
+    frozen_copy_ = at::Tensor();
+    if (base_ || !weight.defined() || weight.requires_grad() ||
+        weight.scalar_type() != at::kFloat || !weight.device().is_cpu() || weight.numel() == 0 ||
+        weight.storage().data() == nullptr)
+      return false;
+    frozen_copy_dtype_ = dtype;
+    refresh_frozen_copy();
+    return true;
+  }
+  /// The kept copy (undefined when none): tests and memory estimates read it.
+  const at::Tensor& frozen_weight_copy() const { return frozen_copy_; }
+
   torch::nn::LinearOptions options;
   /// [out_features, in_features]; undefined once a base is installed.
   at::Tensor weight;
@@ -221,8 +244,38 @@ class LinearImpl : public torch::nn::Module {
   at::Tensor bias;
 
  private:
+  // The weight at::linear computes with: the kept copy under CPU autocast to its dtype, else
+  // `weight` (autocast then casts it as before).
+  const at::Tensor& compute_weight() {
+    if (!frozen_copy_.defined() || !compat::autocast_enabled(c10::kCPU) ||
+        compat::autocast_dtype(c10::kCPU) != frozen_copy_dtype_)
+      return weight;
+    if (weight.requires_grad()) {  // unfrozen since: the parameter itself must be used
+      frozen_copy_ = at::Tensor();
+      return weight;
+    }
+    if (weight.storage().data() != frozen_src_ || weight._version() != frozen_version_) {
+      if (weight.storage().data() == nullptr) return weight;
+      refresh_frozen_copy();
+    }
+    return frozen_copy_;
+  }
+  void refresh_frozen_copy() {
+    c10::NoGradGuard no_grad;
+    // A new tensor rather than a copy into the old one: a backward still pending may hold it.
+    frozen_copy_ = weight.to(frozen_copy_dtype_);
+    frozen_src_ = weight.storage().data();
+    frozen_version_ = weight._version();
+  }
+
   std::shared_ptr<LinearBase> base_;
   std::vector<std::shared_ptr<LinearAdapter>> adapters_;
+  // ABI 1.11 (appended): the kept copy of keep_frozen_weight_copy. Only this header's inline
+  // code reads them, in the plugin that built the layer.
+  at::Tensor frozen_copy_;
+  at::ScalarType frozen_copy_dtype_ = at::kBFloat16;
+  const void* frozen_src_ = nullptr;
+  int64_t frozen_version_ = 0;
 };
 TORCH_MODULE(Linear);
 
