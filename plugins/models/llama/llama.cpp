@@ -250,11 +250,17 @@ v1::ModelOutput LlamaModel::forward(const v1::Batch& b) {
     else if (net.lm_head->adapters().empty() && !net.lm_head->base() &&
              !net.lm_head->bias.defined())
       w = net.lm_head->weight;
-    if (w.defined() && !w.requires_grad() && w.scalar_type() == torch::kFloat &&
-        !v1::compat::autocast_enabled(h.device().type())) {
+    if (w.defined() && !w.requires_grad() && w.scalar_type() == torch::kFloat) {
+      const c10::DeviceType d = h.device().type();
       v1::ModelOutput out;
-      out.loss_sum = HeadCrossEntropySum::apply(h.contiguous(), w, target, logits_buffer_);
-      return out;
+      if (!v1::compat::autocast_enabled(d)) {
+        out.loss_sum = HeadCrossEntropySum::apply(h.contiguous(), w, target, logits_buffer_);
+        return out;
+      }
+      if (d == c10::kCPU && v1::compat::autocast_dtype(d) == torch::kBFloat16) {
+        out.loss_sum = HeadCrossEntropySumBf16::apply(h.contiguous(), w, target, logits_buffer_);
+        return out;
+      }
     }
   }
   const torch::Tensor logits = head(h);
