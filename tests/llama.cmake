@@ -51,3 +51,12 @@ foreach(s ddp fsdp zero3)
   llama_precision_matrix(${s}.full ${s} 1500)
   set_tests_properties(llama.precision_matrix.${s}.full PROPERTIES LABELS "llama;precision_matrix;long")
 endforeach()
+
+# bf16-mixed's fast paths (issue 45) against the paths they replace, on a tiny random Llama:
+# frozen LoRA base weights kept in bf16 (bit-equal losses; none copied when fsdp shards them),
+# the fused bf16 head loss (step 1 within bf16 rounding), and the profiler callback's file.
+add_test(NAME llama.bf16_paths
+  COMMAND ${TRAINRUN_REF_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/e2e/llama_bf16_paths.py $<TARGET_FILE:trainrun>
+          ${CMAKE_CURRENT_BINARY_DIR}/work/llama-bf16-paths)
+set_tests_properties(llama.bf16_paths PROPERTIES TIMEOUT 240 LABELS llama
+  ENVIRONMENT "OMP_NUM_THREADS=1;OPENBLAS_NUM_THREADS=1")
