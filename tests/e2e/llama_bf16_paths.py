@@ -11,6 +11,10 @@ and the profiler callback that measures them:
            logits and gradient, measured ~1e-5 and ~5e-5), and later losses within 2 % (as the
            precision matrix's bf16 bound: Adam's first steps amplify rounding); the profile of
            the default run must show the fused bf16 head (HeadCrossEntropySumBf16) ran.
+  attention  model.blocked_attention true (default) against false under bf16-mixed: the blocked
+           bf16 attention with its own backward (grouped heads, diagonal-only mask) against
+           autograd through autocast's masked math form: step 1's loss within 1e-3 (relative)
+           and later losses within 2 %; the default run's profile must show it ran.
   profile  the profiler callback on step 2: <run_dir>/profile-rank-0.json names the steps, the
            matrix products with FLOPs = 2 M K N of their recorded shapes, and operators whose
            self times sum to between 50 % and 105 % of the profiled wall time.
@@ -125,6 +129,7 @@ profiler = '\n[[callbacks]]\nplugin = "profiler"\nstart_step = 2\nnum_steps = 1\
 ref, ref_log = run("default", extra=profiler)
 nocopy, _ = run("no-copies", ["precision.frozen_weight_copies=false"])
 unfused, _ = run("unfused-head", ["model.fused_head_loss=false"])
+autograd_attn, _ = run("autograd-attention", ["model.blocked_attention=false"])
 sharded, sharded_log = run("fsdp", ["strategy.plugin=fsdp"], world=2)
 
 def kept(log):
@@ -153,6 +158,16 @@ if ref is not None and unfused is not None:
     for x, y in zip(ref, unfused):
         if abs(x["loss"] - y["loss"]) > 0.02 * abs(y["loss"]):
             fail(f"head: step {x['step']} loss {x['loss']} vs {y['loss']}: beyond 2 %")
+if ref is not None and autograd_attn is not None:
+    a, b = ref[0], autograd_attn[0]
+    dl = abs(a["loss"] - b["loss"]) / abs(b["loss"])
+    print(f"attention: step 1 loss {a['loss']} vs {b['loss']} (rel {dl:.2e}); last "
+          f"{ref[-1]['loss']} vs {autograd_attn[-1]['loss']}")
+    if dl > 1e-3:
+        fail(f"attention: step 1 loss differs beyond 1e-3: {dl:.2e}")
+    for x, y in zip(ref, autograd_attn):
+        if abs(x["loss"] - y["loss"]) > 0.02 * abs(y["loss"]):
+            fail(f"attention: step {x['step']} loss {x['loss']} vs {y['loss']}: beyond 2 %")
 if sharded is not None:
     print(f"fsdp: {kept(sharded_log)} frozen weights kept (single process: {kept(ref_log)})")
     if kept(sharded_log) >= kept(ref_log):
@@ -168,6 +183,8 @@ if ref is not None:
             fail(f"profile: steps {p['steps']}, expected [2, 2]")
         if not any(o["name"].endswith("HeadCrossEntropySumBf16>") for o in p["ops"]):
             fail("profile: the fused bf16 head (HeadCrossEntropySumBf16) did not run")
+        if not any(o["name"].endswith("BlockedCausalAttentionBf16>") for o in p["ops"]):
+            fail("profile: the blocked bf16 attention (BlockedCausalAttentionBf16) did not run")
         mm = [o for o in p["ops"] if o["name"] == "aten::mm" and o["flops"] > 0]
         if not mm:
             fail("profile: no aten::mm with FLOPs")

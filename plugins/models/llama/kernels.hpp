@@ -184,6 +184,115 @@ struct BlockedCausalAttention : public torch::autograd::Function<BlockedCausalAt
     return {dq.view({B, nh, T, D}), dk, dv, torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
+
+// BlockedCausalAttention for a forward under CPU autocast to bfloat16, with autocast's dtypes:
+// the score and value products in bf16 (float32 accumulation), the mask and softmax in float32
+// on the bf16 scores, the probabilities rounded to bf16 for the value product; the same blocks,
+// query-head grouping (no repeated keys) and diagonal-only mask as the float32 kernel, and a
+// backward of its own in the same dtypes (gradient products in bf16, dk/dv/dq summed in
+// float32). Through autograd, autocast's path repeats the keys and values per query head,
+// masks every score, and casts each block's operands and gradients. q [B, nh, T, D], k, v
+// [B, nkv, T, D] of any floating dtype; returns bf16 [B, nh, T, D]; the gradients come back in
+// the inputs' dtypes.
+struct BlockedCausalAttentionBf16 : public torch::autograd::Function<BlockedCausalAttentionBf16> {
+  // Autocast off inside: every cast here is explicit.
+  struct NoAutocast {
+    bool was = v1::compat::autocast_enabled(c10::kCPU);
+    NoAutocast() { v1::compat::set_autocast_enabled(c10::kCPU, false); }
+    ~NoAutocast() { v1::compat::set_autocast_enabled(c10::kCPU, was); }
+  };
+
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& q,
+                               const torch::Tensor& k, const torch::Tensor& v,
+                               const torch::Tensor& blocked, double scale, int64_t block) {
+    NoAutocast off;
+    const int64_t B = q.size(0), nh = q.size(1), T = q.size(2), D = q.size(3), nkv = k.size(1),
+                  rep = nh / nkv;
+    const torch::Tensor qg = q.reshape({B, nkv, rep, T, D});
+    const torch::Tensor kb = k.to(torch::kBFloat16), vb = v.to(torch::kBFloat16);
+    std::vector<torch::Tensor> out, probs, qs;
+    for_each_query_block(
+        T, block, blocked, [&](int64_t s, int64_t n, int64_t e, const torch::Tensor& m) {
+          const torch::Tensor qb = qg.narrow(3, s, n)
+                                       .mul(scale)
+                                       .to(torch::kBFloat16)
+                                       .contiguous()
+                                       .view({B, nkv, rep * n, D});
+          torch::Tensor p =
+              torch::matmul(qb, kb.narrow(2, 0, e).transpose(-2, -1)).to(torch::kFloat);
+          torch::Tensor pv = p.view({B, nkv, rep, n, e});
+          const torch::Tensor mg = m.dim() == 4 ? m.unsqueeze(1) : m;
+          if (s > 0 && !mg.narrow(-1, 0, s).any().item<bool>())
+            pv.narrow(-1, s, n).masked_fill_(mg.narrow(-1, s, n),
+                                             -std::numeric_limits<float>::infinity());
+          else
+            pv.masked_fill_(mg, -std::numeric_limits<float>::infinity());
+          p = torch::softmax(p, -1);
+          out.push_back(
+              torch::matmul(p.to(torch::kBFloat16), vb.narrow(2, 0, e)).view({B, nkv, rep, n, D}));
+          probs.push_back(p);
+          qs.push_back(qb);
+        });
+    ctx->save_for_backward({kb, vb});
+    ctx->saved_data["probs"] = probs;
+    ctx->saved_data["qs"] = qs;
+    ctx->saved_data["scale"] = scale;
+    ctx->saved_data["block"] = block;
+    ctx->saved_data["dtypes"] = std::vector<int64_t>{static_cast<int64_t>(q.scalar_type()),
+                                                     static_cast<int64_t>(k.scalar_type()),
+                                                     static_cast<int64_t>(v.scalar_type())};
+    return torch::cat(out, 3).view({B, nh, T, D});
+  }
+
+  // BlockedCausalAttention's backward with bf16 products: dV[:e] += P^T dO, dP = dO V[:e]^T,
+  // dS = P * (dP - rowsum(dP * P)) in float32, dQ = scale * dS K[:e], dK[:e] += dS^T Q_s.
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    NoAutocast off;
+    const auto saved = ctx->get_saved_variables();
+    const torch::Tensor &kb = saved[0], &vb = saved[1];
+    const std::vector<torch::Tensor> probs = ctx->saved_data["probs"].toTensorVector();
+    const std::vector<torch::Tensor> qs = ctx->saved_data["qs"].toTensorVector();
+    const double scale = ctx->saved_data["scale"].toDouble();
+    const int64_t block = ctx->saved_data["block"].toInt();
+    const std::vector<int64_t> dtypes = ctx->saved_data["dtypes"].toIntVector();
+    const int64_t B = grads[0].size(0), nh = grads[0].size(1), T = grads[0].size(2),
+                  D = grads[0].size(3), nkv = kb.size(1), rep = nh / nkv;
+    const torch::Tensor dg = grads[0].to(torch::kBFloat16).reshape({B, nkv, rep, T, D});
+    const torch::Tensor f32 = torch::empty({0}, kb.options().dtype(torch::kFloat));
+    torch::Tensor dq = torch::empty({B, nkv, rep, T, D}, f32.options()), dk, dv;
+    for (int64_t i = static_cast<int64_t>(probs.size()) - 1; i >= 0; --i) {
+      const int64_t s = i * block, n = std::min(block, T - s), e = s + n;
+      const torch::Tensor& p = probs[static_cast<size_t>(i)];
+      const torch::Tensor d_o = dg.narrow(3, s, n).reshape({B, nkv, rep * n, D});
+      torch::Tensor dpv = torch::matmul(p.to(torch::kBFloat16).transpose(-2, -1), d_o);
+      const torch::Tensor ds =
+          torch::_softmax_backward_data(
+              torch::matmul(d_o, vb.narrow(2, 0, e).transpose(-2, -1)).to(torch::kFloat), p, -1,
+              torch::kFloat)
+              .to(torch::kBFloat16);
+      dq.narrow(3, s, n).copy_(
+          torch::matmul(ds, kb.narrow(2, 0, e)).view({B, nkv, rep, n, D}).to(torch::kFloat) *
+          scale);
+      torch::Tensor dkb = torch::matmul(ds.transpose(-2, -1), qs[static_cast<size_t>(i)]);
+      if (e == T) {
+        dk = dkb.to(torch::kFloat), dv = dpv.to(torch::kFloat);
+      } else {
+        dk.narrow(2, 0, e).add_(dkb);
+        dv.narrow(2, 0, e).add_(dpv);
+      }
+    }
+    auto as = [&](const torch::Tensor& t, size_t i) {
+      return t.to(static_cast<torch::ScalarType>(dtypes[i]));
+    };
+    return {as(dq.view({B, nh, T, D}), 0),
+            as(dk, 1),
+            as(dv, 2),
+            torch::Tensor(),
+            torch::Tensor(),
+            torch::Tensor()};
+  }
+};
 #endif
 
 // sum over targets != kIgnoreIndex of logsumexp(logits) - logits[target], logits float32
@@ -217,20 +326,21 @@ struct CrossEntropySum : public torch::autograd::Function<CrossEntropySum> {
   }
 
   // The loss and what its gradient needs: logsumexp per row, the targets with the ignored ones
-  // at 0, and which rows count.
+  // at 0, and which rows count. Float32 whatever the logits' dtype (bf16 logits are widened
+  // kRows rows at a time; for float32 ones .to() is the tensor itself).
   static std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor> loss_of(
       const torch::Tensor& logits, const torch::Tensor& target) {
     const int64_t N = logits.size(0);
     const torch::Tensor valid = target.ne(v1::kIgnoreIndex);
     const torch::Tensor t = target.masked_fill(valid.logical_not(), 0);
-    torch::Tensor lse = torch::empty({N}, logits.options());
+    torch::Tensor lse = torch::empty({N}, logits.options().dtype(torch::kFloat));
     for (int64_t s = 0; s < N; s += kRows) {
       const int64_t n = std::min(kRows, N - s);
       torch::Tensor out = lse.narrow(0, s, n);
-      at::logsumexp_out(out, logits.narrow(0, s, n), {1}, false);
+      at::logsumexp_out(out, logits.narrow(0, s, n).to(torch::kFloat), {1}, false);
     }
     // gather throws on a target outside [0, C), as cross_entropy does.
-    const torch::Tensor picked = logits.gather(1, t.unsqueeze(1)).squeeze(1);
+    const torch::Tensor picked = logits.gather(1, t.unsqueeze(1)).squeeze(1).to(torch::kFloat);
     return {torch::where(valid, lse - picked, torch::zeros({}, lse.options())).sum(), lse, t,
             valid};
   }
@@ -321,18 +431,10 @@ struct HeadCrossEntropySumBf16 : public torch::autograd::Function<HeadCrossEntro
     torch::Tensor logits =
         free ? buffer->narrow(0, 0, N * C).view({N, C}) : torch::empty({N, C}, hb.options());
     at::mm_out(logits, hb, wb.t());
-    const torch::Tensor valid = target.ne(v1::kIgnoreIndex);
-    const torch::Tensor t = target.masked_fill(valid.logical_not(), 0);
-    torch::Tensor lse = torch::empty({N}, h.options());
-    for (int64_t s = 0; s < N; s += kRows) {
-      const int64_t n = std::min(kRows, N - s);
-      torch::Tensor out = lse.narrow(0, s, n);
-      at::logsumexp_out(out, logits.narrow(0, s, n).to(torch::kFloat), {1}, false);
-    }
-    const torch::Tensor picked = logits.gather(1, t.unsqueeze(1)).squeeze(1).to(torch::kFloat);
+    auto [loss, lse, t, valid] = CrossEntropySum::loss_of(logits, target);
     ctx->save_for_backward({wb, lse, t, valid});
     ctx->saved_data["logits"] = logits;  // not a saved variable: the backward overwrites it
-    return torch::where(valid, lse - picked, torch::zeros({}, lse.options())).sum();
+    return loss;
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,

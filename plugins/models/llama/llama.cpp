@@ -78,6 +78,11 @@ void LlamaModel::declare_options(v1::OptionSchema& s) {
       "training loss with a frozen head (LoRA, QLoRA): the vocabulary projection and the "
       "cross-entropy in one step whose logits buffer is reused from step to step and "
       "overwritten by their gradient; false = the projection through autograd, then the loss");
+  s.boolean("blocked_attention", true,
+            "training attention (LibTorch < 2.1) through blocked kernels with their own "
+            "backward, float32 and under CPU bf16 autocast: queries in blocks of 64, grouped "
+            "query heads without repeated keys, only the diagonal masked; false = autograd "
+            "through the masked math form");
 }
 
 LlamaModel::LlamaModel(const v1::Options& o, const v1::RunContext& ctx)
@@ -94,6 +99,7 @@ LlamaModel::LlamaModel(const v1::Options& o, const v1::RunContext& ctx)
                  data.task, "'");
   save_hf_ = o.get_bool("save_hf");
   fused_head_loss_ = o.get_bool("fused_head_loss");
+  blocked_attention_ = o.get_bool("blocked_attention");
   save_dtype_ = o.get_string("save_dtype");
   max_shard_bytes_ = hf::parse_size(o.get_string("max_shard_size"));
   const std::string architecture = o.get_string("architecture");
@@ -149,6 +155,7 @@ LlamaModel::LlamaModel(const v1::Options& o, const v1::RunContext& ctx)
 LlamaModel::LlamaModel(const std::string& dir) : save_hf_(false) { load(dir, /*defer=*/false); }
 
 void LlamaModel::build(bool release) {
+  cfg_.blocked_attention = blocked_attention_;
   net_ = CausalLM(cfg_, release).ptr();
   set_module(net_);
   units_.clear();

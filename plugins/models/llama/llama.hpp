@@ -48,6 +48,9 @@ struct LlamaConfig {
   /// *ForSequenceClassification: num_labels, or len(id2label)); 0 = a causal LM with lm_head.
   int64_t num_labels = 0;
   int64_t pad_token_id = -1;  ///< config.json's pad_token_id; -1 = none
+  /// Not config.json's: [model] blocked_attention (training attention through the blocked
+  /// kernels with their own backward, float32 and CPU bf16 autocast; false = autograd).
+  bool blocked_attention = true;
 
   /// Parses config.json text. Throws v1::ConfigError naming `source` and the key when
   /// model_type, a rope type, hidden_act or another value is not supported.
@@ -142,6 +145,7 @@ class LlamaModel final : public v1::ModuleModel,
   int64_t max_shard_bytes_ = 5'000'000'000;
   bool save_hf_ = true;
   bool fused_head_loss_ = true;
+  bool blocked_attention_ = true;
   int rank_ = 0;
   v1::Objective* objective_ = nullptr;  ///< set_objective; not owned
   /// [model] architecture as num_labels: -1 = as the directory says, 0 = causal LM, n = a score

@@ -51,7 +51,10 @@ inline v1::Linear linear(int64_t in, int64_t out, bool bias) {
 class AttentionImpl : public torch::nn::Module {
  public:
   explicit AttentionImpl(const LlamaConfig& c)
-      : nh_(c.num_attention_heads), nkv_(c.num_key_value_heads), hd_(c.head_dim) {
+      : nh_(c.num_attention_heads),
+        nkv_(c.num_key_value_heads),
+        hd_(c.head_dim),
+        blocked_attention_(c.blocked_attention) {
     q_proj = register_module("q_proj", linear(c.hidden_size, nh_ * hd_, c.qkv_bias));
     k_proj = register_module("k_proj", linear(c.hidden_size, nkv_ * hd_, c.qkv_bias));
     v_proj = register_module("v_proj", linear(c.hidden_size, nkv_ * hd_, c.qkv_bias));
@@ -85,12 +88,23 @@ class AttentionImpl : public torch::nn::Module {
     // backward (where autocast is off) meets them with float32 gradients. With LoRA under
     // bf16-mixed, q/k/v are float32 (an adapter's float32 output added to the bf16 base output),
     // so the dtype alone does not tell (issue 41); autocast's products go through attend().
-    if (T > kGradQueryBlock && k.size(2) == T && torch::GradMode::is_enabled() &&
-        q.scalar_type() == torch::kFloat && k.scalar_type() == torch::kFloat &&
-        v.scalar_type() == torch::kFloat && !v1::compat::autocast_enabled(q.device().type()) &&
+    if (blocked_attention_ && T > kGradQueryBlock && k.size(2) == T &&
+        torch::GradMode::is_enabled() && q.scalar_type() == torch::kFloat &&
+        k.scalar_type() == torch::kFloat && v.scalar_type() == torch::kFloat &&
+        !v1::compat::autocast_enabled(q.device().type()) &&
         (q.requires_grad() || k.requires_grad() || v.requires_grad())) {
       const torch::Tensor y = BlockedCausalAttention::apply(
           q, k, v, blocked, 1.0 / std::sqrt(static_cast<double>(hd_)), kGradQueryBlock);
+      return o_proj->forward(y.transpose(1, 2).reshape({B, T, nh_ * hd_}));
+    }
+    // Under CPU autocast to bf16 (bf16-mixed, bf16-true): the same blocks in autocast's dtypes.
+    if (blocked_attention_ && T > kGradQueryBlock && k.size(2) == T &&
+        torch::GradMode::is_enabled() && q.device().is_cpu() &&
+        v1::compat::autocast_enabled(c10::kCPU) &&
+        v1::compat::autocast_dtype(c10::kCPU) == torch::kBFloat16 &&
+        (q.requires_grad() || k.requires_grad() || v.requires_grad())) {
+      const torch::Tensor y = BlockedCausalAttentionBf16::apply(
+          q, k, v, blocked, 1.0 / std::sqrt(static_cast<double>(hd_)), kQueryBlock);
       return o_proj->forward(y.transpose(1, 2).reshape({B, T, nh_ * hd_}));
     }
 #endif
@@ -152,6 +166,7 @@ class AttentionImpl : public torch::nn::Module {
 
  private:
   int64_t nh_, nkv_, hd_;
+  bool blocked_attention_;  ///< [model] blocked_attention: the kernels above, else autograd
 };
 TORCH_MODULE(Attention);
 
