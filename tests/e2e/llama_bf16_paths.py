@@ -10,7 +10,7 @@ and the profiler callback that measures them:
            within 1e-4 and its gradient norm within 1e-3 (relative; bf16 rounding of the summed
            logits and gradient, measured ~1e-5 and ~5e-5), and later losses within 2 % (as the
            precision matrix's bf16 bound: Adam's first steps amplify rounding); the profile of
-           the default run must show the fused bf16 head (HeadCrossEntropySumBf16) ran.
+           the default run must show the fused head (HeadCrossEntropySum) ran.
   attention  model.blocked_attention true (default) against false under bf16-mixed: the blocked
            bf16 attention with its own backward (grouped heads, diagonal-only mask) against
            autograd through autocast's masked math form: step 1's loss within 1e-3 (relative)
@@ -181,8 +181,8 @@ if ref is not None:
         p = json.load(open(prof_path))
         if p["steps"] != [2, 2]:
             fail(f"profile: steps {p['steps']}, expected [2, 2]")
-        if not any(o["name"].endswith("HeadCrossEntropySumBf16>") for o in p["ops"]):
-            fail("profile: the fused bf16 head (HeadCrossEntropySumBf16) did not run")
+        if not any(o["name"].endswith("HeadCrossEntropySum>") for o in p["ops"]):
+            fail("profile: the fused head (HeadCrossEntropySum) did not run")
         if not any(o["name"].endswith("BlockedCausalAttentionBf16>") for o in p["ops"]):
             fail("profile: the blocked bf16 attention (BlockedCausalAttentionBf16) did not run")
         mm = [o for o in p["ops"] if o["name"] == "aten::mm" and o["flops"] > 0]

@@ -84,6 +84,17 @@ void for_each_query_block(int64_t T, int64_t block, const torch::Tensor& blocked
   }
 }
 
+// Hides (-inf) the keys a block's part m of `blocked` marks in its scores pv [B, nkv, rep, n, e]
+// (queries [s, s + n)): only the block's diagonal square when nothing before it is hidden
+// (causal alone: no sliding window or packed samples).
+inline void mask_block_scores(torch::Tensor pv, const torch::Tensor& m, int64_t s, int64_t n) {
+  const torch::Tensor mg = m.dim() == 4 ? m.unsqueeze(1) : m;
+  if (s > 0 && !mg.narrow(-1, 0, s).any().item<bool>())
+    pv.narrow(-1, s, n).masked_fill_(mg.narrow(-1, s, n), -std::numeric_limits<float>::infinity());
+  else
+    pv.masked_fill_(mg, -std::numeric_limits<float>::infinity());
+}
+
 // The blocked causal attention of AttentionImpl::forward (float32, with gradient) with its own
 // backward. Through autograd, each block's narrow() of the keys and values is a full-size zero
 // tensor plus a copy in the backward, summed over the blocks, and the mask and scale each add a
@@ -128,13 +139,7 @@ struct BlockedCausalAttention : public torch::autograd::Function<BlockedCausalAt
           qb = qb.view({B, nkv, rep * n, D});
           torch::Tensor p = torch::matmul(qb, k.narrow(2, 0, e).transpose(-2, -1));
           // [B, nkv, rep, n, e] against m [n, e] or [B, 1, n, e]: one mask for the group's heads.
-          torch::Tensor pv = p.view({B, nkv, rep, n, e});
-          const torch::Tensor mg = m.dim() == 4 ? m.unsqueeze(1) : m;
-          if (s > 0 && !mg.narrow(-1, 0, s).any().item<bool>())
-            pv.narrow(-1, s, n).masked_fill_(mg.narrow(-1, s, n),
-                                             -std::numeric_limits<float>::infinity());
-          else
-            pv.masked_fill_(mg, -std::numeric_limits<float>::infinity());
+          mask_block_scores(p.view({B, nkv, rep, n, e}), m, s, n);
           p = torch::softmax(p, -1);
           out.push_back(torch::matmul(p, v.narrow(2, 0, e)).view({B, nkv, rep, n, D}));
           probs.push_back(p);
@@ -220,13 +225,7 @@ struct BlockedCausalAttentionBf16 : public torch::autograd::Function<BlockedCaus
                                        .view({B, nkv, rep * n, D});
           torch::Tensor p =
               torch::matmul(qb, kb.narrow(2, 0, e).transpose(-2, -1)).to(torch::kFloat);
-          torch::Tensor pv = p.view({B, nkv, rep, n, e});
-          const torch::Tensor mg = m.dim() == 4 ? m.unsqueeze(1) : m;
-          if (s > 0 && !mg.narrow(-1, 0, s).any().item<bool>())
-            pv.narrow(-1, s, n).masked_fill_(mg.narrow(-1, s, n),
-                                             -std::numeric_limits<float>::infinity());
-          else
-            pv.masked_fill_(mg, -std::numeric_limits<float>::infinity());
+          mask_block_scores(p.view({B, nkv, rep, n, e}), m, s, n);
           p = torch::softmax(p, -1);
           out.push_back(
               torch::matmul(p.to(torch::kBFloat16), vb.narrow(2, 0, e)).view({B, nkv, rep, n, D}));
@@ -375,64 +374,31 @@ struct CrossEntropySum : public torch::autograd::Function<CrossEntropySum> {
 
 // The vocabulary projection and CrossEntropySum in one: h float32 [N, hidden], weight [C, hidden]
 // (frozen: the tied embedding or a plain lm_head, no bias, no adapters), target [N] -> the
-// summed loss, with d loss / d h in the backward. The logits go into `buffer`, kept by the model
-// from step to step, so the largest tensor of the step is mapped once per run, not twice per
-// step (logits, then their gradient). The buffer is used only when no earlier graph still
-// holds it (its storage's only owner is the model); otherwise this call takes a fresh one.
+// summed loss, with d loss / d h (float32) in the backward. The logits go into `buffer`, kept by
+// the model from step to step, so the largest tensor of the step is mapped once per run, not
+// twice per step (logits, then their gradient). The buffer is used only when no earlier graph
+// still holds it (its storage's only owner is the model); otherwise this call takes a fresh one.
+// `bf16`: for a forward under CPU autocast to bfloat16, autocast's numbers without its float32
+// [N, C] tensors: the product in bf16 (float32 accumulation, bf16 logits in a bf16 buffer), the
+// log-sum-exp and softmax - one-hot in float32 kRows rows at a time (as autocast's float32
+// log_softmax of those logits), the gradient rounded to bf16 over the logits for the backward
+// product (as autocast's backward casts it). The float32 copy of the logits, its gradient and
+// the casts between them were ~10 % of a SmolLM2-135M LoRA step at seq 512.
 struct HeadCrossEntropySum : public torch::autograd::Function<HeadCrossEntropySum> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& h,
                                const torch::Tensor& weight, const torch::Tensor& target,
-                               std::shared_ptr<torch::Tensor> buffer) {
+                               std::shared_ptr<torch::Tensor> buffer, bool bf16) {
     const int64_t N = h.size(0), C = weight.size(0);
+    const torch::ScalarType dt = bf16 ? torch::kBFloat16 : h.scalar_type();
+    const torch::Tensor hc = h.to(dt), wc = weight.to(dt);  // the same tensors in float32
     const bool free = !buffer->defined() || buffer->storage().use_count() == 1;
-    if (free && (!buffer->defined() || buffer->numel() < N * C))
-      *buffer = torch::empty({N * C}, h.options());
+    if (free && (!buffer->defined() || buffer->scalar_type() != dt || buffer->numel() < N * C))
+      *buffer = torch::empty({N * C}, hc.options());
     torch::Tensor logits =
-        free ? buffer->narrow(0, 0, N * C).view({N, C}) : torch::empty({N, C}, h.options());
-    at::mm_out(logits, h, weight.t());
+        free ? buffer->narrow(0, 0, N * C).view({N, C}) : torch::empty({N, C}, hc.options());
+    at::mm_out(logits, hc, wc.t());
     auto [loss, lse, t, valid] = CrossEntropySum::loss_of(logits, target);
-    ctx->save_for_backward({weight, lse, t, valid});
-    ctx->saved_data["logits"] = logits;  // not a saved variable: the backward overwrites it
-    return loss;
-  }
-
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grads) {
-    const auto saved = ctx->get_saved_variables();
-    CrossEntropySum::once(ctx);
-    torch::Tensor d = CrossEntropySum::gradient(ctx->saved_data["logits"].toTensor(), saved[1],
-                                                saved[2], saved[3], grads[0]);
-    torch::Tensor dh = torch::mm(d, saved[0]);
-    ctx->saved_data.erase("logits");  // the buffer is free for the next step's forward
-    return {dh, torch::Tensor(), torch::Tensor(), torch::Tensor()};
-  }
-};
-
-// HeadCrossEntropySum for a forward under CPU autocast to bfloat16, with autocast's numbers
-// without its float32 [N, C] tensors: the projection in bf16 as autocast computes a Linear (bf16
-// operands, float32 accumulation, bf16 logits) into the reused buffer (bf16); the log-sum-exp,
-// and in the backward softmax - one-hot, in float32 a few rows at a time (as autocast's float32
-// log_softmax of those logits), the gradient rounded to bf16 over the logits for the products
-// (as autocast's backward casts it). The float32 copy of the logits, its gradient and the casts
-// between them were ~10 % of a SmolLM2-135M LoRA step at seq 512. h float32 [N, hidden], weight
-// float32 [C, hidden] frozen, target [N]; d loss / d h comes back float32.
-struct HeadCrossEntropySumBf16 : public torch::autograd::Function<HeadCrossEntropySumBf16> {
-  static constexpr int64_t kRows = CrossEntropySum::kRows;
-
-  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& h,
-                               const torch::Tensor& weight, const torch::Tensor& target,
-                               std::shared_ptr<torch::Tensor> buffer) {
-    const int64_t N = h.size(0), C = weight.size(0);
-    const torch::Tensor hb = h.to(torch::kBFloat16), wb = weight.to(torch::kBFloat16);
-    const bool free = !buffer->defined() || buffer->storage().use_count() == 1;
-    if (free && (!buffer->defined() || buffer->scalar_type() != torch::kBFloat16 ||
-                 buffer->numel() < N * C))
-      *buffer = torch::empty({N * C}, hb.options());
-    torch::Tensor logits =
-        free ? buffer->narrow(0, 0, N * C).view({N, C}) : torch::empty({N, C}, hb.options());
-    at::mm_out(logits, hb, wb.t());
-    auto [loss, lse, t, valid] = CrossEntropySum::loss_of(logits, target);
-    ctx->save_for_backward({wb, lse, t, valid});
+    ctx->save_for_backward({wc, lse, t, valid});
     ctx->saved_data["logits"] = logits;  // not a saved variable: the backward overwrites it
     return loss;
   }
@@ -442,20 +408,26 @@ struct HeadCrossEntropySumBf16 : public torch::autograd::Function<HeadCrossEntro
     const auto saved = ctx->get_saved_variables();
     CrossEntropySum::once(ctx);
     torch::Tensor logits = ctx->saved_data["logits"].toTensor();
-    const torch::Tensor& lse = saved[1];
-    const torch::Tensor& t = saved[2];
-    const torch::Tensor w = saved[3].to(torch::kFloat).mul(grads[0]);  // d loss / d row
-    const int64_t N = logits.size(0);
-    for (int64_t s = 0; s < N; s += kRows) {
-      const int64_t n = std::min(kRows, N - s);
-      torch::Tensor rows = logits.narrow(0, s, n).to(torch::kFloat);
-      rows.sub_(lse.narrow(0, s, n).unsqueeze(1)).exp_().mul_(w.narrow(0, s, n).unsqueeze(1));
-      rows.scatter_add_(1, t.narrow(0, s, n).unsqueeze(1), w.narrow(0, s, n).neg().unsqueeze(1));
-      logits.narrow(0, s, n).copy_(rows);
+    torch::Tensor d;
+    if (logits.scalar_type() == torch::kFloat) {
+      d = CrossEntropySum::gradient(logits, saved[1], saved[2], saved[3], grads[0]);
+    } else {
+      const torch::Tensor& lse = saved[1];
+      const torch::Tensor& t = saved[2];
+      const torch::Tensor w = saved[3].to(torch::kFloat).mul(grads[0]);  // d loss / d row
+      constexpr int64_t kRows = CrossEntropySum::kRows;
+      for (int64_t s = 0; s < logits.size(0); s += kRows) {
+        const int64_t n = std::min(kRows, logits.size(0) - s);
+        torch::Tensor rows = logits.narrow(0, s, n).to(torch::kFloat);
+        rows.sub_(lse.narrow(0, s, n).unsqueeze(1)).exp_().mul_(w.narrow(0, s, n).unsqueeze(1));
+        rows.scatter_add_(1, t.narrow(0, s, n).unsqueeze(1), w.narrow(0, s, n).neg().unsqueeze(1));
+        logits.narrow(0, s, n).copy_(rows);
+      }
+      d = logits;
     }
-    torch::Tensor dh = torch::mm(logits, saved[0]).to(torch::kFloat);
+    torch::Tensor dh = torch::mm(d, saved[0]).to(torch::kFloat);
     ctx->saved_data.erase("logits");  // the buffer is free for the next step's forward
-    return {dh, torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    return {dh, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 

@@ -261,11 +261,11 @@ v1::ModelOutput LlamaModel::forward(const v1::Batch& b) {
       const c10::DeviceType d = h.device().type();
       v1::ModelOutput out;
       if (!v1::compat::autocast_enabled(d)) {
-        out.loss_sum = HeadCrossEntropySum::apply(h.contiguous(), w, target, logits_buffer_);
+        out.loss_sum = HeadCrossEntropySum::apply(h.contiguous(), w, target, logits_buffer_, false);
         return out;
       }
       if (d == c10::kCPU && v1::compat::autocast_dtype(d) == torch::kBFloat16) {
-        out.loss_sum = HeadCrossEntropySumBf16::apply(h.contiguous(), w, target, logits_buffer_);
+        out.loss_sum = HeadCrossEntropySum::apply(h.contiguous(), w, target, logits_buffer_, true);
         return out;
       }
     }
