@@ -295,8 +295,11 @@ def profile(a, work):
     mm = {}
     for o in p["ops"]:
         if o["flops"] > 0:
-            (m, k), (_, n) = o["shapes"][-2][-2:], o["shapes"][-1][-2:]
-            key = (o["name"].replace("aten::", ""), tuple(o["shapes"][-2]), tuple(o["shapes"][-1]))
+            # The two multiplied operands, as the profiler counts them: addmm/baddbmm's follow
+            # the bias, mm/bmm's come first (an out= variant records its output last).
+            first = 1 if o["name"] in ("aten::addmm", "aten::baddbmm") else 0
+            a_shape, b_shape = o["shapes"][first], o["shapes"][first + 1]
+            key = (o["name"].replace("aten::", ""), tuple(a_shape), tuple(b_shape))
             e = mm.setdefault(key, [0, 0.0, 0.0])
             e[0] += o["calls"]
             e[1] += o["self_us"] / 1e6
