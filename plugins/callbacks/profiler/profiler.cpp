@@ -37,11 +37,11 @@ using OpKey = std::pair<std::string, std::vector<std::vector<int64_t>>>;
 // threads go into one map under a mutex (taken once per operator end: microseconds against
 // operators that take tens of microseconds or more).
 struct Recording {
+  bool all_shapes = false;  ///< the option all_shapes; set before the observer is added
   std::mutex mutex;
   std::map<OpKey, ProfiledOp> ops;
 };
 std::atomic<Recording*> g_recording{nullptr};
-std::atomic<bool> g_all_shapes{false};
 
 struct Frame {
   double t0_us;
@@ -72,14 +72,13 @@ void on_op_end(const at::RecordFunction& fn, at::ObserverContext*) {
   std::vector<std::vector<int64_t>> shapes;
   // Shapes only for the matrix products: their FLOPs need them, and the other operators'
   // shapes would cost more to record than many of those operators take.
-  if (g_all_shapes.load(std::memory_order_relaxed) || is_matrix_product(name))
+  if (rec->all_shapes || is_matrix_product(name))
     for (const c10::IValue& v : fn.inputs())
       shapes.push_back(v.isTensor() ? v.toTensor().sizes().vec() : std::vector<int64_t>{});
   std::lock_guard<std::mutex> lock(rec->mutex);
   ProfiledOp& op = rec->ops[{name, shapes}];
   if (op.calls == 0) {
     op.name = name;
-    op.flops = 0;
     op.shapes = shapes;
   }
   op.calls += 1;
@@ -149,14 +148,14 @@ ProfilerCallback::~ProfilerCallback() {
   }
 }
 
-void ProfilerCallback::start(int64_t) {
+void ProfilerCallback::start() {
   if (path_.empty() || active_ || done_) return;
   // One observer per process: a second profiler callback in the same job does not start.
   Recording* expected = nullptr;
   auto rec = std::make_unique<Recording>();
+  rec->all_shapes = all_shapes_;
   if (!g_recording.compare_exchange_strong(expected, rec.get())) return;
   rec.release();
-  g_all_shapes = all_shapes_;
   handle_ = at::addGlobalCallback(
       at::RecordFunctionCallback(&on_op_start, &on_op_end)
           .needsInputs(true)
@@ -198,11 +197,11 @@ void ProfilerCallback::stop(int64_t last_step) {
 }
 
 void ProfilerCallback::on_train_start(const TrainPlan&) {
-  if (start_step_ == 1) start(0);
+  if (start_step_ == 1) start();
 }
 
 void ProfilerCallback::on_step_end(const StepMetrics& m) {
-  if (m.step == start_step_ - 1) start(m.step);
+  if (m.step == start_step_ - 1) start();
   if (m.step == start_step_ + num_steps_ - 1) stop(m.step);
 }
 

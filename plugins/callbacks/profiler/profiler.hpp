@@ -44,7 +44,7 @@ class ProfilerCallback final : public v1::Callback {
   void on_train_end(const v1::TrainSummary& summary) override;
 
  private:
-  void start(int64_t after_step);
+  void start();
   void stop(int64_t last_step);
   int64_t start_step_;
   int64_t num_steps_;

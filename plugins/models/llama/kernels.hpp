@@ -10,6 +10,7 @@
 #include <limits>
 #include <vector>
 
+#include "trainrun/model/activation_checkpointing.hpp"
 #include "trainrun/model/attention.hpp"
 #include "trainrun/model/packed_batch.hpp"
 #include "trainrun/torch_compat.hpp"
@@ -200,17 +201,13 @@ struct BlockedCausalAttention : public torch::autograd::Function<BlockedCausalAt
 // [B, nkv, T, D] of any floating dtype; returns bf16 [B, nh, T, D]; the gradients come back in
 // the inputs' dtypes.
 struct BlockedCausalAttentionBf16 : public torch::autograd::Function<BlockedCausalAttentionBf16> {
-  // Autocast off inside: every cast here is explicit.
-  struct NoAutocast {
-    bool was = v1::compat::autocast_enabled(c10::kCPU);
-    NoAutocast() { v1::compat::set_autocast_enabled(c10::kCPU, false); }
-    ~NoAutocast() { v1::compat::set_autocast_enabled(c10::kCPU, was); }
-  };
-
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& q,
                                const torch::Tensor& k, const torch::Tensor& v,
                                const torch::Tensor& blocked, double scale, int64_t block) {
-    NoAutocast off;
+    // CPU autocast off inside (the SDK's AutocastRestore): every cast here is explicit.
+    v1::detail::AutocastRestore off(false, at::kBFloat16, v1::compat::autocast_enabled(c10::kCUDA),
+                                    v1::compat::autocast_dtype(c10::kCUDA),
+                                    at::autocast::is_autocast_cache_enabled());
     const int64_t B = q.size(0), nh = q.size(1), T = q.size(2), D = q.size(3), nkv = k.size(1),
                   rep = nh / nkv;
     const torch::Tensor qg = q.reshape({B, nkv, rep, T, D});
@@ -247,7 +244,10 @@ struct BlockedCausalAttentionBf16 : public torch::autograd::Function<BlockedCaus
   // dS = P * (dP - rowsum(dP * P)) in float32, dQ = scale * dS K[:e], dK[:e] += dS^T Q_s.
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
-    NoAutocast off;
+    // CPU autocast off inside (the SDK's AutocastRestore): every cast here is explicit.
+    v1::detail::AutocastRestore off(false, at::kBFloat16, v1::compat::autocast_enabled(c10::kCUDA),
+                                    v1::compat::autocast_dtype(c10::kCUDA),
+                                    at::autocast::is_autocast_cache_enabled());
     const auto saved = ctx->get_saved_variables();
     const torch::Tensor &kb = saved[0], &vb = saved[1];
     const std::vector<torch::Tensor> probs = ctx->saved_data["probs"].toTensorVector();
@@ -258,8 +258,7 @@ struct BlockedCausalAttentionBf16 : public torch::autograd::Function<BlockedCaus
     const int64_t B = grads[0].size(0), nh = grads[0].size(1), T = grads[0].size(2),
                   D = grads[0].size(3), nkv = kb.size(1), rep = nh / nkv;
     const torch::Tensor dg = grads[0].to(torch::kBFloat16).reshape({B, nkv, rep, T, D});
-    const torch::Tensor f32 = torch::empty({0}, kb.options().dtype(torch::kFloat));
-    torch::Tensor dq = torch::empty({B, nkv, rep, T, D}, f32.options()), dk, dv;
+    torch::Tensor dq = torch::empty({B, nkv, rep, T, D}, kb.options().dtype(torch::kFloat)), dk, dv;
     for (int64_t i = static_cast<int64_t>(probs.size()) - 1; i >= 0; --i) {
       const int64_t s = i * block, n = std::min(block, T - s), e = s + n;
       const torch::Tensor& p = probs[static_cast<size_t>(i)];

@@ -78,11 +78,13 @@ void LlamaModel::declare_options(v1::OptionSchema& s) {
       "training loss with a frozen head (LoRA, QLoRA): the vocabulary projection and the "
       "cross-entropy in one step whose logits buffer is reused from step to step and "
       "overwritten by their gradient; false = the projection through autograd, then the loss");
-  s.boolean("blocked_attention", true,
-            "training attention (LibTorch < 2.1) through blocked kernels with their own "
-            "backward, float32 and under CPU bf16 autocast: queries in blocks of 64, grouped "
-            "query heads without repeated keys, only the diagonal masked; false = autograd "
-            "through the masked math form");
+  s.boolean(
+      "blocked_attention", true,
+      "training attention (LibTorch < 2.1) through blocked kernels with their own "
+      "backward, float32 and under CPU bf16 autocast: queries in blocks of 64 (float32) or 128 "
+      "(bf16), grouped "
+      "query heads without repeated keys, only the diagonal masked; false = autograd "
+      "through the masked math form");
 }
 
 LlamaModel::LlamaModel(const v1::Options& o, const v1::RunContext& ctx)

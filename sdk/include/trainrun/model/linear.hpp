@@ -223,7 +223,8 @@ class LinearImpl : public torch::nn::Module {
   /// once and used while autocast to `dtype` is on, and made again when the weight changed
   /// (another storage or an in-place write: a checkpoint loaded into it). Costs `dtype`'s bytes
   /// per weight element. Returns whether a copy is kept; a layer with a LinearBase keeps none.
-  /// Precisions call it (bf16-mixed: after callbacks froze the base, before the first forward).
+  /// The core calls it for a v1::FrozenWeightCopies precision (bf16-mixed), after the strategy's
+  /// setup and before the first forward.
   bool keep_frozen_weight_copy(at::ScalarType dtype) {
     frozen_copy_ = at::Tensor();
     if (base_ || !weight.defined() || weight.requires_grad() ||
@@ -234,7 +235,7 @@ class LinearImpl : public torch::nn::Module {
     refresh_frozen_copy();
     return true;
   }
-  /// The kept copy (undefined when none): tests and memory estimates read it.
+  /// The kept copy (undefined when none): the core's log and tests read it.
   const at::Tensor& frozen_weight_copy() const { return frozen_copy_; }
 
   torch::nn::LinearOptions options;
