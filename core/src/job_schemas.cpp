@@ -21,6 +21,9 @@ v1::OptionSchema trainer_schema() {
   s.string("run_dir", "", "Output directory; \"\" = runs/<job file name>");
   s.integer("eval_every", 0, "Evaluate every N steps (and always at the end); 0 = only at the end",
             0, 1e15);
+  s.boolean("eval_on_start", false,
+            "Also evaluate before the first step (Hugging Face Trainer's eval_on_start): the "
+            "starting point of the held-out figures");
   s.integer("eval_max_batches", 0,
             "Cap on evaluation batches per rank per evaluation (as Lightning's "
             "limit_val_batches); 0 = whole split",

@@ -121,6 +121,11 @@ MemoryCheck check_memory(const JobConfig& job, const Registry& registry) {
         registry.create<v1::Objective>(*job.objective.info, job.objective.options, ctx);
     task =
         guarded(describe_component(*job.objective.info), "task", [&] { return objective->task(); });
+    if (auto* online = dynamic_cast<v1::OnlineObjective*>(objective.get()))
+      check_online_job(job,
+                       guarded(describe_component(*job.objective.info), "rollout_spec",
+                               [&] { return online->rollout_spec(); }),
+                       world);
   }
   check_objective_task(job, task, ctx.data.task);
   torch::manual_seed(ctx.seed);

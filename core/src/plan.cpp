@@ -37,14 +37,14 @@ namespace {
 
 // The layout is checked before the sampler exists, so its error is the job's sentence.
 DistributedSampler::Options sampler_options(const v1::Options& trainer, int world_size, int rank,
-                                            int64_t train_samples) {
+                                            int64_t train_samples, int64_t per_sample) {
   const int64_t global = trainer.get_int("global_batch_size");
   const std::string error =
       batch_layout_error(global, trainer.get_int("micro_batch_size"), world_size);
   if (!error.empty()) throw v1::ConfigError(error);
   DistributedSampler::Options so;
   so.num_samples = train_samples;
-  so.global_batch_size = global;
+  so.global_batch_size = global / per_sample;
   so.world_size = world_size;
   so.rank = rank;
   so.seed = static_cast<uint64_t>(trainer.get_int("seed"));
@@ -54,16 +54,18 @@ DistributedSampler::Options sampler_options(const v1::Options& trainer, int worl
 
 }  // namespace
 
-BatchPlan make_plan(const v1::Options& trainer, int world_size, int rank, int64_t train_samples) {
+BatchPlan make_plan(const v1::Options& trainer, int world_size, int rank, int64_t train_samples,
+                    int64_t completions_per_sample, int64_t steps_per_batch) {
   BatchPlan bp{v1::TrainPlan{},
-               DistributedSampler(sampler_options(trainer, world_size, rank, train_samples))};
+               DistributedSampler(sampler_options(trainer, world_size, rank, train_samples,
+                                                  completions_per_sample))};
   v1::TrainPlan& plan = bp.steps;
   plan.global_batch_size = trainer.get_int("global_batch_size");
   const int64_t micro = trainer.get_int("micro_batch_size");
   const int64_t mb = micro > 0 ? micro : plan.global_batch_size / world_size;
   plan.micro_batch_size = mb;
   plan.accumulation_steps = plan.global_batch_size / (mb * world_size);
-  plan.steps_per_epoch = bp.sampler.steps_per_epoch();
+  plan.steps_per_epoch = bp.sampler.steps_per_epoch() * steps_per_batch;
   const int64_t max_steps = trainer.get_int("max_steps");
   const int64_t max_epochs = trainer.get_int("max_epochs");
   if (max_steps == 0 && max_epochs == 0)

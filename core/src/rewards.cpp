@@ -35,26 +35,28 @@ std::string row_name(const v1::RewardSample& s, size_t position) {
 }
 }  // namespace
 
-std::vector<std::vector<double>> RewardSet::score(const std::vector<v1::RewardSample>& samples) {
+void RewardSet::check_rows(const std::vector<v1::RewardSample>& samples) const {
   // Rows are parsed once, and only when some reward names fields.
-  std::vector<nlohmann::json> rows;
   const bool any_required = std::any_of(entries_.begin(), entries_.end(),
                                         [](const Entry& e) { return !e.required.empty(); });
-  if (any_required)
-    for (size_t s = 0; s < samples.size(); ++s) {
-      nlohmann::json row =
-          nlohmann::json::parse(samples[s].row, nullptr, /*allow_exceptions=*/false);
-      if (!row.is_object())
-        throw v1::ConfigError(row_name(samples[s], s) + ": the prompt's row is not a JSON object");
-      rows.push_back(std::move(row));
-    }
-  std::vector<std::vector<double>> out;
-  for (auto& e : entries_) {
-    for (size_t s = 0; s < rows.size(); ++s)
+  if (!any_required) return;
+  for (size_t s = 0; s < samples.size(); ++s) {
+    const nlohmann::json row =
+        nlohmann::json::parse(samples[s].row, nullptr, /*allow_exceptions=*/false);
+    if (!row.is_object())
+      throw v1::ConfigError(row_name(samples[s], s) + ": the prompt's row is not a JSON object");
+    for (const auto& e : entries_)
       for (const auto& field : e.required)
-        if (!rows[s].contains(field))
+        if (!row.contains(field))
           throw v1::ConfigError(e.label + ": " + row_name(samples[s], s) + " has no field '" +
                                 field + "', which this reward compares with");
+  }
+}
+
+std::vector<std::vector<double>> RewardSet::score(const std::vector<v1::RewardSample>& samples) {
+  check_rows(samples);
+  std::vector<std::vector<double>> out;
+  for (auto& e : entries_) {
     std::vector<double> scores =
         guarded(e.label, "score", [&] { return e.reward->score(samples); });
     if (scores.size() != samples.size())

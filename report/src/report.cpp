@@ -259,7 +259,11 @@ Json build_charts(const std::vector<Run>& runs) {
   // spread of the scores.
   const bool preference = any([](const Run& r) { return r.main.has("rewards/margins"); });
   const bool reward = !preference && any([](const Run& r) { return r.main.has("mean_reward"); });
-  if (preference || reward) {
+  // Online RL (ABI 1.12, objective grpo): the rollouts' reward (held out: the evaluations'),
+  // how long the completions are and how many were cut, and how much of the ratio was clipped.
+  const bool online = !preference && !reward &&
+                      any([](const Run& r) { return r.main.has("completions/mean_length"); });
+  if (preference || reward || online) {
     struct Pref {
       const char* id;
       const char* title;
@@ -299,7 +303,23 @@ Json build_charts(const std::vector<Run>& runs) {
          "log p (summed)",
          {{"chosen", "logps/chosen"}, {"rejected", "logps/rejected"}},
          1.0}};
-    for (const Pref& p : reward ? reward_charts : pref_charts) {
+    const std::vector<Pref> online_charts = {
+        {"rl_reward",
+         "Online RL: reward (weighted sum of the [[rewards]])",
+         "reward",
+         {{"reward", "reward"}},
+         1.0},
+        {"rl_length",
+         "Online RL: completion length",
+         "tokens",
+         {{"mean length", "completions/mean_length"}},
+         1.0},
+        {"rl_clipped",
+         "Online RL: completions cut at max_completion_length, ratio clipped",
+         "(%)",
+         {{"cut", "completions/clipped_ratio"}, {"ratio clipped", "clip_ratio/region_mean"}},
+         100.0}};
+    for (const Pref& p : reward ? reward_charts : online ? online_charts : pref_charts) {
       Json c = chart(p.id, p.title, p.y);
       for (size_t i = 0; i < runs.size(); ++i)
         for (const auto& [label, metric] : p.keys) {

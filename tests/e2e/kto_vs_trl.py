@@ -65,7 +65,7 @@ os.environ.setdefault("TQDM_DISABLE", "1")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from trl_harness import load_initial_lora_a, metrics_files, table, trl_common_args, trainrun_order_sampler  # noqa: E402
+from trl_harness import load_initial_lora_a, make_tiny_model, metrics_files, table, trainrun_order_sampler, trl_common_args  # noqa: E402
 
 STEPS, SEED, LR, MAX_LENGTH, BATCH = 10, 3, 1e-3, 1024, 8
 LORA_TABLE = {"plugin": "lora", "r": 4, "lora_alpha": 8.0, "target_modules": ["all-linear"]}
@@ -174,24 +174,11 @@ def fail(msg):
 
 
 def make_model(out, tokenizer_dir):
-    """preference_vs_trl.py's tiny Llama (hidden 32, 2 layers, GQA 4/2, norms perturbed)."""
-    from transformers import AutoModelForCausalLM, LlamaConfig
+    """trl_harness's tiny Llama (hidden 32, 2 layers, GQA 4/2, norms perturbed)."""
     from chat_data import write_tokenizer
 
     write_tokenizer(tokenizer_dir, seed=1, count=48)  # 320 ids, EOS <|im_end|>, ChatML
-    cfg = LlamaConfig(vocab_size=320, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                      rms_norm_eps=1e-6, tie_word_embeddings=False, bos_token_id=None, eos_token_id=2,
-                      pad_token_id=None)
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager")
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 1:
-                p.add_(0.1 * torch.randn_like(p))
-    model.save_pretrained(out)
-    for name in os.listdir(tokenizer_dir):
-        shutil.copy(os.path.join(tokenizer_dir, name), out)
+    make_tiny_model(out, tokenizer_dir)
 
 
 def write_jsonl(path, rows):

@@ -64,7 +64,7 @@ os.environ.setdefault("TQDM_DISABLE", "1")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from trl_harness import load_initial_lora_a, metrics_files, table, trl_common_args, trainrun_order_sampler  # noqa: E402
+from trl_harness import load_initial_lora_a, make_tiny_model, metrics_files, table, trainrun_order_sampler, trl_common_args  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------
 # The contract with the C++ side, in one place: job-file names and the metric names trainrun
@@ -189,25 +189,6 @@ def fail(msg):
 def make_tokenizer(out):
     from chat_data import write_tokenizer
     write_tokenizer(out, seed=1, count=48)  # chat_data.py's defaults: 320 ids, ChatML
-
-
-def make_model(out, family, tokenizer_dir):
-    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
-
-    common = dict(vocab_size=320, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                  rms_norm_eps=1e-6, tie_word_embeddings=False, bos_token_id=None, eos_token_id=2,
-                  pad_token_id=None)
-    cfg = LlamaConfig(**common) if family == "llama" else Qwen3Config(head_dim=8, **common)
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager")
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 1:
-                p.add_(0.1 * torch.randn_like(p))
-    model.save_pretrained(out)
-    for name in os.listdir(tokenizer_dir):
-        shutil.copy(os.path.join(tokenizer_dir, name), out)
 
 
 def write_data(work):
@@ -573,7 +554,7 @@ def main():
     tok_dir = os.path.join(A.work, "tokenizer")
     make_tokenizer(tok_dir)
     models = {"llama": os.path.join(A.work, "llama")}
-    make_model(models["llama"], "llama", tok_dir)
+    make_tiny_model(models["llama"], tok_dir, "llama")
     plain, conv = write_data(A.work)
     if A.checks:
         checks(models["llama"], plain)
@@ -593,7 +574,7 @@ def main():
     for extra in filter(None, A.extra.split(",")):
         if extra == "qwen3":
             models["qwen3"] = os.path.join(A.work, "qwen3")
-            make_model(models["qwen3"], "qwen3", tok_dir)
+            make_tiny_model(models["qwen3"], tok_dir, "qwen3")
             cells.append(("qwen3/dpo-sigmoid/none", "dpo-sigmoid", "none", models["qwen3"], plain))
         elif extra == "conversational":
             cells.append(("llama-chat/dpo-sigmoid/none", "dpo-sigmoid", "none", models["llama"], conv))

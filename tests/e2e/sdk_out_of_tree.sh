@@ -8,7 +8,8 @@
 # tests/e2e/sdk_old_paths, a plugin that includes the SDK headers by their paths before issue 42
 # moved them into role folders, and checks that it loads and runs (the forwarding headers). Then
 # the example objective (sdk/examples/rpo) trains, and the example reward
-# (sdk/examples/keyword-reward) scores fixed rows through the installed `trainrun reward`.
+# (sdk/examples/keyword-reward) scores fixed rows through the installed `trainrun reward`; the
+# example online objective (sdk/examples/rloo) trains on its own completions.
 set -euo pipefail
 build=$(cd "$1" && pwd)
 src=$(cd "$2" && pwd)
@@ -235,6 +236,58 @@ echo "$out" | tail -8
 [ "$rc" -eq 0 ] || fail "training with the rpo objective exited with $rc"
 grep -q 'objective rpo (reference: precomputed)' <<<"$out" || fail "the banner does not name the rpo objective"
 grep -q '"nll_loss"' "$work/run-rpo/metrics.jsonl" || fail "rpo's nll_loss is not in metrics.jsonl"
+
+step "the example online objective (sdk/examples/rloo, ABI 1.12) builds against $prefix and trains"
+rloo_src=$src/sdk/examples/rloo
+cmake -S "$rloo_src" -B "$work/rloo" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_PREFIX_PATH="$prefix" "${launcher[@]}"
+cmake --build "$work/rloo"
+[ -f "$work/rloo/libtrainrun-rloo.so" ] || fail "the rloo build produced no libtrainrun-rloo.so"
+# The same random inline Llama generating from prompts, a shipped length reward: 2 steps of 2
+# prompts x 4 completions.
+for i in 1 2 3 4; do printf '{"prompt": "Question %s: what is %s plus %s?"}\n' "$i" "$i" "$i"; done >"$work/prompts.jsonl"
+cat >"$work/rloo.toml" <<JOB
+[model]
+plugin = "llama"
+hidden_size = 16
+intermediate_size = 32
+num_hidden_layers = 1
+num_attention_heads = 2
+
+[data]
+plugin = "prompts"
+paths = ["$work/prompts.jsonl"]
+tokenizer = "$tok"
+
+[objective]
+plugin = "rloo"
+num_generations = 4
+max_completion_length = 8
+
+[[rewards]]
+plugin = "length"
+kind = "linear"
+max_completion_length = 8
+
+[trainer]
+max_steps = 2
+global_batch_size = 8
+seed = 1
+log_every = 1
+run_dir = "$work/run-rloo"
+save_final_model = false
+
+[[callbacks]]
+plugin = "metrics"
+JOB
+set +e
+out=$(TRAINRUN_PLUGIN_PATH=$work/rloo "$trainrun" --config "$work/rloo.toml" --set model.save_hf=false 2>&1)
+rc=$?
+set -e
+echo "$out" | tail -5
+[ "$rc" -eq 0 ] || fail "training with the rloo objective exited with $rc"
+grep -q '"reward"' "$work/run-rloo/metrics.jsonl" || fail "rloo's reward is not in metrics.jsonl"
+[ "$(wc -l <"$work/run-rloo/completions/rank-0.jsonl")" -eq 16 ] || fail "rloo's run did not log 16 completions"
 
 step "the example reward (sdk/examples/keyword-reward, ABI 1.10) builds against $prefix and scores"
 kw_src=$src/sdk/examples/keyword-reward

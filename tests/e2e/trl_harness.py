@@ -1,13 +1,40 @@
-"""What the TRL cross-checks share (preference_vs_trl.py, kto_vs_trl.py, reward_vs_trl.py): job
-files written from dicts, trainrun's metrics read back, TRL's trainer arguments matching
-trainrun's AdamW step, trainrun's data order for TRL, trainrun's initial LoRA A for PEFT."""
+"""What the TRL cross-checks share (preference_vs_trl.py, kto_vs_trl.py, reward_vs_trl.py,
+grpo_vs_trl.py): their tiny random model, job files written from dicts, trainrun's metrics read
+back, TRL's trainer arguments matching trainrun's AdamW step, trainrun's data order for TRL,
+trainrun's initial LoRA A for PEFT."""
 import json
 import os
+import shutil
 
 import torch
 
 # trainrun's adamw defaults, which TRL is given
 ADAMW = {"beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "weight_decay": 0.01}
+
+
+def make_tiny_model(out, tokenizer_dir, family="llama", eos_boost=0.0):
+    """A tiny random Llama (or Qwen3) made by transformers: hidden 32, 2 layers, GQA 4/2, 320 ids
+    (chat_data.py's tokenizer, already written to tokenizer_dir and copied beside the weights),
+    EOS id 2, every norm weight perturbed so that none is 1. eos_boost > 0 makes EOS likelier
+    (grpo_vs_trl.py: some completions end before their maximum length)."""
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
+
+    common = dict(vocab_size=320, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                  rms_norm_eps=1e-6, tie_word_embeddings=False, bos_token_id=None, eos_token_id=2,
+                  pad_token_id=None)
+    cfg = LlamaConfig(**common) if family == "llama" else Qwen3Config(head_dim=8, **common)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager")
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 1:
+                p.add_(0.1 * torch.randn_like(p))
+        if eos_boost:
+            model.lm_head.weight[2].add_(eos_boost * model.model.norm.weight.sign())
+    model.save_pretrained(out)
+    for name in os.listdir(tokenizer_dir):
+        shutil.copy(os.path.join(tokenizer_dir, name), out)
 
 
 def toml_value(v):

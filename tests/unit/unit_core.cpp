@@ -270,6 +270,25 @@ TEST_CASE("global batch that does not divide is a clear error") {
                        doctest::Contains("larger than the training split"), v1::ConfigError);
 }
 
+TEST_CASE("an online objective's plan: batches count completions, the sampler draws prompts") {
+  std::map<std::string, v1::OptionValue> v;
+  const v1::OptionSchema schema = core::trainer_schema();
+  for (const auto& s : schema.specs()) v[s.name] = s.default_value;
+  v["global_batch_size"] = int64_t(32);  // completions: 4 prompts x 8
+  v["micro_batch_size"] = int64_t(8);
+  v["max_epochs"] = int64_t(1);
+  // 100 prompts, 8 completions each, 2 optimizer steps per rollout (num_iterations), 2 ranks.
+  core::BatchPlan bp = core::make_plan(v1::Options(v, "[trainer]"), 2, 1, 100, 8, 2);
+  CHECK(bp.steps.global_batch_size == 32);
+  CHECK(bp.steps.micro_batch_size == 8);
+  CHECK(bp.steps.accumulation_steps == 2);  // 32 / (8 x 2 ranks)
+  CHECK(bp.steps.steps_per_epoch == 50);    // 100 / 4 prompt batches, 2 steps each
+  CHECK(bp.steps.total_steps == 50);
+  const std::vector<int64_t> prompts = bp.sampler.rank_batch(0, 0);
+  CHECK(prompts.size() == 2);  // 4 prompts per batch, 2 on each rank
+  for (int64_t p : prompts) CHECK((p >= 0 && p < 100));
+}
+
 TEST_CASE("sampler: ranks get disjoint shares whose union is the world-1 global batch") {
   for (bool drop_last : {true, false}) {
     for (int world : {1, 2, 4}) {

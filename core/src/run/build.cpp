@@ -109,8 +109,9 @@ v1::StepMetricsSource* metrics_source(Slot<T>& slot) {
 // The plan: the batch layout with its sampler (built once, here) and the [trainer] settings the
 // loop reads, all fixed before the first step.
 RunPlan plan_run(const v1::Options& trainer, const v1::RunContext& ctx, int64_t train_samples,
-                 int64_t eval_samples) {
-  RunPlan p{make_plan(trainer, ctx.world_size, ctx.rank, train_samples)};
+                 int64_t eval_samples, int64_t completions_per_sample, int64_t steps_per_batch) {
+  RunPlan p{make_plan(trainer, ctx.world_size, ctx.rank, train_samples, completions_per_sample,
+                      steps_per_batch)};
   p.train_samples = train_samples;
   p.eval_samples = eval_samples;
   p.stop_after = trainer.get_int("stop_after_steps");
@@ -119,6 +120,7 @@ RunPlan plan_run(const v1::Options& trainer, const v1::RunContext& ctx, int64_t 
   p.clip_by_value = trainer.get_string("gradient_clip_algorithm") == "value";
   p.log_every = trainer.get_int("log_every");
   p.eval_every = trainer.get_int("eval_every");
+  p.eval_on_start = trainer.get_bool("eval_on_start");
   p.eval_max_batches = trainer.get_int("eval_max_batches");
   p.eval_batch_size = trainer.get_int("eval_batch_size") > 0 ? trainer.get_int("eval_batch_size")
                                                              : p.steps().micro_batch_size;
@@ -233,10 +235,11 @@ void Run::build_components() {
   if (!job_.objective.plugin.empty())
     parts_.objective = build<v1::Objective>(registry_, job_.objective, env_.ctx);
   add_default_callbacks();
-  // [[rewards]] (ABI 1.10) wait for the GRPO objective, which will score with a core::RewardSet.
-  if (!job_.rewards.empty() && env_.lead)
-    log_warn(job_.file + ": [[rewards]] are validated but not used: no objective of this build " +
-             "trains on rewards yet (try them with `trainrun reward`)");
+  // [[rewards]] (ABI 1.10) are scored by an online objective (set_up_online_objective).
+  if (!job_.rewards.empty() && env_.lead &&
+      dynamic_cast<v1::OnlineObjective*>(parts_.objective.obj.get()) == nullptr)
+    log_warn(job_.file + ": [[rewards]] are validated but not used: only an online objective " +
+             "([objective] plugin = \"grpo\") trains on rewards (try them with `trainrun reward`)");
   settle_deferred_weights(parts_.model, !init_weights.empty(), registry_, job_, parts_.precision, parts_.strategy);
   parts_.comm = parts_.accelerator.call("communicator", [](v1::Accelerator& a) { return &a.communicator(); });
 }
@@ -296,7 +299,10 @@ void Run::set_up_model() {
       parts_.model.call("set_batch_fields_available", [&](v1::Model&) { reader->set_batch_fields_available(false); return 0; });
   const int64_t train_samples = parts_.dataset.call("size", [](v1::Dataset& d) { return d.size(v1::Split::Train); });
   const int64_t eval_samples = parts_.dataset.call("size", [](v1::Dataset& d) { return d.size(v1::Split::Eval); });
-  plan_.emplace(plan_run(job_.trainer, env_.ctx, train_samples, eval_samples));
+  set_up_online_objective();
+  plan_.emplace(plan_run(job_.trainer, env_.ctx, train_samples, eval_samples,
+                         caps_.online ? caps_.rollout.num_generations : 1,
+                         caps_.online ? caps_.rollout.num_iterations : 1));
   if (eval_samples == 0 && env_.lead)
     log_warn(job_.file + ": [data] " + job_.data.plugin + " gives 0 held-out (eval) samples: " +
              "no evaluation runs and no eval loss is logged (give the dataset a held-out part, " +
@@ -307,6 +313,7 @@ void Run::set_up_model() {
   if (const std::string f = freeze_parameters(job_.trainer, *parts_.model.obj); !f.empty() && env_.lead)
     log_info("freeze: " + f);
   set_up_objective();
+  check_online_reference();
   plan_->n_params = parts_.model.call("count parameters", [](v1::Model& m) { return count_model_parameters(m); });
   // On the units as the callbacks left them, before a strategy hooks or shards them.
   plan_->checkpointed = install_activation_checkpointing(job_.trainer, parts_.model);
@@ -332,6 +339,8 @@ void Run::set_up_model() {
   parts_.optimizer.call("init", [&](v1::Optimizer& o) { o.init(parts_.params, plan_->steps()); return 0; });
   torch::manual_seed(rank_seed(env_.ctx.seed, env_.ctx.rank));
 }
+
+uint32_t Run::abi_minor_of_model() const { return abi_minor_of(registry_, job_.model); }
 
 void Run::set_up_checkpoints() {
   env_.ckpt_root = caps_.policy ? caps_.policy->checkpoint_settings().dir
@@ -374,6 +383,15 @@ void Run::print_banner(size_t n_units) {
   if (plan_->batches.sampler.padded_per_epoch())
     std::cout << ", " << plan_->batches.sampler.padded_per_epoch() << " samples repeated to fill the last batch";
   std::cout << ")" << std::endl;
+  if (caps_.online != nullptr) {
+    const v1::RolloutSpec& r = caps_.rollout;
+    std::cout << "  rollouts: " << plan_->steps().global_batch_size / r.num_generations
+              << " prompts x " << r.num_generations
+              << " completions of <= " << r.max_completion_length << " tokens per "
+              << r.num_iterations << (r.num_iterations == 1 ? " step" : " steps")
+              << " (temperature " << r.temperature << (r.old_logps ? ", old log-probabilities" : "")
+              << (r.reference ? ", reference: adapters off" : "") << ")" << std::endl;
+  }
 }
 
 }  // namespace trainrun::core

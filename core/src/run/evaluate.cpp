@@ -12,6 +12,7 @@
 namespace trainrun::core {
 
 v1::EvalMetrics Run::evaluate(int64_t step) {
+  if (caps_.online != nullptr && plan_->eval_samples > 0) return evaluate_rollouts(step);
   const auto t0 = Clock::now();
   v1::EvalMetrics em;
   em.step = step;

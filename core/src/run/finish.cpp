@@ -6,6 +6,7 @@
 #include <torch/types.h>
 #include <torch/utils.h>
 
+#include <cmath>
 #include <iomanip>
 #include <iostream>
 #include <sstream>
@@ -121,14 +122,21 @@ int Run::print_result(const v1::TrainSummary& summary, int stop_sig) const {
     }
     if (progress_.last_eval.samples == 0)
       std::cout << "final eval: none ([data] " << job_.data.plugin << " gives no held-out samples)";
+    else if (caps_.online != nullptr)  // rollouts: rewards, no loss
+      std::cout << "final eval: reward " << std::fixed << std::setprecision(4)
+                << (progress_.last_eval.extra.count("reward")
+                        ? progress_.last_eval.extra.at("reward")
+                        : std::nan(""));
     else
       std::cout << "final eval: loss " << std::fixed << std::setprecision(4)
                 << progress_.last_eval.loss;
     if (progress_.last_eval.samples > 0 && progress_.last_eval.accuracy >= 0)
       std::cout << ", accuracy " << std::setprecision(2) << 100 * progress_.last_eval.accuracy << "%";
-    std::cout << " on " << progress_.last_eval.samples << " held-out samples after " << progress_.step << " steps, "
-              << std::setprecision(1) << summary.elapsed_s << " s, " << std::setprecision(0)
-              << progress_.samples_done / loop_s << " samples/s";
+    std::cout << " on " << progress_.last_eval.samples
+              << (caps_.online != nullptr ? " held-out completions after "
+                                          : " held-out samples after ")
+              << progress_.step << " steps, " << std::setprecision(1) << summary.elapsed_s << " s, "
+              << std::setprecision(0) << progress_.samples_done / loop_s << " samples/s";
     if (progress_.tokens_done > 0) std::cout << ", " << progress_.tokens_done / loop_s << " tokens/s";
     std::cout << std::endl;
   }

@@ -125,6 +125,10 @@ void check_objective_task(const JobConfig& job, const std::string& task,
       throw ConfigError(job.file + ": [data] " + job.data.plugin +
                         " gives KTO's unpaired examples with their KL rows, which need " +
                         "[objective] plugin = \"kto\"");
+    if (data_task == "prompts")
+      throw ConfigError(job.file + ": [data] " + job.data.plugin +
+                        " gives prompts without answers, which need an online [objective] that " +
+                        "generates and scores completions (plugin = \"grpo\", with [[rewards]])");
     if (data_task == "reward")
       throw ConfigError(job.file + ": [data] " + job.data.plugin +
                         " gives pairs laid out for a reward model, which need [objective] " +

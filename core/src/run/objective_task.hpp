@@ -4,6 +4,8 @@
 // with the same words (exit 2).
 #include <string>
 
+#include <trainrun/rollout.hpp>
+
 #include "trainrun/core/config.hpp"
 
 namespace trainrun::core {
@@ -13,5 +15,11 @@ namespace trainrun::core {
 /// [objective]), or when the objective's task (Objective::task()) is not `data_task`.
 void check_objective_task(const JobConfig& job, const std::string& objective_task,
                           const std::string& data_task);
+
+/// An online objective's job (rollout.hpp), checked by the run (rollout.cpp) and by
+/// `trainrun check`: at least one [[rewards]], and [trainer] global_batch_size a multiple of
+/// num_generations x world_size (each prompt's completions on one rank). Throws v1::ConfigError
+/// naming job.file and the keys.
+void check_online_job(const JobConfig& job, const v1::RolloutSpec& spec, int world_size);
 
 }  // namespace trainrun::core

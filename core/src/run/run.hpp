@@ -19,13 +19,21 @@
 #include <vector>
 
 #include <trainrun/interfaces.hpp>
+#include <trainrun/generation.hpp>
 #include <trainrun/objective.hpp>
+#include <trainrun/rollout.hpp>
 
 #include "trainrun/core/config.hpp"
 #include "trainrun/core/registry.hpp"
+#include "trainrun/core/rewards.hpp"
 #include "trainrun/core/run_dir.hpp"
 #include "trainrun/core/plan.hpp"
 #include "trainrun/core/sampler.hpp"
+
+namespace trainrun::v1 {
+struct GenerationRequest;  // batch_generation.hpp
+struct GenerationResult;
+}  // namespace trainrun::v1
 
 namespace trainrun::core {
 
@@ -127,7 +135,8 @@ struct Components {
   Slot<v1::Strategy> strategy;
   Slot<v1::Optimizer> optimizer;
   std::vector<Slot<v1::Callback>> callbacks;
-  Slot<v1::Objective> objective;  ///< ABI 1.8; obj null: the model's own loss
+  Slot<v1::Objective> objective;       ///< ABI 1.8; obj null: the model's own loss
+  std::unique_ptr<RewardSet> rewards;  ///< [[rewards]], created for an online objective
   v1::Communicator* comm = nullptr;
   std::vector<v1::NamedTensor> params;  ///< what the strategy hands the optimizer
 };
@@ -147,6 +156,10 @@ struct Capabilities {
   v1::AdapterSwitch* adapters = nullptr;          ///< a callback that can switch adapters off
   v1::ObjectiveExtremes* extremes = nullptr;      ///< the objective's minima/maxima (ABI 1.9)
   v1::SampleValues* sample_values = nullptr;      ///< the dataset's per-sample values (ABI 1.10)
+  v1::OnlineObjective* online = nullptr;          ///< ABI 1.12: the objective trains on rollouts
+  v1::RolloutSpec rollout;                        ///< its spec, read once (online only)
+  v1::PromptSource* prompts = nullptr;            ///< the dataset's prompts (online only)
+  v1::IncrementalDecoder* decoder = nullptr;      ///< the model's KV-cache decoder (online only)
 };
 
 // How the reference model of an objective with Objective::reference_width() > 0 is computed.
@@ -169,11 +182,21 @@ struct RunPlan {
   double clip = 0;
   bool clip_by_value = false;
   int64_t log_every = 1, eval_every = 0, eval_max_batches = 0, eval_batch_size = 0;
+  bool eval_on_start = false;
   ReferenceMode reference = ReferenceMode::None;
   int64_t kill_at = -1;  ///< test hook TRAINRUN_TEST_SIGKILL_AT_STEP (-1: off)
   int kill_rank = 0;
 
   const v1::TrainPlan& steps() const { return batches.steps; }
+};
+
+// One rollout of an online objective on this rank: the prompt batch it completed (the sampler's
+// step), its micro-batches (rows = completions), and what making it took.
+struct Rollout {
+  int64_t batch = -1;
+  StepBatches batches;
+  bool fresh = true;  ///< made for the step in progress (not reused from an earlier one)
+  double generation_s = 0, generated_tokens = 0, reward_s = 0;
 };
 
 // What changes as the run trains. The prefetched counts and the gathered final state are
@@ -192,6 +215,7 @@ struct Progress {
   std::optional<std::vector<v1::NamedTensor>> final_state;
   /// ReferenceMode::Precomputed: float64 [samples, reference_width] per split [train, eval].
   at::Tensor reference[2];
+  std::optional<Rollout> rollout;  ///< an online objective's current rollout
 };
 
 class Run {
@@ -240,6 +264,23 @@ class Run {
   v1::ModelOutput objective_forward(v1::Split split, const v1::Batch& batch,
                                     const std::vector<int64_t>& indices, bool filler);
   std::vector<v1::ObjectiveMetric> objective_metrics(v1::Split split);
+  // rollout.cpp
+  void set_up_online_objective();
+  void check_online_reference();
+  StepBatches rollout_step(int64_t s);
+  void make_rollout(int64_t batch);
+  v1::GenerationRequest rollout_request();
+  v1::GenerationResult generate_whole(const v1::GenerationRequest& req, const char* what);
+  std::vector<v1::RewardSample> reward_samples(const std::vector<v1::PromptSample>& prompts,
+                                               const v1::GenerationResult& gen);
+  void score_rollout(Rollout& r, const std::vector<v1::PromptSample>& prompts,
+                     const v1::GenerationResult& gen);
+  void cut_rollout(Rollout& r, const std::vector<v1::PromptSample>& prompts,
+                   const v1::GenerationResult& gen);
+  void rollout_passes();
+  void add_rollout_metrics(std::map<std::string, double>& extra) const;
+  uint32_t abi_minor_of_model() const;
+  v1::EvalMetrics evaluate_rollouts(int64_t step);
   // save.cpp
   void save_checkpoint_now(int64_t done, const char* reason);
   bool save_sharded_model();

@@ -125,6 +125,7 @@ v1::Batch Run::get_batch(v1::Split split, const std::vector<int64_t>& idx) {
 }
 
 StepBatches Run::load_step(int64_t s) {
+  if (caps_.online != nullptr) return rollout_step(s);
   StepBatches sb;
   const v1::TrainPlan& layout = plan_->steps();
   const std::vector<int64_t> mine =
@@ -151,6 +152,8 @@ void Run::start() {
   progress_.step = progress_.start_step;
   progress_.t_loop = Clock::now();
   state_ = RunState::Training;
+  if (plan_->eval_on_start && progress_.step < plan_->steps().total_steps)
+    progress_.last_eval = evaluate(progress_.step);
   // A run resumed at or past stop_after_steps has nothing to do (the check in end_step runs at
   // the end of a step, which would be one step too late).
   if (plan_->stop_after > 0 && progress_.step >= plan_->stop_after && progress_.step < plan_->steps().total_steps)
@@ -225,7 +228,9 @@ void Run::forward_backward(StepState& st) {
 // the strategy's own collectives so that every rank issues them in the same order, and waited
 // for at the end of the step.
 void Run::issue_step_tail(StepState& st) {
-  st.prefetch = progress_.step + 1 < plan_->steps().total_steps;
+  // An online objective's next batches are completions of the model this step is about to
+  // change: they are made when that step begins, not here.
+  st.prefetch = progress_.step + 1 < plan_->steps().total_steps && caps_.online == nullptr;
   if (st.prefetch) progress_.next = load_step(progress_.step + 1);
   // Two more figures ride along so that the ranks agree without another collective: whether
   // rank 0's checkpoint policy saves after this step, and whether any rank got SIGTERM/SIGINT.
@@ -335,6 +340,7 @@ void Run::report_step(StepState& st) {
     const double count = st.tail.data_ptr<double>()[6 + 2 * i + 1];
     if (count > 0) m.extra[st.objective_metrics[i]] = st.tail.data_ptr<double>()[6 + 2 * i] / count;
   }
+  add_rollout_metrics(m.extra);
   for (auto& [label, source] : caps_.metric_sources)
     guarded(label, "add_step_metrics", [&] { source->add_step_metrics(m.extra); return 0; });
   for (auto& cb : parts_.callbacks) cb.call("on_step_end", [&](v1::Callback& c) { c.on_step_end(m); return 0; });

@@ -143,6 +143,17 @@ std::unique_ptr<v1::DecodeState> LlamaModel::new_decode_state(int64_t batch_size
   return cache;
 }
 
+void LlamaModel::repeat_rows(v1::DecodeState& state, int64_t repeats) {
+  auto* cache = dynamic_cast<KvCache*>(&state);
+  TR_CHECK(cache && cache->owner == this,
+           "llama: repeat_rows() was given a cache this model did not make");
+  TR_CHECK(repeats >= 1, "llama: repeat_rows() needs repeats >= 1, got ", repeats);
+  if (repeats == 1) return;
+  for (auto* list : {&cache->keys, &cache->values})
+    for (auto& t : *list) t = t.repeat_interleave(repeats, 0);
+  cache->batch *= repeats;
+}
+
 // The shared body of decode() and decode_padded(): `real` int64 [B, past + T] (1 = a real
 // token) or undefined (every slot real, the same positions for every row).
 at::Tensor LlamaModel::decode_rows(const at::Tensor& ids, const at::Tensor& real,

@@ -4,6 +4,7 @@
 #include "llama.hpp"
 
 #include <trainrun/model/token_log_probs.hpp>
+#include <trainrun/rollout.hpp>
 
 #include <torch/types.h>
 #include <torch/utils.h>
@@ -90,14 +91,15 @@ void LlamaModel::declare_options(v1::OptionSchema& s) {
 LlamaModel::LlamaModel(const v1::Options& o, const v1::RunContext& ctx)
     : run_dir_(ctx.run_dir), rank_(ctx.rank) {
   const v1::DataInfo& data = ctx.data;
-  // Preference data (ABI 1.8) is token rows too; its objective computes the loss.
+  // Preference data (ABI 1.8) is token rows too; its objective computes the loss. Prompts
+  // (ABI 1.12) become token rows of completions in the core's rollouts.
   TR_CHECK_TYPED(ConfigError,
                  data.task.empty() || data.task == "language_modeling" ||
                      data.task == "preference" || data.task == "unpaired-preference" ||
-                     data.task == "reward",
+                     data.task == "reward" || data.task == "prompts",
                  o.context(),
-                 ": llama needs a language-modelling, preference or reward dataset, but the "
-                 "dataset's task is '",
+                 ": llama needs a language-modelling, preference, reward or prompt dataset, but "
+                 "the dataset's task is '",
                  data.task, "'");
   save_hf_ = o.get_bool("save_hf");
   fused_head_loss_ = o.get_bool("fused_head_loss");
@@ -235,7 +237,11 @@ v1::ModelOutput LlamaModel::forward(const v1::Batch& b) {
              "llama: packed rows for an objective need a strategy that passes segment ids "
              "(ABI >= 1.6)");
     const torch::Tensor positions = v1::counted_positions(b.target);
-    const torch::Tensor logits = head(h.reshape({-1, h.size(-1)}).index_select(0, positions));
+    torch::Tensor logits = head(h.reshape({-1, h.size(-1)}).index_select(0, positions));
+    // ABI 1.12: an objective scoring completions at its sampling temperature (TRL's GRPO).
+    if (const auto* t = dynamic_cast<const v1::LogitTemperature*>(objective_);
+        t != nullptr && t->logit_temperature() != 1.0)
+      logits = logits / t->logit_temperature();
     v1::TokenLogProbs lp =
         v1::token_log_probs(logits, b.target, positions, objective_->wanted_statistics());
     if (segments.defined()) lp = v1::per_sequence(lp, b.target, segments);

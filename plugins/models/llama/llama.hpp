@@ -68,6 +68,7 @@ class LlamaModel final : public v1::ModuleModel,
                          public v1::HfModelSource,
                          public v1::IncrementalDecoder,
                          public v1::PaddedDecoder,
+                         public v1::DecodeStateRepeat,
                          public v1::DeferredWeights,
                          public v1::ObjectiveModel,
                          public v1::SequenceClassifier {
@@ -109,6 +110,8 @@ class LlamaModel final : public v1::ModuleModel,
   /// PaddedDecoder (ABI 1.10): left-padded rows of different lengths (decode.cpp).
   at::Tensor decode_padded(const at::Tensor& ids, const at::Tensor& attention_mask,
                            v1::DecodeState& state) override;
+  /// DecodeStateRepeat (ABI 1.12): one prefill shared by a prompt's completions (decode.cpp).
+  void repeat_rows(v1::DecodeState& state, int64_t repeats) override;
 
   /// ObjectiveModel (ABI 1.8): forward() then hands the log-probabilities of the batch's
   /// counted targets to `objective` (the head runs on those positions only, as for the loss).

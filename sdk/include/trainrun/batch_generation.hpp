@@ -58,6 +58,11 @@ struct GenerationRequest {
   /// Optional: called after each token of a still-running completion with its index and its
   /// tokens so far; true stops it with finish "stop" (stop strings).
   std::function<bool(int64_t completion, const std::vector<int64_t>& ids)> stop;
+  /// Optional: one seed per completion (prompts x num_generations of them), used instead of
+  /// (seed, c), so that a completion's draws do not depend on which request holds it either (an
+  /// online rollout seeds each by the prompt's place in the global batch: the same completions
+  /// at any world size).
+  std::vector<uint64_t> completion_seeds;
 };
 
 /// One completion: its new tokens and why it ended ("eos", "stop" or "length").
@@ -70,7 +75,8 @@ struct Completion {
 /// The completions, prompt-major (prompt 0's num_generations first), and where time went.
 struct GenerationResult {
   std::vector<Completion> completions;
-  /// Real (unpadded) prompt tokens prefilled, and new tokens decoded after each batch's first.
+  /// Real (unpadded) prompt tokens prefilled (each prompt once per batch when its completions
+  /// share a prefill, DecodeStateRepeat), and new tokens decoded after each batch's first.
   int64_t prefill_tokens = 0, decode_tokens = 0;
   double prefill_s = 0, decode_s = 0;
 };
@@ -135,6 +141,11 @@ inline GenerationResult generate_batch(IncrementalDecoder& decoder, const Genera
   TR_CHECK(req.batch_size >= 0, "generate: batch_size must be >= 0, got ", req.batch_size);
   for (size_t i = 0; i < req.prompts.size(); ++i)
     TR_CHECK(!req.prompts[i].empty(), "generate: prompt ", i, " has no tokens");
+  TR_CHECK(req.completion_seeds.empty() ||
+               static_cast<int64_t>(req.completion_seeds.size()) ==
+                   static_cast<int64_t>(req.prompts.size()) * req.num_generations,
+           "generate: ", req.completion_seeds.size(), " completion seeds for ",
+           req.prompts.size() * req.num_generations, " completions");
   GenerationResult out;
   const int64_t total = static_cast<int64_t>(req.prompts.size()) * req.num_generations;
   out.completions.resize(static_cast<size_t>(total));
@@ -152,21 +163,40 @@ inline GenerationResult generate_batch(IncrementalDecoder& decoder, const Genera
     // Left padding: row r's prompt ends at slot P - 1.
     std::vector<int64_t> ids(static_cast<size_t>(B * P), req.pad_token_id), mask(ids.size(), 0);
     std::vector<at::Generator> gens;
+    int64_t chunk_tokens = 0;
     for (int64_t r = 0; r < B; ++r) {
       const auto& p = req.prompts[out.completions[static_cast<size_t>(first + r)].prompt];
       const int64_t off = r * P + P - static_cast<int64_t>(p.size());
       std::copy(p.begin(), p.end(), ids.begin() + off);
       std::fill(mask.begin() + off, mask.begin() + (r + 1) * P, 1);
-      out.prefill_tokens += static_cast<int64_t>(p.size());
+      chunk_tokens += static_cast<int64_t>(p.size());
       if (sample)
         gens.push_back(at::detail::createCPUGenerator(
-            detail::mix_seed(req.seed, static_cast<uint64_t>(first + r))));
+            req.completion_seeds.empty()
+                ? detail::mix_seed(req.seed, static_cast<uint64_t>(first + r))
+                : req.completion_seeds[static_cast<size_t>(first + r)]));
     }
     auto t0 = clock::now();
-    std::unique_ptr<DecodeState> state = decoder.new_decode_state(B, P + req.max_completion_length);
     at::Tensor attention = at::tensor(mask, at::kLong).view({B, P});
-    at::Tensor logits =
-        padded->decode_padded(at::tensor(ids, at::kLong).view({B, P}), attention, *state);
+    at::Tensor all_ids = at::tensor(ids, at::kLong).view({B, P});
+    // A chunk of whole groups prefills each prompt once and repeats its cache rows (ABI 1.12
+    // DecodeStateRepeat): num_generations times less prefill, the same logits row by row.
+    const int64_t G = req.num_generations;
+    auto* repeat = dynamic_cast<DecodeStateRepeat*>(&decoder);
+    const bool share = repeat != nullptr && G > 1 && first % G == 0 && B % G == 0;
+    std::unique_ptr<DecodeState> state =
+        decoder.new_decode_state(share ? B / G : B, P + req.max_completion_length);
+    out.prefill_tokens += share ? chunk_tokens / G : chunk_tokens;
+    at::Tensor logits;
+    if (share) {
+      const at::Tensor one = at::arange(0, B, G, at::kLong);
+      logits = padded->decode_padded(all_ids.index_select(0, one), attention.index_select(0, one),
+                                     *state);
+      logits = logits.narrow(1, logits.size(1) - 1, 1).repeat_interleave(G, 0);
+      repeat->repeat_rows(*state, G);
+    } else {
+      logits = padded->decode_padded(all_ids, attention, *state);
+    }
     std::vector<char> running(static_cast<size_t>(B), 1);
     int64_t left = B;
     for (int64_t step = 0;; ++step) {

@@ -93,10 +93,20 @@
 // FrozenWeightCopies (interfaces.hpp, since 1.11)
 //   implemented by: precision (bf16-mixed; auto when it chose bf16-mixed)
 //   queried by:     core/src/run/build.cpp (keeps the copies through Linear, model/linear.hpp)
+// OnlineObjective (rollout.hpp, since 1.12)
+//   implemented by: grpo (an Objective)
+//   queried by:     core/src/run/rollout.cpp (the rollout phase), core/src/run/build.cpp (plan)
+// PromptSource (rollout.hpp, since 1.12)
+//   implemented by: prompts (a Dataset)
+//   queried by:     core/src/run/rollout.cpp
+// LogitTemperature (rollout.hpp, since 1.12)
+//   implemented by: grpo (an Objective)
+//   queried by:     llama (divides the logits before the log-softmax)
 //
 // Not capabilities but component kinds of their own (plugin.hpp's ComponentKind), each in its
 // header: Objective (objective.hpp, since 1.8), Reward (reward.hpp, since 1.10; created by
-// core/src/rewards.cpp for `trainrun check`, `trainrun reward` and, later, the GRPO objective).
+// core/src/rewards.cpp for `trainrun check`, `trainrun reward` and the rollouts of an online
+// objective, core/src/run/rollout.cpp).
 //
 // ReplicatedStrategy is trainrun/strategy/replicated_strategy.hpp, ShardedStrategy
 // trainrun/strategy/sharded_runtime.hpp.
@@ -108,4 +118,5 @@
 #include "trainrun/interfaces.hpp"
 #include "trainrun/model/linear.hpp"
 #include "trainrun/objective.hpp"
+#include "trainrun/rollout.hpp"
 #include "trainrun/unit.hpp"

@@ -61,4 +61,18 @@ class PaddedDecoder {
                                    DecodeState& state) = 0;
 };
 
+/// ABI 1.12. A decoder whose cache rows can be repeated after a prefill, so that a prompt with
+/// several completions (GRPO's num_generations) is prefilled once and each completion continues
+/// from a copy of its keys and values, as prefix caching in vLLM shares them. Found with
+/// dynamic_cast on the model; v1::generate_batch uses it when present.
+class DecodeStateRepeat {
+ public:
+  virtual ~DecodeStateRepeat() = default;
+  /// Row b of `state` becomes rows b * repeats .. b * repeats + repeats - 1 (torch's
+  /// repeat_interleave over the batch), every filled slot copied; the state then holds
+  /// batch x repeats rows of the same length and capacity. Throws Error for a state this model
+  /// did not make or repeats < 1.
+  virtual void repeat_rows(DecodeState& state, int64_t repeats) = 0;
+};
+
 }  // namespace trainrun::v1

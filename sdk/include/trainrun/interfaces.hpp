@@ -532,4 +532,18 @@ class BatchFieldsReader {
   virtual void set_batch_fields_available(bool available) = 0;
 };
 
+/// ABI 1.12. A Strategy that shards parameters (fsdp, zero-3) and can make every one of them
+/// whole on every rank for a while, as FSDP's summon_full_params: what generation with a KV
+/// cache needs, since it reads the weights outside Strategy::forward (an online objective's
+/// rollouts, rollout.hpp). Found with dynamic_cast on the Strategy.
+class FullParameters {
+ public:
+  virtual ~FullParameters() = default;
+  /// Gathers every parameter (trainable and frozen) into the model's tensors and keeps them
+  /// whole until the returned scope is destroyed, which releases them to their shards.
+  /// Collective over the strategy's shard group: every rank calls it at the same point, and
+  /// nothing inside the scope may run Strategy::forward. Memory: the whole model per rank.
+  virtual std::unique_ptr<Scope> full_parameters() = 0;
+};
+
 }  // namespace trainrun::v1

@@ -69,7 +69,10 @@ struct TokenLogProbs {
 enum class ObjectivePass {
   Policy,     ///< the trained model; compute() returns the loss
   Reference,  ///< the reference model under no_grad; compute() records what take_reference()
-              ///< returns
+              ///< returns (an online objective, rollout.hpp: records its per-token values)
+  Old,        ///< ABI 1.12, online objectives only (rollout.hpp): the policy under no_grad right
+              ///< after a rollout; compute() records the per-token log-probabilities and
+              ///< returns a zero loss
 };
 
 /// ABI 1.8. What the core tells an objective before each forward. Fields are only ever appended.

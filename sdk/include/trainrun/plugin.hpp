@@ -35,9 +35,11 @@ constexpr uint32_t kAbiMajor = 1;
 /// ObjectiveForward::sample_values (per-sample values: a reward margin), packed objective batches
 /// (TokenLogProbs rows per sequence, objective.hpp), PaddedDecoder (left-padded batched
 /// decoding, generation.hpp); 1.11: FrozenWeightCopies (a precision's frozen Linear weights kept
-/// in its compute dtype, interfaces.hpp; Linear's kept copy, model/linear.hpp). CMakeLists.txt
-/// reads the number from the next line: keep it whole.
-constexpr uint32_t kAbiMinor = 11;
+/// in its compute dtype, interfaces.hpp; Linear's kept copy, model/linear.hpp); 1.12: online
+/// objectives (OnlineObjective, RolloutSpec, RolloutScores, PromptSource, LogitTemperature,
+/// ObjectivePass::Old; rollout.hpp). CMakeLists.txt reads the number from the next line: keep it
+/// whole.
+constexpr uint32_t kAbiMinor = 12;
 
 /// Component kinds; values are part of the ABI and never renumbered.
 enum class ComponentKind : uint32_t {

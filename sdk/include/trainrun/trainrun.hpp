@@ -9,6 +9,7 @@
 #include "trainrun/options.hpp"
 #include "trainrun/plugin.hpp"
 #include "trainrun/reward.hpp"
+#include "trainrun/rollout.hpp"
 #include "trainrun/strategy/strategy_helpers.hpp"
 #include "trainrun/types.hpp"
 #include "trainrun/unit.hpp"

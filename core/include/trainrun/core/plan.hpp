@@ -27,6 +27,12 @@ struct BatchPlan {
 /// Derives accumulation steps and step counts and builds rank `rank`'s sampler (seeded by
 /// [trainer] seed); throws ConfigError naming the keys when the global batch does not divide
 /// (batch_layout_error, the one rule) or the run would be empty.
-BatchPlan make_plan(const v1::Options& trainer, int world_size, int rank, int64_t train_samples);
+/// An online objective (rollout.hpp) samples prompts and trains on completions: each of the
+/// train_samples prompts makes completions_per_sample completions, and the batch sizes of
+/// [trainer] count completions (the sampler draws global_batch_size / completions_per_sample
+/// prompts per prompt batch); each prompt batch serves steps_per_batch optimizer steps (TRL's
+/// num_iterations), so an epoch has that many times the sampler's steps.
+BatchPlan make_plan(const v1::Options& trainer, int world_size, int rank, int64_t train_samples,
+                    int64_t completions_per_sample = 1, int64_t steps_per_batch = 1);
 
 }  // namespace trainrun::core

@@ -1,8 +1,8 @@
 #pragma once
 // The job's [[rewards]] (ABI 1.10), created and combined as TRL's GRPOTrainer combines its
-// reward_funcs with reward_weights. Nothing in the training loop scores yet: `trainrun check`
-// creates them (so a constructor's refusal exits 2 before a run), `trainrun reward` scores JSONL
-// rows with them, and the GRPO objective will take a RewardSet from here.
+// reward_funcs with reward_weights: `trainrun check` creates them (so a constructor's refusal
+// exits 2 before a run), `trainrun reward` scores JSONL rows with them, and the rollouts of an
+// online objective (core/src/run/rollout.cpp) score every completion with them.
 #include <trainrun/reward.hpp>
 #include <trainrun/types.hpp>
 
@@ -38,6 +38,11 @@ class RewardSet {
   /// reward, the row and the field); afterwards that it returned one score per sample. Every
   /// error escaping a reward becomes a PluginError naming its entry.
   std::vector<std::vector<double>> score(const std::vector<v1::RewardSample>& samples);
+
+  /// The check score() starts with, alone: every sample's row is a JSON object holding every
+  /// field a reward requires (ConfigError naming the reward, the row and the field). A run checks
+  /// all its prompts' rows this way before anything is generated.
+  void check_rows(const std::vector<v1::RewardSample>& samples) const;
 
   /// TRL's combination: for each sample the sum over the rewards of weight * score with the NaN
   /// scores left out (torch.nansum), so a sample no reward scored gets 0, as in TRL.

@@ -301,6 +301,19 @@ class ShardedRuntime : public UnitHooks, public UnitOutputHooks {
     return out;
   }
 
+  /// Every group and frozen flat parameter gathered (collective over the shard group, in a
+  /// fixed order), until release_all(): the model's tensors hold their whole values, for code
+  /// that reads them outside a unit's forward (generation with a KV cache).
+  void gather_all() {
+    for (size_t gi = 0; gi < groups_.size(); ++gi) gather_group(static_cast<int>(gi));
+    for (size_t u = 0; u < unit_frozen_.size(); ++u) gather_frozen_only(static_cast<int>(u));
+  }
+  /// Back to the shards after gather_all() (groups kept whole by their options stay whole).
+  void release_all() {
+    for (size_t gi = 0; gi < groups_.size(); ++gi) release_group(static_cast<int>(gi));
+    release_frozen_only();
+  }
+
   /// Figures since the previous call (then reset).
   RuntimeMetrics take_metrics() {
     RuntimeMetrics m = metrics_;

@@ -66,7 +66,8 @@ class ShardedStrategy : public Strategy,
                         public MemoryInputsAware,
                         public ShardedStateDictSource,
                         public CheckpointableStrategy,
-                        public DeferredWeightsLoader {
+                        public DeferredWeightsLoader,
+                        public FullParameters {
  public:
   /// `name` for messages, e.g. "strategy 'zero'".
   ShardedStrategy(std::string name, const RunContext& ctx)
@@ -121,6 +122,15 @@ class ShardedStrategy : public Strategy,
     return rt("model_checkpoint_pieces").checkpoint_pieces(rank_ == 0);
   }
   void after_checkpoint_load() override { rt("after_checkpoint_load").after_checkpoint_load(); }
+  /// ABI 1.12: every parameter whole until the scope ends (collective; see FullParameters).
+  std::unique_ptr<Scope> full_parameters() override {
+    struct Whole final : Scope {
+      explicit Whole(ShardedRuntime& r) : rt(r) { rt.gather_all(); }
+      ~Whole() override { rt.release_all(); }
+      ShardedRuntime& rt;
+    };
+    return std::make_unique<Whole>(rt("full_parameters"));
+  }
   /// comm_bytes, comm_exposed_s, then <prefix>_gathers, <prefix>_flat_bytes,
   /// <prefix>_max_unit_full_bytes, <prefix>_frozen_bytes (see RuntimeMetrics).
   void add_step_metrics(std::map<std::string, double>& extra) override {
