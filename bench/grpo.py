@@ -68,7 +68,7 @@ def trl_worker(a):
     args.model_init_kwargs = {"dtype": torch.float32}
     peft = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules="all-linear", task_type="CAUSAL_LM")
     trainer = GRPOTrainer(model=a.model, reward_funcs=[length_penalty], args=args, train_dataset=ds,
-                          processing_class=tok, peft_config=peft)
+                          processing_class=tok, peft_config=peft, callbacks=[Clock()])
     stamps.append(time.perf_counter())
     trainer.train()
     if int(os.environ.get("RANK", "0")) == 0:
