@@ -3,7 +3,7 @@
 # generates, TRL replays trainrun's completions and rewards, and every figure TRL logs is compared
 # at every step (1e-5 relative at step 1, 1e-4 after). grpo.vs_trl runs the short set of cells
 # (each loss_type, LoRA and full fine-tuning, num_iterations 1 and 2, a KL cell); the long suite
-# runs all 17 cells.
+# runs all 18 cells (with GSPO's sequence-level ratio).
 if(NOT TARGET grpo OR NOT TARGET prompts OR NOT TARGET rewards)
   return()
 endif()

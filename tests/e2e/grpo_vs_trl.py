@@ -15,7 +15,8 @@ num_iterations times, as its RepeatSampler does), max_completion_length 12 (some
 cut), temperature 0.9 (TRL scores logits / temperature, as trainrun):
   {grpo, bnpo, dr_grpo, dapo} x {none (full fine-tuning), lora} x {mu 1, mu 2}, beta 0, and
   kl/lora: dapo with beta 0.05 (reference: adapters off on both sides), scale_rewards batch,
-  epsilon_high 0.28 and mask_truncated_completions.
+  epsilon_high 0.28 and mask_truncated_completions; gspo/lora/2: GSPO's sequence-level ratio
+  with its tiny clipping range (3e-4 / 4e-4), Dr. GRPO's unscaled advantages, delta 1.5.
 Checked per cell: every figure TRL logs that trainrun's metrics.jsonl also has, |trainrun - TRL|
 <= max(rel * |TRL|, 1e-6) with rel 1e-5 at step 1 and 1e-4 later (optimizer steps compound
 float32 rounding, as in the preference checks).
@@ -78,6 +79,8 @@ def cells():
                 out[f"{loss}/{adapter}/{mu}"] = ({"loss_type": loss, "num_iterations": mu}, adapter)
     out["kl/lora/1"] = ({"loss_type": "dapo", "num_iterations": 1, "beta": 0.05, "scale_rewards": "batch",
                          "epsilon_high": 0.28, "mask_truncated_completions": True}, "lora")
+    out["gspo/lora/2"] = ({"loss_type": "grpo", "num_iterations": 2, "importance_sampling_level": "sequence",
+                           "epsilon": 3e-4, "epsilon_high": 4e-4, "scale_rewards": "none", "delta": 1.5}, "lora")
     return out
 
 

@@ -16,7 +16,7 @@ namespace trainrun::core {
 void check_objective_task(const JobConfig& job, const std::string& objective_task,
                           const std::string& data_task);
 
-/// An online objective's job (rollout.hpp), checked by the run (rollout.cpp) and by
+/// An online objective's job (rollout.hpp), checked by the run (rollout_phase.cpp) and by
 /// `trainrun check`: at least one [[rewards]], and [trainer] global_batch_size a multiple of
 /// num_generations x world_size (each prompt's completions on one rank). Throws v1::ConfigError
 /// naming job.file and the keys.

@@ -264,7 +264,7 @@ class Run {
   v1::ModelOutput objective_forward(v1::Split split, const v1::Batch& batch,
                                     const std::vector<int64_t>& indices, bool filler);
   std::vector<v1::ObjectiveMetric> objective_metrics(v1::Split split);
-  // rollout.cpp
+  // rollout_phase.cpp
   void set_up_online_objective();
   void check_online_reference();
   StepBatches rollout_step(int64_t s);

@@ -95,10 +95,10 @@
 //   queried by:     core/src/run/build.cpp (keeps the copies through Linear, model/linear.hpp)
 // OnlineObjective (rollout.hpp, since 1.12)
 //   implemented by: grpo (an Objective)
-//   queried by:     core/src/run/rollout.cpp (the rollout phase), core/src/run/build.cpp (plan)
+//   queried by:     core/src/run/rollout_phase.cpp, core/src/run/build.cpp (the plan)
 // PromptSource (rollout.hpp, since 1.12)
 //   implemented by: prompts (a Dataset)
-//   queried by:     core/src/run/rollout.cpp
+//   queried by:     core/src/run/rollout_phase.cpp
 // LogitTemperature (rollout.hpp, since 1.12)
 //   implemented by: grpo (an Objective)
 //   queried by:     llama (divides the logits before the log-softmax)
@@ -106,7 +106,7 @@
 // Not capabilities but component kinds of their own (plugin.hpp's ComponentKind), each in its
 // header: Objective (objective.hpp, since 1.8), Reward (reward.hpp, since 1.10; created by
 // core/src/rewards.cpp for `trainrun check`, `trainrun reward` and the rollouts of an online
-// objective, core/src/run/rollout.cpp).
+// objective, core/src/run/rollout_phase.cpp).
 //
 // ReplicatedStrategy is trainrun/strategy/replicated_strategy.hpp, ShardedStrategy
 // trainrun/strategy/sharded_runtime.hpp.

@@ -3,7 +3,7 @@
 // generates during training instead of on a fixed dataset's targets, and the prompt datasets they
 // generate from.
 //
-// How a step of an online objective runs (core/src/run/rollout.cpp):
+// How a step of an online objective runs (core/src/run/rollout_phase.cpp):
 //   1. Every num_iterations optimizer steps, a rollout: the core takes this rank's prompts for the
 //      step from the sampler (global_batch_size / num_generations prompts over all ranks, each
 //      prompt's num_generations completions on one rank), asks the dataset (a PromptSource) for

@@ -2,7 +2,7 @@
 // The job's [[rewards]] (ABI 1.10), created and combined as TRL's GRPOTrainer combines its
 // reward_funcs with reward_weights: `trainrun check` creates them (so a constructor's refusal
 // exits 2 before a run), `trainrun reward` scores JSONL rows with them, and the rollouts of an
-// online objective (core/src/run/rollout.cpp) score every completion with them.
+// online objective (core/src/run/rollout_phase.cpp) score every completion with them.
 #include <trainrun/reward.hpp>
 #include <trainrun/types.hpp>
 
