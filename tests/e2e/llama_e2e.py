@@ -1,10 +1,7 @@
-"""The llama plugin against transformers and PEFT (issue 21), on tiny random models that
-transformers builds and saves here (save_pretrained), one variant per run:
-
-  llama3   Llama 3 style: rope_type llama3, GQA (4 query / 2 key-value heads), tied embeddings
-  qwen2    Qwen2: q/k/v biases, GQA
-  qwen3    Qwen3: q_norm/k_norm, head_dim 16 != hidden 32 / 4 heads
-  mistral  Mistral: sliding_window 8 on 16-token sequences
+"""The llama plugin against transformers and PEFT (issues 21 and 46), on tiny random models that
+transformers builds and saves here (save_pretrained), one variant per run: the families of
+tiny_models.py (llama3, qwen2, qwen3, mistral, gemma2, gemma3, phi3, phi3long), GQA (4 query / 2
+key-value heads), 16-token sequences.
 
 Modes:
   logits   (a) trainrun's logits (tests/tools/llama_logits.cpp) equal transformers' (eager attention)
@@ -55,7 +52,9 @@ import subprocess
 import sys
 
 import torch
+from tiny_models import lora_targets
 
+LLAMA_LIKE = ("llama3", "qwen2", "qwen3", "mistral")  # config.json written in full by trainrun
 TRAINRUN, LOGITS_EXE, WORK, MODE, VARIANT = sys.argv[1:6]
 T, B = (300, 2) if MODE == "longtrain" else (16, 4)  # sequence length, sequences per batch
 torch.set_num_threads(1)
@@ -71,25 +70,14 @@ def rel(x, ref):
 
 
 def make_model(variant, out, **changes):
-    from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
+    from transformers import AutoModelForCausalLM
+    from tiny_models import config
 
     common = dict(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
                   rms_norm_eps=1e-6, bos_token_id=1, eos_token_id=2)
     common.update(changes)
-    if variant == "llama3":
-        cfg = LlamaConfig(**common, tie_word_embeddings=True,
-                          rope_parameters={"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0,
-                                           "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                                           "original_max_position_embeddings": 16})
-    elif variant == "qwen2":
-        cfg = Qwen2Config(**common, tie_word_embeddings=False)
-    elif variant == "qwen3":
-        cfg = Qwen3Config(**common, head_dim=16, tie_word_embeddings=False)
-    elif variant == "mistral":
-        cfg = MistralConfig(**common, sliding_window=8, tie_word_embeddings=False)
-    else:
-        fail(f"unknown variant {variant}")
+    cfg = config(variant, **common)
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager")
     # Norm gains and biases start at 1 and 0: perturb them so that a wrong use shows.
@@ -231,7 +219,9 @@ def main():
     base = os.path.join(WORK, "base")
     make_model(VARIANT, base, **({"max_position_embeddings": 512} if MODE in ("long", "longtrain") else {}))
     if MODE == "logits":
-        compare_logits(base, "transformers")
+        ours = compare_logits(base, "transformers")
+        visible_features(base, ours)
+        legacy_spelling(base, ours)
     elif MODE == "long":
         compare_logits(base, "transformers, 300 tokens", length=300)
     elif MODE in ("train", "longtrain"):
@@ -254,7 +244,7 @@ def main():
             if not os.path.isfile(os.path.join(hf_dir, f)):
                 fail(f"{hf_dir} has no {f}")
         cfg = json.load(open(os.path.join(hf_dir, "config.json")))
-        for k in ("torch_dtype", "dtype", "rope_theta", "rope_parameters"):
+        for k in ("torch_dtype", "dtype") + (("rope_theta", "rope_parameters") if VARIANT in LLAMA_LIKE else ()):
             if k not in cfg:
                 fail(f"{hf_dir}/config.json lacks {k}")
         compare_logits(hf_dir, "<run_dir>/hf/ in from_pretrained")
@@ -285,7 +275,7 @@ def main():
         run_dir = os.path.join(WORK, "run")
         job(os.path.join(WORK, "job.toml"), base, tokens, frac, run_dir, 5, 5e-2,
             '\n[[callbacks]]\nplugin = "lora"\nr = 4\nlora_alpha = 8.0\n'
-            'target_modules = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]\n')
+            f'target_modules = {json.dumps(lora_targets(VARIANT))}\n')
         out = run_trainrun(["--config", os.path.join(WORK, "job.toml")])
         if "hf/ not written" not in out:
             fail("a LoRA run should not write <run_dir>/hf/ (the adapter holds the result)")
@@ -314,7 +304,7 @@ def main():
                 fail(f"adapter_config.json: {k} = {acfg.get(k)!r}, expected {v!r}")
         from safetensors import safe_open
         with safe_open(os.path.join(adapter, "adapter_model.safetensors"), "pt") as f:
-            name = "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"
+            name = f"base_model.model.model.layers.0.self_attn.{lora_targets(VARIANT)[0]}.lora_A.weight"
             if name not in f.keys():
                 fail(f"adapter has no {name}: {sorted(f.keys())[:4]}")
             if f.get_tensor(name.replace("lora_A", "lora_B")).abs().max() == 0:
@@ -345,8 +335,9 @@ def main():
                 'target_modules = ["all-linear"]\n')
             out = run_trainrun(["--config", os.path.join(WORK, strategy + ".toml"), "--set", f"strategy.plugin={strategy}",
                                 "--set", "launch.nproc_per_node=2", "--set", "accelerator.plugin=gloo-cpu"])
-            if "quant-nf4: 14 Linear layer(s) quantized" not in out:
-                fail("expected the 14 decoder projections quantized (lm_head is tied or skipped)")
+            n = 2 * len(lora_targets(VARIANT))  # every projection of the 2 layers
+            if f"quant-nf4: {n} Linear layer(s) quantized" not in out:
+                fail(f"expected the {n} decoder projections quantized (lm_head is tied or skipped)")
             runs[strategy] = losses(run_dir)
             if not os.path.isfile(os.path.join(run_dir, "adapter", "adapter_model.safetensors")):
                 fail(f"{strategy}: no adapter written")
@@ -367,6 +358,66 @@ def main():
     else:
         fail(f"unknown mode {MODE}")
     print("OK")
+
+
+# Each family's own features must show in these tiny models' logits, or agreeing within 1e-5
+# would not prove they are computed: transformers' logits with the feature changed (config keys
+# passed to from_pretrained) must differ from trainrun's by more than 1e-3 relative.
+FEATURES = {
+    "gemma2": {"attention soft-capping": dict(attn_logit_softcapping=None),
+               "final soft-capping": dict(final_logit_softcapping=None),
+               "sliding window": dict(sliding_window=64),
+               "query_pre_attn_scalar": dict(query_pre_attn_scalar=16)},
+    "gemma3": {"sliding window": dict(sliding_window=64),
+               "RoPE per layer type": dict(rope_parameters={
+                   "full_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                   "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}})},
+    "phi3": {"sliding window": dict(sliding_window=None)},
+    "phi3long": {"longrope's long factors": dict(original_max_position_embeddings=32)},
+}
+
+
+def visible_features(base, ours):
+    from transformers import AutoModelForCausalLM
+
+    ids = ids_file(os.path.join(WORK, "ids.safetensors"))
+    for name, change in FEATURES.get(VARIANT, {}).items():
+        model = AutoModelForCausalLM.from_pretrained(base, attn_implementation="eager", dtype=torch.float32,
+                                                     **change).eval()
+        with torch.no_grad():
+            r = rel(ours, model(input_ids=ids).logits)
+        print(f"{VARIANT}: without {name} transformers' logits move {r:.2e} from trainrun's")
+        if not r > 1e-3:
+            fail(f"{name} does not show in the tiny model's logits ({r:.2e}): the check would prove nothing")
+
+
+# config.json as transformers 4.x wrote these families (the files of most checkpoints on the Hub):
+# RoPE at the top level and in rope_scaling, Gemma 3's rope_local_base_freq and
+# sliding_window_pattern, no layer_types.
+def legacy_config(c):
+    c = {k: v for k, v in c.items() if k not in ("rope_parameters", "layer_types")}
+    rp = json.load(open(os.path.join(WORK, "base", "config.json")))["rope_parameters"]
+    if VARIANT == "gemma3":
+        c.update(rope_theta=rp["full_attention"]["rope_theta"], rope_local_base_freq=rp["sliding_attention"]["rope_theta"],
+                 rope_scaling={"rope_type": "linear", "factor": rp["full_attention"]["factor"]}, sliding_window_pattern=2)
+    elif VARIANT == "gemma2":
+        c.update(rope_theta=rp["rope_theta"])
+    elif VARIANT == "phi3long":
+        c.update(rope_theta=rp["rope_theta"], partial_rotary_factor=rp["partial_rotary_factor"],
+                 rope_scaling={"type": "longrope", "short_factor": rp["short_factor"], "long_factor": rp["long_factor"]})
+    return c
+
+
+def legacy_spelling(base, ours):
+    if VARIANT not in ("gemma2", "gemma3", "phi3long"):
+        return
+    legacy = os.path.join(WORK, "legacy")
+    shutil.copytree(base, legacy)
+    path = os.path.join(legacy, "config.json")
+    json.dump(legacy_config(json.load(open(path))), open(path, "w"), indent=2)
+    r = rel(compare_logits(legacy, "transformers 4.x spelling of config.json"), ours)
+    if r != 0:
+        fail(f"the 4.x spelling gives other logits than the 5.x one ({r:.2e})")
 
 
 def mismatched_bases(adapter):
@@ -542,6 +593,20 @@ def bad(base):
         p = os.path.join(d, "model.safetensors")
         os.truncate(p, os.path.getsize(p) - 100)
 
+    if VARIANT == "phi3long":
+        # The families' own keys (issue 46).
+        def factors(d):
+            c = json.load(open(os.path.join(d, "config.json")))
+            edit_config(d, rope_parameters=dict(c["rope_parameters"], short_factor=[1.0]))
+        case("longrope-factors", factors, r"short_factor has 1 entries; the rotated width / 2 is 2")
+        case("dropout", lambda d: edit_config(d, resid_pdrop=0.1), r"resid_pdrop 0\.1 is not supported \(only 0\)")
+        case("gemma3-multimodal", lambda d: edit_config(d, model_type="gemma3"),
+             r'model_type "gemma3" is Gemma 3\'s image-text model.*"gemma3_text"')
+        case("activation", lambda d: edit_config(d, hidden_act="relu"),
+             r'hidden_act "relu" is not supported .*"silu" \(SwiGLU\), "gelu_pytorch_tanh" \(GeGLU\)')
+        case("rope-type", lambda d: edit_config(d, rope_parameters={"rope_type": "dynamic", "rope_theta": 1e4, "factor": 4.0}),
+             r'rope_parameters rope_type "dynamic" is not supported \(supported: default, linear, llama3, longrope\)')
+        return
     case("no-config", lambda d: os.remove(os.path.join(d, "config.json")), r"has no config\.json")
     case("architecture", lambda d: edit_config(d, model_type="gpt2", architectures=["GPT2LMHeadModel"]),
          r'model_type "gpt2" is not supported.*supported: llama, mistral, qwen2, qwen3')

@@ -97,6 +97,23 @@ TEST_SUITE("attention_semantics") {
     CHECK(max_abs_diff(out.select(2, 0), v.select(2, 0)) < 1e-6);
   }
 
+  TEST_CASE("softcap: the scaled scores pass through cap * tanh(s / cap) before the softmax") {
+    at::manual_seed(5);
+    auto q = randn({1, 2, 5, 4}) * 3, k = randn({1, 2, 5, 4}) * 3, v = randn({1, 2, 5, 4});
+    AttentionOptions o;
+    o.scale = 0.7;
+    o.softcap = 1.5;
+    at::Tensor s = at::matmul(q, k.transpose(-2, -1)) * 0.7;
+    s = at::tanh(s / 1.5) * 1.5;
+    s = s.masked_fill(at::ones({5, 5}, at::kBool).triu(1), -std::numeric_limits<float>::infinity());
+    const at::Tensor ref = at::matmul(at::softmax(s, -1), v);
+    CHECK(max_abs_diff(attention(q, k, v, o), ref) < 1e-6);
+    o.softcap.reset();
+    CHECK(max_abs_diff(attention(q, k, v, o), ref) > 1e-2);  // the cap bites on these scores
+    o.softcap = -1.0;
+    CHECK_THROWS_WITH(attention(q, k, v, o), doctest::Contains("softcap must be positive"));
+  }
+
   TEST_CASE("not causal: every query sees every key") {
     at::manual_seed(7);
     auto q = at::zeros({1, 1, 3, 4}), k = randn({1, 1, 5, 4}), v = randn({1, 1, 5, 4});

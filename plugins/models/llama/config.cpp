@@ -2,6 +2,7 @@
 // transformers 4.x and 5.x) and written back on top of the original (to_json).
 #include <nlohmann/json.hpp>
 
+#include <cmath>
 #include <set>
 #include <string>
 
@@ -15,7 +16,16 @@ using v1::ConfigError;
 
 namespace {
 
-const std::set<std::string> kModelTypes = {"llama", "mistral", "qwen2", "qwen3"};
+const std::set<std::string> kModelTypes = {"llama", "mistral", "qwen2",       "qwen3",
+                                           "gemma", "gemma2",  "gemma3_text", "phi3"};
+const char* const kSupported = "llama, mistral, qwen2, qwen3, gemma, gemma2, gemma3_text, phi3";
+
+bool is_gemma(const std::string& t) { return t == "gemma" || t == "gemma2" || t == "gemma3_text"; }
+// The families whose config.json this plugin writes in full; the others' keep their own keys
+// for what the plugin does not change (RoPE, activation, layer types).
+bool llama_like(const std::string& t) {
+  return t == "llama" || t == "mistral" || t == "qwen2" || t == "qwen3";
+}
 
 const json* key(const json& j, const char* k) {
   auto it = j.find(k);
@@ -84,12 +94,14 @@ bool ends_with(const std::string& s, const std::string& tail) {
 void read_architecture(const Keys& r, LlamaConfig& c) {
   const json* mt = key(r.j, "model_type");
   TR_CHECK_TYPED(ConfigError, mt && mt->is_string(), r.src,
-                 ": no \"model_type\" (the llama plugin "
-                 "reads model_type llama, mistral, qwen2, qwen3)");
+                 ": no \"model_type\" (the llama plugin reads model_type ", kSupported, ")");
   c.model_type = mt->get<std::string>();
-  TR_CHECK_TYPED(
-      ConfigError, kModelTypes.count(c.model_type), r.src, ": model_type \"", c.model_type,
-      "\" is not supported by the llama plugin (supported: llama, mistral, qwen2, qwen3)");
+  TR_CHECK_TYPED(ConfigError, c.model_type != "gemma3", r.src,
+                 ": model_type \"gemma3\" is Gemma 3's image-text model; the llama plugin opens "
+                 "its text models (model_type \"gemma3_text\", Gemma3ForCausalLM)");
+  TR_CHECK_TYPED(ConfigError, kModelTypes.count(c.model_type), r.src, ": model_type \"",
+                 c.model_type, "\" is not supported by the llama plugin (supported: ", kSupported,
+                 ")");
   bool classifier = false;
   if (const json* a = key(r.j, "architectures"); a && a->is_array())
     for (const auto& name : *a) {
@@ -99,8 +111,8 @@ void read_architecture(const Keys& r, LlamaConfig& c) {
                      ends_with(s, "ForCausalLM") || ends_with(s, "ForSequenceClassification"),
                      r.src, ": architectures lists \"", s,
                      "\"; the llama plugin builds *ForCausalLM models (LlamaForCausalLM, "
-                     "MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM) and their "
-                     "*ForSequenceClassification (reward models)");
+                     "MistralForCausalLM, Qwen2/3ForCausalLM, Gemma/Gemma2/Gemma3ForCausalLM, "
+                     "Phi3ForCausalLM) and their *ForSequenceClassification (reward models)");
     }
   if (classifier) {
     // transformers: num_labels is len(id2label) when the file has one, else 2 (its default).
@@ -148,85 +160,225 @@ void read_shape(const Keys& r, LlamaConfig& c) {
   c.max_position_embeddings = r.integer("max_position_embeddings", 2048);
 }
 
+// The MLP's activation: Gemma 2/3 read hidden_activation, the others hidden_act (Gemma 1's
+// legacy "gelu" means the tanh approximation, as transformers' GemmaConfig maps it).
+void read_activation(const Keys& r, LlamaConfig& c) {
+  const bool gemma23 = c.model_type == "gemma2" || c.model_type == "gemma3_text";
+  const char* k = gemma23 ? "hidden_activation" : "hidden_act";
+  c.hidden_act = is_gemma(c.model_type) ? "gelu_pytorch_tanh" : "silu";
+  if (const json* act = key(r.j, k)) {
+    TR_CHECK_TYPED(ConfigError, act->is_string(), r.src, ": \"", k, "\" must be a string");
+    c.hidden_act = act->get<std::string>();
+    if (c.model_type == "gemma" && c.hidden_act == "gelu") c.hidden_act = "gelu_pytorch_tanh";
+  }
+  TR_CHECK_TYPED(ConfigError, c.hidden_act == "silu" || c.hidden_act == "gelu_pytorch_tanh", r.src,
+                 ": ", k, " \"", c.hidden_act,
+                 "\" is not supported (the llama plugin's MLPs: \"silu\" (SwiGLU), "
+                 "\"gelu_pytorch_tanh\" (GeGLU))");
+}
+
+// Sliding windows: Mistral and Phi-3 on every layer when sliding_window is set, Gemma 2/3 on the
+// layers layer_types names (by default every other layer, Gemma 3 five of six); Qwen2/3's
+// use_sliding_window (some layers only) is refused.
+void read_sliding(const Keys& r, LlamaConfig& c) {
+  const std::string& t = c.model_type;
+  const bool gemma23 = t == "gemma2" || t == "gemma3_text";
+  if (t == "mistral" || t == "phi3") {
+    c.sliding_window = r.integer("sliding_window", 0);
+  } else if (gemma23) {
+    c.sliding_window = r.integer("sliding_window", 4096);
+    TR_CHECK_TYPED(ConfigError, !r.boolean("use_bidirectional_attention", false), r.src,
+                   ": use_bidirectional_attention = true is not supported (causal attention only)");
+    const int64_t pattern = t == "gemma2" ? 2 : r.integer("sliding_window_pattern", 6);
+    TR_CHECK_TYPED(ConfigError, pattern > 0, r.src, ": sliding_window_pattern must be positive");
+    for (int64_t i = 0; i < c.num_hidden_layers; ++i)
+      c.sliding_layers.push_back((i + 1) % pattern != 0);
+  } else if (t == "qwen2" || t == "qwen3") {
+    TR_CHECK_TYPED(ConfigError, !r.boolean("use_sliding_window", false), r.src,
+                   ": use_sliding_window = true is not supported for ", t,
+                   " (only full attention on every layer)");
+  }
+  TR_CHECK_TYPED(ConfigError, c.sliding_window >= 0, r.src, ": sliding_window must be >= 0");
+  const json* lt = key(r.j, "layer_types");
+  if (!lt) return;
+  TR_CHECK_TYPED(ConfigError, lt->is_array(), r.src, ": layer_types must be a list");
+  const bool sliding_ok = gemma23 || t == "mistral" || t == "phi3";
+  std::vector<bool> layers;
+  for (const auto& e : *lt) {
+    TR_CHECK_TYPED(ConfigError, e == "full_attention" || (sliding_ok && e == "sliding_attention"),
+                   r.src, ": layer_types contains ", e.dump(), "; supported: \"full_attention\"",
+                   sliding_ok ? ", \"sliding_attention\"" : "");
+    layers.push_back(e == "sliding_attention");
+  }
+  TR_CHECK_TYPED(ConfigError, static_cast<int64_t>(layers.size()) == c.num_hidden_layers, r.src,
+                 ": layer_types lists ", layers.size(), " layers, num_hidden_layers is ",
+                 c.num_hidden_layers);
+  if (gemma23) c.sliding_layers = layers;
+}
+
 // Activation, biases, norms and attention variants: what each family turns on, and the variants
 // the plugin refuses rather than computes differently from transformers.
 void read_layers(const Keys& r, LlamaConfig& c) {
+  const std::string& t = c.model_type;
   c.rms_norm_eps = r.real("rms_norm_eps", 1e-6);
   c.initializer_range = r.real("initializer_range", 0.02);
-  c.tie_word_embeddings = r.boolean("tie_word_embeddings", false);
-  if (const json* act = key(r.j, "hidden_act"))
-    TR_CHECK_TYPED(ConfigError, act->is_string() && act->get<std::string>() == "silu", r.src,
-                   ": hidden_act ", act->dump(),
-                   " is not supported (the llama plugin's MLP is SwiGLU, \"silu\")");
+  c.tie_word_embeddings = r.boolean("tie_word_embeddings", is_gemma(t));
+  read_activation(r, c);
   if (const json* tp = key(r.j, "pretraining_tp"))
     TR_CHECK_TYPED(ConfigError, tp->is_number_integer() && tp->get<int64_t>() == 1, r.src,
                    ": pretraining_tp ", tp->dump(), " is not supported (only 1)");
-  const double dropout = r.real("attention_dropout", 0.0);
-  TR_CHECK_TYPED(ConfigError, dropout == 0.0, r.src, ": attention_dropout ", dropout,
-                 " is not supported (only 0)");
+  for (const char* k : {"attention_dropout", "resid_pdrop", "embd_pdrop"}) {
+    const double dropout = r.real(k, 0.0);
+    TR_CHECK_TYPED(ConfigError, dropout == 0.0, r.src, ": ", k, " ", dropout,
+                   " is not supported (only 0)");
+  }
 
-  // Biases: Llama's attention_bias puts one on q, k, v and o; Qwen2 has them on q, k, v only.
-  if (c.model_type == "qwen2") {
+  // Biases: Llama's and Gemma's attention_bias puts one on q, k, v and o; Qwen2 has them on q, k,
+  // v only; Phi-3 none.
+  if (t == "qwen2") {
     c.qkv_bias = true;
-  } else {
+  } else if (t != "phi3") {
     c.qkv_bias = c.o_bias = r.boolean("attention_bias", false);
   }
-  c.mlp_bias = r.boolean("mlp_bias", false);
-  c.qk_norm = c.model_type == "qwen3";
-
-  // Sliding window: Mistral applies sliding_window when set; Qwen2/3 only with
-  // use_sliding_window (and then only on some layers), which is not supported.
-  if (c.model_type == "mistral") {
-    c.sliding_window = r.integer("sliding_window", 0);
-  } else if (c.model_type == "qwen2" || c.model_type == "qwen3") {
-    TR_CHECK_TYPED(ConfigError, !r.boolean("use_sliding_window", false), r.src,
-                   ": use_sliding_window = true is not supported for ", c.model_type,
-                   " (only full attention on every layer)");
+  c.mlp_bias = t == "llama" && r.boolean("mlp_bias", false);
+  c.qk_norm = t == "qwen3" || t == "gemma3_text";
+  c.fused_qkv = c.fused_gate_up = t == "phi3";
+  if (is_gemma(t)) {
+    c.norm_plus_one = true;
+    // transformers: hidden_size**0.5 as a float32 tensor.
+    c.embed_scale = static_cast<float>(std::sqrt(static_cast<double>(c.hidden_size)));
   }
-  if (const json* lt = key(r.j, "layer_types"); lt && lt->is_array())
-    for (const auto& t : *lt)
-      TR_CHECK_TYPED(
-          ConfigError,
-          t == "full_attention" || (c.model_type == "mistral" && t == "sliding_attention"), r.src,
-          ": layer_types contains ", t.dump(), "; only \"full_attention\" is supported");
+  if (t == "gemma2" || t == "gemma3_text") {
+    c.sandwich_norms = true;
+    const double s = r.real("query_pre_attn_scalar", 256);
+    TR_CHECK_TYPED(ConfigError, s > 0, r.src, ": query_pre_attn_scalar must be positive");
+    c.attn_scale = std::pow(s, -0.5);
+    c.final_logit_softcapping = r.real("final_logit_softcapping", t == "gemma2" ? 30.0 : 0.0);
+    // Gemma 3's attention never applies attn_logit_softcapping (transformers does not pass it).
+    if (t == "gemma2") c.attn_logit_softcapping = r.real("attn_logit_softcapping", 50.0);
+    TR_CHECK_TYPED(ConfigError, c.final_logit_softcapping >= 0 && c.attn_logit_softcapping >= 0,
+                   r.src, ": soft-capping values must be >= 0 (null = none)");
+  }
+  read_sliding(r, c);
 }
 
-// RoPE: transformers 5.x writes rope_parameters {rope_type, rope_theta, ...}; 4.x writes
-// rope_theta at the top and rope_scaling {type | rope_type, factor, ...} (null = default).
-void read_rope(const Keys& r, LlamaConfig& c) {
-  const json* rp = key(r.j, "rope_parameters");
-  const json* rs = key(r.j, "rope_scaling");
-  c.rope_theta = r.real("rope_theta", 10000.0);
-  const json* scaling = nullptr;
-  if (rp) {
-    TR_CHECK_TYPED(ConfigError, rp->is_object(), r.src, ": rope_parameters must be an object");
-    c.rope_theta = r.real(*rp, "rope_theta", c.rope_theta);
-    scaling = rp;
-  } else if (rs) {
-    TR_CHECK_TYPED(ConfigError, rs->is_object(), r.src, ": rope_scaling must be an object or null");
-    scaling = rs;
+// One RoPE dict (rope_parameters, rope_scaling, or one layer type's entry of Gemma 3's nested
+// rope_parameters): its type and the keys that type needs. `what` names the dict in errors.
+void read_rope_dict(const Keys& r, const json& d, const std::string& what, const LlamaConfig& c,
+                    RopeConfig& rc) {
+  rc.theta = r.real(d, "rope_theta", rc.theta);
+  rc.partial_rotary_factor = r.real(d, "partial_rotary_factor", rc.partial_rotary_factor);
+  const json* t = key(d, "rope_type");
+  if (!t) t = key(d, "type");
+  rc.type = t && t->is_string() ? t->get<std::string>() : "default";
+  if (rc.type == "su" || rc.type == "yarn") {
+    // transformers' Phi3Config reads the names of older Phi-3 files as longrope.
+    TR_CHECK_TYPED(ConfigError, c.model_type == "phi3", r.src, ": ", what, " rope_type \"", rc.type,
+                   "\" is not supported (supported: default, linear, llama3, longrope)");
+    rc.type = "longrope";
   }
-  if (!scaling) return;
-  const json* t = key(*scaling, "rope_type");
-  if (!t) t = key(*scaling, "type");
-  c.rope_type = t && t->is_string() ? t->get<std::string>() : "default";
-  TR_CHECK_TYPED(ConfigError,
-                 c.rope_type == "default" || c.rope_type == "linear" || c.rope_type == "llama3",
-                 r.src, ": ", rp ? "rope_parameters" : "rope_scaling", " rope_type \"", c.rope_type,
-                 "\" is not supported (supported: default, linear, llama3)");
-  if (c.rope_type != "default") {
-    TR_CHECK_TYPED(ConfigError, key(*scaling, "factor"), r.src, ": rope type ", c.rope_type,
+  TR_CHECK_TYPED(
+      ConfigError,
+      rc.type == "default" || rc.type == "linear" || rc.type == "llama3" || rc.type == "longrope",
+      r.src, ": ", what, " rope_type \"", rc.type,
+      "\" is not supported (supported: default, linear, llama3, longrope)");
+  if (rc.type == "linear" || rc.type == "llama3") {
+    TR_CHECK_TYPED(ConfigError, key(d, "factor"), r.src, ": rope type ", rc.type,
                    " needs \"factor\"");
-    c.rope_factor = r.real(*scaling, "factor", 1.0);
+    rc.factor = r.real(d, "factor", 1.0);
   }
-  if (c.rope_type == "llama3") {
-    c.low_freq_factor = r.real(*scaling, "low_freq_factor", 1.0);
-    c.high_freq_factor = r.real(*scaling, "high_freq_factor", 4.0);
-    const json* o = key(*scaling, "original_max_position_embeddings");
+  if (rc.type == "llama3") {
+    rc.low_freq_factor = r.real(d, "low_freq_factor", 1.0);
+    rc.high_freq_factor = r.real(d, "high_freq_factor", 4.0);
+    const json* o = key(d, "original_max_position_embeddings");
     TR_CHECK_TYPED(ConfigError, o && o->is_number_integer(), r.src,
                    ": rope type llama3 needs an integer \"original_max_position_embeddings\"");
-    c.original_max_position_embeddings = o->get<int64_t>();
+    rc.original_max_position_embeddings = o->get<int64_t>();
   }
+  if (rc.type == "longrope") {
+    // transformers (modeling_rope_utils _compute_longrope_parameters): the pretraining context
+    // from the top level where Phi-3 writes it, the factor max / original unless given, the
+    // attention factor sqrt(1 + ln(factor) / ln(original)) unless given.
+    rc.original_max_position_embeddings =
+        r.integer("original_max_position_embeddings",
+                  key(d, "original_max_position_embeddings") &&
+                          d["original_max_position_embeddings"].is_number_integer()
+                      ? d["original_max_position_embeddings"].get<int64_t>()
+                      : c.max_position_embeddings);
+    TR_CHECK_TYPED(ConfigError, rc.original_max_position_embeddings > 1, r.src,
+                   ": original_max_position_embeddings must be > 1");
+    rc.factor = key(d, "factor") ? r.real(d, "factor", 1.0)
+                                 : static_cast<double>(c.max_position_embeddings) /
+                                       static_cast<double>(rc.original_max_position_embeddings);
+    rc.attention_factor =
+        key(d, "attention_factor")
+            ? r.real(d, "attention_factor", 1.0)
+            : (rc.factor <= 1.0 ? 1.0
+                                : std::sqrt(1 + std::log(rc.factor) /
+                                                    std::log(static_cast<double>(
+                                                        rc.original_max_position_embeddings))));
+    const int64_t half =
+        static_cast<int64_t>(static_cast<double>(c.head_dim) * rc.partial_rotary_factor) / 2;
+    for (auto [name, list] :
+         {std::pair<const char*, std::vector<double>*>{"short_factor", &rc.short_factor},
+          {"long_factor", &rc.long_factor}}) {
+      const json* f = key(d, name);
+      TR_CHECK_TYPED(ConfigError, f && f->is_array(), r.src, ": rope type longrope needs a list \"",
+                     name, "\"");
+      for (const auto& x : *f) {
+        TR_CHECK_TYPED(ConfigError, x.is_number() && x.get<double>() > 0, r.src, ": ", name,
+                       " holds ", x.dump(), "; expected positive numbers");
+        list->push_back(x.get<double>());
+      }
+      TR_CHECK_TYPED(ConfigError, static_cast<int64_t>(list->size()) == half, r.src, ": ", name,
+                     " has ", list->size(), " entries; the rotated width / 2 is ", half);
+    }
+  }
+}
+
+// RoPE: transformers 5.x writes rope_parameters {rope_type, rope_theta, ...} (Gemma 3: one per
+// layer type, {full_attention: {...}, sliding_attention: {...}}); 4.x writes rope_theta at the
+// top and rope_scaling {type | rope_type, factor, ...} (null = default), Gemma 3 also
+// rope_local_base_freq for the sliding layers.
+void read_rope(const Keys& r, LlamaConfig& c) {
+  const bool gemma3 = c.model_type == "gemma3_text";
+  const json* rp = key(r.j, "rope_parameters");
+  const json* rs = key(r.j, "rope_scaling");
+  c.rope.theta = r.real("rope_theta", gemma3 ? 1e6 : 10000.0);
+  c.rope.partial_rotary_factor = r.real("partial_rotary_factor", 1.0);
+  if (gemma3) {
+    c.rope_local = RopeConfig{};
+    c.rope_local.theta = r.real("rope_local_base_freq", 10000.0);
+  }
+  if (rp) {
+    TR_CHECK_TYPED(ConfigError, rp->is_object(), r.src, ": rope_parameters must be an object");
+    const json* full = key(*rp, "full_attention");
+    const json* local = key(*rp, "sliding_attention");
+    if (full || local) {
+      TR_CHECK_TYPED(ConfigError, gemma3 || !local, r.src,
+                     ": rope_parameters per layer type are read for gemma3_text only");
+      if (full) read_rope_dict(r, *full, "rope_parameters.full_attention", c, c.rope);
+      if (local) read_rope_dict(r, *local, "rope_parameters.sliding_attention", c, c.rope_local);
+    } else {
+      read_rope_dict(r, *rp, "rope_parameters", c, c.rope);
+    }
+  } else if (rs) {
+    TR_CHECK_TYPED(ConfigError, rs->is_object(), r.src, ": rope_scaling must be an object or null");
+    read_rope_dict(r, *rs, "rope_scaling", c, c.rope);
+  }
+  for (const RopeConfig* rc : {&c.rope, &c.rope_local}) {
+    if (rc->type.empty()) continue;
+    const auto rot =
+        static_cast<int64_t>(static_cast<double>(c.head_dim) * rc->partial_rotary_factor);
+    TR_CHECK_TYPED(ConfigError, rot > 0 && rot % 2 == 0 && rot <= c.head_dim, r.src,
+                   ": partial_rotary_factor ", rc->partial_rotary_factor, " of head_dim ",
+                   c.head_dim, " rotates ", rot, " dimensions; expected an even number in [2, ",
+                   c.head_dim, "]");
+  }
+  TR_CHECK_TYPED(ConfigError,
+                 c.rope_local.type.empty() ||
+                     c.rope_local.partial_rotary_factor == c.rope.partial_rotary_factor,
+                 r.src, ": both layer types must rotate the same share of each head");
 }
 
 }  // namespace
@@ -258,7 +410,8 @@ LlamaConfig LlamaConfig::from_json(const std::string& text, const std::string& s
 std::string LlamaConfig::to_json(const std::string& original, const std::string& dtype) const {
   json j = original.empty() ? json::object() : json::parse(original);
   static const std::map<std::string, std::string> arch = {
-      {"llama", "Llama"}, {"mistral", "Mistral"}, {"qwen2", "Qwen2"}, {"qwen3", "Qwen3"}};
+      {"llama", "Llama"}, {"mistral", "Mistral"}, {"qwen2", "Qwen2"},        {"qwen3", "Qwen3"},
+      {"gemma", "Gemma"}, {"gemma2", "Gemma2"},   {"gemma3_text", "Gemma3"}, {"phi3", "Phi3"}};
   j["architectures"] = {arch.at(model_type) +
                         (num_labels > 0 ? "ForSequenceClassification" : "ForCausalLM")};
   if (num_labels > 0) {
@@ -282,25 +435,40 @@ std::string LlamaConfig::to_json(const std::string& original, const std::string&
   j["head_dim"] = head_dim;
   j["max_position_embeddings"] = max_position_embeddings;
   j["rms_norm_eps"] = rms_norm_eps;
-  j["hidden_act"] = "silu";
   j["tie_word_embeddings"] = tie_word_embeddings;
+  if (!llama_like(model_type)) {
+    // The other families' activation, RoPE and layer keys are the input's, unchanged.
+    j["torch_dtype"] = dtype;
+    j["dtype"] = dtype;
+    return j.dump(2) + "\n";
+  }
+  j["hidden_act"] = "silu";
   if (model_type == "llama") j["attention_bias"] = qkv_bias, j["mlp_bias"] = mlp_bias;
   if (model_type == "mistral")
     j["sliding_window"] = sliding_window > 0 ? json(sliding_window) : json(nullptr);
   // Both RoPE spellings: 4.x reads rope_theta + rope_scaling, 5.x rope_parameters.
-  json params = {{"rope_type", rope_type}, {"rope_theta", rope_theta}};
+  json params = {{"rope_type", rope.type}, {"rope_theta", rope.theta}};
   json legacy = nullptr;
-  if (rope_type != "default") {
-    params["factor"] = rope_factor;
-    legacy = {{"rope_type", rope_type}, {"factor", rope_factor}};
+  if (rope.type != "default") {
+    params["factor"] = rope.factor;
+    legacy = {{"rope_type", rope.type}, {"factor", rope.factor}};
   }
-  if (rope_type == "llama3")
+  if (rope.type == "llama3")
     for (json* o : {&params, &legacy}) {
-      (*o)["low_freq_factor"] = low_freq_factor;
-      (*o)["high_freq_factor"] = high_freq_factor;
-      (*o)["original_max_position_embeddings"] = original_max_position_embeddings;
+      (*o)["low_freq_factor"] = rope.low_freq_factor;
+      (*o)["high_freq_factor"] = rope.high_freq_factor;
+      (*o)["original_max_position_embeddings"] = rope.original_max_position_embeddings;
     }
-  j["rope_theta"] = rope_theta;
+  if (rope.type == "longrope")
+    for (json* o : {&params, &legacy}) {
+      (*o)["short_factor"] = rope.short_factor;
+      (*o)["long_factor"] = rope.long_factor;
+      (*o)["original_max_position_embeddings"] = rope.original_max_position_embeddings;
+      (*o)["attention_factor"] = rope.attention_factor;
+    }
+  if (rope.partial_rotary_factor != 1.0)
+    params["partial_rotary_factor"] = rope.partial_rotary_factor;
+  j["rope_theta"] = rope.theta;
   j["rope_scaling"] = legacy;
   j["rope_parameters"] = params;
   j["torch_dtype"] = dtype;  // 4.x

@@ -33,6 +33,10 @@ class KvCache final : public v1::DecodeState {
   const void* owner = nullptr;
   int64_t batch = 0, length_ = 0, capacity_ = 0;
   std::vector<torch::Tensor> keys, values;
+  /// longrope only: the token ids of every slot so far [B, capacity], and whether the cached
+  /// keys were rotated with the long factors.
+  torch::Tensor ids;
+  bool long_keys = false;
 };
 
 // x [..., K] times a dense weight [N, K] transposed, for the decode steps: one row through a
@@ -63,30 +67,31 @@ torch::Tensor project(v1::LinearImpl& l, const torch::Tensor& x) {
 
 // Scaled dot-product attention: q [B, nh, Tq, hd] over k, v [B, nkv, Tk, hd] (grouped-query:
 // each key/value head serves nh / nkv consecutive query heads), `masked` bool broadcastable to
-// [B, 1, Tq, Tk], true where a query must not see a key (undefined: sees all) -> [B, nh, Tq, hd].
-// A single query per row (a decode step) groups the query heads of each key/value head into one
-// product over the cache, as the SDK's attention_math computes it (scores in q's dtype, softmax in
-// float32) but without copying the keys and values once per query head (repeat_kv), which at 8
-// rows cost as much as the attention itself. Otherwise the SDK's attention().
+// [B, 1, Tq, Tk], true where a query must not see a key (undefined: sees all) -> [B, nh, Tq, hd];
+// scale and soft-capping from `o`. A single query per row (a decode step) groups the query heads
+// of each key/value head into one product over the cache, as the SDK's attention_math computes
+// it (scores in q's dtype, softmax in float32) but without copying the keys and values once per
+// query head (repeat_kv), which at 8 rows cost as much as the attention itself. Otherwise the
+// SDK's attention().
 torch::Tensor decode_attention(const torch::Tensor& q, torch::Tensor k, torch::Tensor v,
-                               const torch::Tensor& masked) {
+                               const torch::Tensor& masked, v1::AttentionOptions o) {
   const int64_t B = q.size(0), nh = q.size(1), nkv = k.size(1), hd = q.size(3);
   if (q.size(2) == 1 && nh % nkv == 0) {
     const torch::Tensor qg = q.reshape({B, nkv, nh / nkv, hd});
-    torch::Tensor att = torch::matmul(qg, k.transpose(-2, -1)) * (1.0 / std::sqrt(double(hd)));
+    torch::Tensor att = torch::matmul(qg, k.transpose(-2, -1)) * o.scale.value();
+    if (o.softcap) att = torch::tanh(att / *o.softcap) * *o.softcap;
     if (masked.defined())
       att = att.masked_fill(masked.view({masked.dim() == 4 ? B : 1, 1, 1, -1}),
                             -std::numeric_limits<float>::infinity());
     att = torch::softmax(att, -1, torch::kFloat).to(q.scalar_type());
     return torch::matmul(att, v).view({B, nh, 1, hd});
   }
-  v1::AttentionOptions o;
-  o.causal = false;  // `masked` holds the causal (and sliding-window) mask already
   if (masked.defined()) o.mask = masked.logical_not();
   return v1::attention(q, k, v, o);
 }
 
-// One decoder layer on the new tokens x [B, T, hidden] at positions past .. past + T - 1.
+// One decoder layer on the new tokens x [B, T, hidden] at positions past .. past + T - 1, with
+// the layer kind's cos/sin [T, rot] or [B, 1, T, rot] and mask.
 torch::Tensor decode_layer(DecoderLayerImpl& layer, const LlamaConfig& c, const torch::Tensor& x,
                            const torch::Tensor& cos, const torch::Tensor& sin,
                            const torch::Tensor& masked, torch::Tensor& cache_k,
@@ -95,26 +100,24 @@ torch::Tensor decode_layer(DecoderLayerImpl& layer, const LlamaConfig& c, const 
   const int64_t nh = c.num_attention_heads, nkv = c.num_key_value_heads, hd = c.head_dim;
   AttentionImpl& a = *layer.self_attn;
   const torch::Tensor h = layer.input_layernorm->forward(x);
-  torch::Tensor q = project(*a.q_proj, h).view({B, T, nh, hd});
-  torch::Tensor k = project(*a.k_proj, h).view({B, T, nkv, hd});
-  torch::Tensor v = project(*a.v_proj, h).view({B, T, nkv, hd}).transpose(1, 2);
+  const std::vector<torch::Tensor> qkv = a.qkv(h, project);
+  torch::Tensor q = qkv[0].view({B, T, nh, hd});
+  torch::Tensor k = qkv[1].view({B, T, nkv, hd});
+  torch::Tensor v = qkv[2].view({B, T, nkv, hd}).transpose(1, 2);
   if (a.q_norm) q = a.q_norm->forward(q), k = a.k_norm->forward(k);
   q = q.transpose(1, 2);
   k = k.transpose(1, 2);
   const torch::Tensor cs = cos.to(q.scalar_type()), sn = sin.to(q.scalar_type());
-  q = q * cs + rotate_half(q) * sn;
-  k = k * cs + rotate_half(k) * sn;
+  q = apply_rope(q, cs, sn);
+  k = apply_rope(k, cs, sn);
   cache_k.narrow(2, past, T).copy_(k);
   cache_v.narrow(2, past, T).copy_(v);
-  torch::Tensor y =
-      decode_attention(q, cache_k.narrow(2, 0, past + T), cache_v.narrow(2, 0, past + T), masked);
+  torch::Tensor y = decode_attention(q, cache_k.narrow(2, 0, past + T),
+                                     cache_v.narrow(2, 0, past + T), masked, a.options());
   y = project(*a.o_proj, y.transpose(1, 2).reshape({B, T, nh * hd}));
-  const torch::Tensor r = x + y;
-  MlpImpl& m = *layer.mlp;
-  const torch::Tensor hm = layer.post_attention_layernorm->forward(r);
-  // SwiGLU as MlpImpl::forward computes it.
-  return r +
-         project(*m.down_proj, torch::silu(project(*m.gate_proj, hm)) * project(*m.up_proj, hm));
+  // The residuals and the MLP as the training layer computes them.
+  return layer.mlp_residual(
+      x, y, [&](const torch::Tensor& t) { return layer.mlp->forward_with(t, project); });
 }
 
 }  // namespace
@@ -140,6 +143,8 @@ std::unique_ptr<v1::DecodeState> LlamaModel::new_decode_state(int64_t batch_size
     cache->values.push_back(
         torch::zeros({batch_size, cfg_.num_key_value_heads, max_length, cfg_.head_dim}, opts));
   }
+  if (cfg_.rope.type == "longrope")
+    cache->ids = torch::zeros({batch_size, max_length}, opts.dtype(torch::kLong));
   return cache;
 }
 
@@ -151,6 +156,7 @@ void LlamaModel::repeat_rows(v1::DecodeState& state, int64_t repeats) {
   if (repeats == 1) return;
   for (auto* list : {&cache->keys, &cache->values})
     for (auto& t : *list) t = t.repeat_interleave(repeats, 0);
+  if (cache->ids.defined()) cache->ids = cache->ids.repeat_interleave(repeats, 0);
   cache->batch *= repeats;
 }
 
@@ -180,8 +186,8 @@ at::Tensor LlamaModel::decode_rows(const at::Tensor& ids, const at::Tensor& real
   // Slots: query i sits at slot past + i; key j at slot j.
   const torch::Tensor i = torch::arange(past, past + T, lopts).unsqueeze(1);
   const torch::Tensor j = torch::arange(0, past + T, lopts).unsqueeze(0);
-  // cos/sin in float32, as the full forward computes them: [T, hd] at positions past .. past +
-  // T - 1, or [B, 1, T, hd] at each row's count of real tokens before the slot (transformers'
+  // cos/sin in float32, as the full forward computes them: [T, rot] at positions past .. past +
+  // T - 1, or [B, 1, T, rot] at each row's count of real tokens before the slot (transformers'
   // position_ids = attention_mask.cumsum(-1) - 1 for a left-padded batch).
   torch::Tensor pos;
   torch::Tensor mask = real.defined() ? real.to(dev).to(torch::kLong) : torch::Tensor();
@@ -190,25 +196,51 @@ at::Tensor LlamaModel::decode_rows(const at::Tensor& ids, const at::Tensor& real
   else
     pos = torch::arange(past, past + T, torch::TensorOptions().dtype(torch::kFloat).device(dev))
               .unsqueeze(-1);
-  const torch::Tensor freqs = pos * net.inv_freq.to(dev);
-  torch::Tensor emb = torch::cat({freqs, freqs}, -1);
-  if (mask.defined()) emb = emb.unsqueeze(1);
-  const torch::Tensor cos = emb.cos(), sin = emb.sin();
-  // Query i must not see key j when j > i, or i - j >= sliding_window (slot distance: a row's
-  // padding all comes first, so it equals the position distance between its real tokens), or
-  // when j is padding. A padding query sees itself, so that no softmax row is empty (NaN).
-  torch::Tensor m = j > i;
-  if (cfg_.sliding_window > 0) m = m | ((i - j) >= cfg_.sliding_window);
-  torch::Tensor masked;
-  if (mask.defined())
-    masked = (m.unsqueeze(0) | (mask.unsqueeze(1) == 0)) & (i != j).unsqueeze(0);
-  else if (m.any().item<bool>())
-    masked = m;
-  if (masked.defined() && masked.dim() == 3) masked = masked.unsqueeze(1);  // [B, 1, T, past+T]
-  torch::Tensor x = net.model->embed_tokens->forward(input);
-  for (size_t l = 0; l < net.model->layer_ptrs.size(); ++l)
-    x = decode_layer(*net.model->layer_ptrs[l], cfg_, x, cos, sin, masked, cache->keys[l],
-                     cache->values[l], past);
+  if (cache->ids.defined()) {
+    cache->ids.narrow(1, past, T).copy_(input);
+    const bool long_now = pos.max().item<double>() + 1 >
+                          static_cast<double>(cfg_.rope.original_max_position_embeddings);
+    if (long_now && !cache->long_keys && past > 0) {
+      // The cached keys were rotated with longrope's short factors; from here on transformers'
+      // Phi-3 computes with the long ones and drops its cache when the sequence first passes the
+      // pretraining context (Phi3ForCausalLM.prepare_inputs_for_generation): every slot again,
+      // as one prefill, so that generation goes on as the full forward would.
+      cache->length_ = 0;
+      cache->long_keys = true;
+      return decode_rows(cache->ids.narrow(1, 0, past + T).clone(), real, state).narrow(1, past, T);
+    }
+    cache->long_keys = long_now;
+  }
+  // Per kind of layer (full attention, sliding window): RoPE tables and the mask. Query i must
+  // not see key j when j > i, or i - j >= sliding_window (slot distance: a row's padding all
+  // comes first, so it equals the position distance between its real tokens), or when j is
+  // padding. A padding query sees itself, so that no softmax row is empty (NaN).
+  struct Kind {
+    torch::Tensor cos, sin, masked;
+  } kinds[2];
+  bool used[2] = {false, false};
+  for (const auto& layer : net.model->layer_ptrs) used[layer->sliding ? 1 : 0] = true;
+  for (int kind = 0; kind < 2; ++kind) {
+    if (!used[kind]) continue;
+    auto [c, s] = net.rope_cos_sin(pos, kind == 1);
+    if (mask.defined()) c = c.unsqueeze(1), s = s.unsqueeze(1);
+    torch::Tensor m = j > i;
+    if (kind == 1 && cfg_.sliding_window > 0) m = m | ((i - j) >= cfg_.sliding_window);
+    torch::Tensor masked;
+    if (mask.defined())
+      masked = (m.unsqueeze(0) | (mask.unsqueeze(1) == 0)) & (i != j).unsqueeze(0);
+    else if (m.any().item<bool>())
+      masked = m;
+    if (masked.defined() && masked.dim() == 3) masked = masked.unsqueeze(1);  // [B, 1, T, past+T]
+    kinds[kind] = {c, s, masked};
+  }
+  torch::Tensor x = net.model->embed(input, cfg_.embed_scale);
+  for (size_t l = 0; l < net.model->layer_ptrs.size(); ++l) {
+    DecoderLayerImpl& layer = *net.model->layer_ptrs[l];
+    const Kind& k = kinds[layer.sliding ? 1 : 0];
+    x = decode_layer(layer, cfg_, x, k.cos, k.sin, k.masked, cache->keys[l], cache->values[l],
+                     past);
+  }
   x = net.model->norm->forward(x);
   cache->length_ = past + T;
   torch::Tensor logits;
@@ -216,7 +248,7 @@ at::Tensor LlamaModel::decode_rows(const at::Tensor& ids, const at::Tensor& real
     logits = project(*net.lm_head, x);
   else if (!(logits = few_rows_linear(x, net.model->embed_tokens->weight)).defined())
     logits = torch::linear(x, net.model->embed_tokens->weight);
-  return logits.to(torch::kFloat);
+  return net.softcap_logits(logits).to(torch::kFloat);
 }
 
 at::Tensor LlamaModel::decode(const at::Tensor& ids, v1::DecodeState& state) {

@@ -10,6 +10,7 @@
 #include <torch/utils.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -146,7 +147,7 @@ LlamaModel::LlamaModel(const v1::Options& o, const v1::RunContext& ctx)
       if (n.size() > 5 && n.compare(n.size() - 5, 5, ".bias") == 0)
         p.zero_();
       else if (p.dim() == 1)
-        p.fill_(1.0);
+        p.fill_(cfg_.norm_plus_one ? 0.0 : 1.0);
       else
         p.normal_(0.0, cfg_.initializer_range);
     }
@@ -180,12 +181,36 @@ at::Tensor LlamaModel::logits(const at::Tensor& ids) {
 at::Tensor LlamaModel::logits(const v1::Batch& batch) { return head(hidden_states(batch)); }
 
 at::Tensor LlamaModel::head(const at::Tensor& x) {
-  auto& net = net_of(net_);
   TR_CHECK(cfg_.num_labels == 0,
            "llama: the model has a score head (sequence classification), no vocabulary head");
-  return cfg_.tie_word_embeddings ? torch::linear(x, net.model->embed_tokens->weight)
-                                  : net.lm_head->forward(x);
+  return net_of(net_).head(x);
 }
+
+namespace {
+
+// The inputs of each kind of layer: RoPE tables of the batch's positions and the attention mask
+// (causal, packed samples, and the sliding window for the layers that use it). `pos` float
+// [1 or B, T].
+std::array<LayerInputs, 2> layer_inputs(const CausalLMImpl& net, const LlamaConfig& c,
+                                        const torch::Tensor& pos, int64_t T,
+                                        const torch::Tensor& segment_ids) {
+  std::array<LayerInputs, 2> in;  // [0] full attention, [1] sliding window
+  bool any[2] = {false, false};
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) any[c.layer_is_sliding(i) ? 1 : 0] = true;
+  for (int kind = 0; kind < 2; ++kind) {
+    if (!any[kind]) continue;
+    // cos/sin in float32 as transformers computes them (autocast off): [1, 1, T, rot] for
+    // 0..T-1, [B, 1, T, rot] for given positions, broadcasting over the heads.
+    auto [cos, sin] = net.rope_cos_sin(pos.unsqueeze(-1), kind == 1);
+    in[kind].cos = cos.unsqueeze(1);
+    in[kind].sin = sin.unsqueeze(1);
+    in[kind].blocked =
+        v1::attention_blocked(T, pos.device(), segment_ids, kind == 1 ? c.sliding_window : 0);
+  }
+  return in;
+}
+
+}  // namespace
 
 at::Tensor LlamaModel::hidden_states(const v1::Batch& batch) {
   const v1::Batch f = fields_of(batch);
@@ -195,20 +220,16 @@ at::Tensor LlamaModel::hidden_states(const v1::Batch& batch) {
            ids.scalar_type());
   auto& net = net_of(net_);
   const int64_t B = ids.size(0), T = ids.size(1);
-  // cos/sin in float32 as transformers computes them (autocast off): [1, 1, T, head_dim] for
-  // 0..T-1, [B, 1, T, head_dim] for given positions, broadcasting over the heads.
-  torch::Tensor pos = v1::positions_of(f, B, T, ids.device()).to(torch::kFloat);
-  torch::Tensor freqs = pos.unsqueeze(-1) * net.inv_freq.to(ids.device());
-  torch::Tensor emb = torch::cat({freqs, freqs}, -1).unsqueeze(1);
-  const torch::Tensor cos = emb.cos(), sin = emb.sin();
-  const torch::Tensor blocked =
-      v1::attention_blocked(T, ids.device(), f.segment_ids, cfg_.sliding_window);
-  torch::Tensor x = net.model->embed_tokens->forward(ids);
-  for (size_t i = 0; i < units_.size(); ++i)
-    x = units_[i]->run(
-        x, [layer = net.model->layer_ptrs[i], cos, sin, blocked](const torch::Tensor& in) {
-          return layer->forward(in, cos, sin, blocked);
-        });
+  const torch::Tensor pos = v1::positions_of(f, B, T, ids.device()).to(torch::kFloat);
+  const std::array<LayerInputs, 2> in = layer_inputs(net, cfg_, pos, T, f.segment_ids);
+  torch::Tensor x = net.model->embed(ids, cfg_.embed_scale);
+  for (size_t i = 0; i < units_.size(); ++i) {
+    const auto& layer = net.model->layer_ptrs[i];
+    // By value: a unit may run the layer again in the backward (activation checkpointing).
+    x = units_[i]->run(x, [layer, inputs = in[layer->sliding ? 1 : 0]](const torch::Tensor& t) {
+      return layer->forward(t, inputs);
+    });
+  }
   return net.model->norm->forward(x);
 }
 
@@ -255,8 +276,8 @@ v1::ModelOutput LlamaModel::forward(const v1::Batch& b) {
     h = h.index_select(0, idx);
     target = target.index_select(0, idx);
   }
-  if (fused_head_loss_ && torch::GradMode::is_enabled() && h.requires_grad() &&
-      h.scalar_type() == torch::kFloat) {
+  if (fused_head_loss_ && cfg_.final_logit_softcapping <= 0 && torch::GradMode::is_enabled() &&
+      h.requires_grad() && h.scalar_type() == torch::kFloat) {
     auto& net = net_of(net_);
     // The head's weight when the head is a plain product with it (undefined otherwise).
     torch::Tensor w;
@@ -324,7 +345,21 @@ std::string LlamaModel::describe() const {
                                             cfg_.num_labels == 1 ? " label" : " labels", ", pad ",
                                             cfg_.pad_token_id, ")")
                           : std::string(),
-      cfg_.rope_type != "default" ? ", rope " + cfg_.rope_type : std::string(),
+      cfg_.rope.type != "default" ? ", rope " + cfg_.rope.type : std::string(),
+      cfg_.rope.partial_rotary_factor != 1.0
+          ? v1::detail::cat(", rotary ", cfg_.rotary_dim(), "/", cfg_.head_dim)
+          : std::string(),
+      cfg_.sliding_window > 0
+          ? v1::detail::cat(", sliding window ", cfg_.sliding_window,
+                            cfg_.sliding_layers.empty()
+                                ? std::string()
+                                : v1::detail::cat(" on ",
+                                                  std::count(cfg_.sliding_layers.begin(),
+                                                             cfg_.sliding_layers.end(), true),
+                                                  " layers"))
+          : std::string(),
+      cfg_.final_logit_softcapping > 0 || cfg_.attn_logit_softcapping > 0 ? ", soft-capped"
+                                                                          : std::string(),
       dir_.empty() ? ", random init" : ", from " + dir_);
 }
 

@@ -24,25 +24,60 @@
 
 namespace trainrun::llama {
 
-/// The architecture, as config.json describes it (transformers 4.x and 5.x spellings).
+/// Rotary position embedding of one kind of layer (transformers' modeling_rope_utils.py).
+struct RopeConfig {
+  /// "default", "linear" (factor), "llama3" (factor, low/high frequency factors, original
+  /// context length) or "longrope" (Phi-3: short/long factors per frequency, the long set when
+  /// a forward's longest position reaches original_max_position_embeddings).
+  std::string type = "default";
+  double theta = 10000.0, factor = 1.0, low_freq_factor = 1.0, high_freq_factor = 4.0;
+  int64_t original_max_position_embeddings = 8192;
+  std::vector<double> short_factor, long_factor;  ///< longrope, head_dim * partial / 2 each
+  double attention_factor = 1.0;                  ///< longrope: cos and sin are multiplied by it
+  /// Rotated share of each head (Phi-3 / Phi-4-mini partial_rotary_factor); the rest passes.
+  double partial_rotary_factor = 1.0;
+};
+
+/// The architecture, as config.json describes it (transformers 4.x and 5.x spellings). Besides
+/// the Llama variants, the Gemma (1, 2, 3 text) and Phi-3 families: each is the Llama layer
+/// with some of the switches below turned on.
 struct LlamaConfig {
-  std::string model_type = "llama";  ///< llama, mistral, qwen2, qwen3
+  /// llama, mistral, qwen2, qwen3, gemma, gemma2, gemma3_text, phi3
+  std::string model_type = "llama";
   int64_t vocab_size = 32000, hidden_size = 4096, intermediate_size = 11008;
   int64_t num_hidden_layers = 32, num_attention_heads = 32, num_key_value_heads = 32;
-  int64_t head_dim = 128;  ///< per head; Qwen3 may differ from hidden_size / heads
+  int64_t head_dim = 128;  ///< per head; Qwen3 and Gemma may differ from hidden_size / heads
   int64_t max_position_embeddings = 2048;
-  double rms_norm_eps = 1e-6, rope_theta = 10000.0, initializer_range = 0.02;
-  /// RoPE frequency scaling: "default", "linear" (factor) or "llama3" (factor, low/high
-  /// frequency factors, original context length).
-  std::string rope_type = "default";
-  double rope_factor = 1.0, low_freq_factor = 1.0, high_freq_factor = 4.0;
-  int64_t original_max_position_embeddings = 8192;
+  double rms_norm_eps = 1e-6, initializer_range = 0.02;
+  RopeConfig rope;  ///< every layer's, or the full-attention layers' where rope_local is set
+  /// Gemma 3: the sliding-window layers' own RoPE (rope_local_base_freq); type "" = as `rope`.
+  RopeConfig rope_local{""};
   bool tie_word_embeddings = false;
   bool qkv_bias = false;  ///< biases on q/k/v (Qwen2, Llama attention_bias)
   bool o_bias = false;    ///< bias on o_proj (Llama attention_bias)
   bool mlp_bias = false;
-  bool qk_norm = false;   ///< Qwen3: RMSNorm over each head of q and k before RoPE
-  int64_t sliding_window = 0;  ///< Mistral: a query sees the last sliding_window keys; 0 = all
+  bool qk_norm = false;  ///< Qwen3, Gemma 3: RMSNorm over each head of q and k before RoPE
+  /// The MLP's activation: "silu" (SwiGLU) or "gelu_pytorch_tanh" (GeGLU, Gemma).
+  std::string hidden_act = "silu";
+  /// Gemma: RMSNorm gains stored as w - 1 and applied as (1 + w) in float32.
+  bool norm_plus_one = false;
+  /// Gemma: embeddings multiplied by sqrt(hidden_size) (in the weights' dtype); 1 = none.
+  double embed_scale = 1.0;
+  /// Gemma 2/3: the attention's and the MLP's outputs normed before their residual add
+  /// (post_attention_layernorm, post_feedforward_layernorm), the MLP's input by
+  /// pre_feedforward_layernorm.
+  bool sandwich_norms = false;
+  /// Multiplier of q k^T: 1/sqrt(head_dim), or Gemma 2/3's query_pre_attn_scalar^-1/2.
+  double attn_scale = 0.0;  ///< 0 = 1/sqrt(head_dim)
+  /// Gemma 2: cap * tanh(x / cap) on the attention scores and on the final logits; 0 = none.
+  double attn_logit_softcapping = 0.0, final_logit_softcapping = 0.0;
+  /// Phi-3: q, k, v as one qkv_proj and gate, up as one gate_up_proj (HF's names).
+  bool fused_qkv = false, fused_gate_up = false;
+  int64_t sliding_window = 0;  ///< a query sees the last sliding_window keys; 0 = all
+  /// Per layer: true where the layer attends through the sliding window (Gemma 2/3's
+  /// layer_types "sliding_attention"); empty = every layer when sliding_window > 0 (Mistral,
+  /// Phi-3).
+  std::vector<bool> sliding_layers;
   std::string dtype = "float32";  ///< torch_dtype / dtype: the weights' dtype on disk
   /// Outputs of the sequence-classification head `score` (transformers'
   /// *ForSequenceClassification: num_labels, or len(id2label)); 0 = a causal LM with lm_head.
@@ -51,6 +86,19 @@ struct LlamaConfig {
   /// Not config.json's: [model] blocked_attention (training attention through the blocked
   /// kernels with their own backward, float32 and CPU bf16 autocast; false = autograd).
   bool blocked_attention = true;
+
+  /// Whether layer `i` attends through the sliding window.
+  bool layer_is_sliding(int64_t i) const {
+    return sliding_window > 0 && (sliding_layers.empty() || sliding_layers[static_cast<size_t>(i)]);
+  }
+  /// The RoPE of layer `i` (Gemma 3's sliding layers have their own).
+  const RopeConfig& layer_rope(int64_t i) const {
+    return !rope_local.type.empty() && layer_is_sliding(i) ? rope_local : rope;
+  }
+  /// The rotated width of each head (even): head_dim * partial_rotary_factor.
+  int64_t rotary_dim() const {
+    return static_cast<int64_t>(static_cast<double>(head_dim) * rope.partial_rotary_factor);
+  }
 
   /// Parses config.json text. Throws v1::ConfigError naming `source` and the key when
   /// model_type, a rope type, hidden_act or another value is not supported.

@@ -23,24 +23,27 @@
 namespace trainrun::llama::detail {
 
 // RMSNorm (Zhang & Sennrich 2019) computed in float32 whatever the input dtype, then cast back
-// before the gain, as LlamaRMSNorm.
+// before the gain, as LlamaRMSNorm; with `plus_one` (Gemma) the gain is stored as w - 1 (zeros at
+// initialisation) and applied as (1 + w) in float32 before the cast, as GemmaRMSNorm.
 class RMSNormImpl : public torch::nn::Module {
  public:
-  RMSNormImpl(int64_t n, double eps) : eps_(eps) {
-    weight = register_parameter("weight", torch::ones({n}));
+  RMSNormImpl(int64_t n, double eps, bool plus_one = false) : eps_(eps), plus_one_(plus_one) {
+    weight = register_parameter("weight", plus_one ? torch::zeros({n}) : torch::ones({n}));
   }
   torch::Tensor forward(const torch::Tensor& x) {
     if (x.scalar_type() == torch::kFloat && weight.scalar_type() == torch::kFloat &&
         torch::GradMode::is_enabled() && (x.requires_grad() || weight.requires_grad()))
-      return RMSNormFloat::apply(x, weight, eps_);
+      return RMSNormFloat::apply(x, plus_one_ ? 1.0 + weight : weight, eps_);
     torch::Tensor h = x.to(torch::kFloat);
     h = h * torch::rsqrt(h.pow(2).mean(-1, /*keepdim=*/true) + eps_);
+    if (plus_one_) return (h * (1.0 + weight.to(torch::kFloat))).to(x.scalar_type());
     return weight * h.to(x.scalar_type());
   }
   torch::Tensor weight;
 
  private:
   double eps_;
+  bool plus_one_;
 };
 TORCH_MODULE(RMSNorm);
 
@@ -48,63 +51,96 @@ inline v1::Linear linear(int64_t in, int64_t out, bool bias) {
   return v1::Linear(torch::nn::LinearOptions(in, out).bias(bias));
 }
 
+// RoPE on the first cos.size(-1) dimensions of each head, the rest passed through (Phi-3's
+// partial rotary), as transformers' apply_rotary_pos_emb.
+inline torch::Tensor apply_rope(const torch::Tensor& x, const torch::Tensor& cos,
+                                const torch::Tensor& sin) {
+  const int64_t rot = cos.size(-1), hd = x.size(-1);
+  if (rot == hd) return Rope::apply(x, cos, sin);
+  return torch::cat({Rope::apply(x.narrow(-1, 0, rot), cos, sin), x.narrow(-1, rot, hd - rot)}, -1);
+}
+
+// What a decoder layer reads besides its input, per kind of layer (full or sliding-window
+// attention): cos/sin [T, rot] or [B, 1, T, rot] in float32, and `blocked` from
+// v1::attention_blocked (bool [T, T] or [B, 1, T, T], true = hidden).
+struct LayerInputs {
+  torch::Tensor cos, sin, blocked;
+};
+
 class AttentionImpl : public torch::nn::Module {
  public:
   explicit AttentionImpl(const LlamaConfig& c)
       : nh_(c.num_attention_heads),
         nkv_(c.num_key_value_heads),
         hd_(c.head_dim),
+        scale_(c.attn_scale > 0 ? c.attn_scale : 1.0 / std::sqrt(static_cast<double>(c.head_dim))),
+        softcap_(c.attn_logit_softcapping),
         blocked_attention_(c.blocked_attention) {
-    q_proj = register_module("q_proj", linear(c.hidden_size, nh_ * hd_, c.qkv_bias));
-    k_proj = register_module("k_proj", linear(c.hidden_size, nkv_ * hd_, c.qkv_bias));
-    v_proj = register_module("v_proj", linear(c.hidden_size, nkv_ * hd_, c.qkv_bias));
+    if (c.fused_qkv) {
+      qkv_proj =
+          register_module("qkv_proj", linear(c.hidden_size, (nh_ + 2 * nkv_) * hd_, c.qkv_bias));
+    } else {
+      q_proj = register_module("q_proj", linear(c.hidden_size, nh_ * hd_, c.qkv_bias));
+      k_proj = register_module("k_proj", linear(c.hidden_size, nkv_ * hd_, c.qkv_bias));
+      v_proj = register_module("v_proj", linear(c.hidden_size, nkv_ * hd_, c.qkv_bias));
+    }
     o_proj = register_module("o_proj", linear(nh_ * hd_, c.hidden_size, c.o_bias));
     if (c.qk_norm) {
-      q_norm = register_module("q_norm", RMSNorm(hd_, c.rms_norm_eps));
-      k_norm = register_module("k_norm", RMSNorm(hd_, c.rms_norm_eps));
+      q_norm = register_module("q_norm", RMSNorm(hd_, c.rms_norm_eps, c.norm_plus_one));
+      k_norm = register_module("k_norm", RMSNorm(hd_, c.rms_norm_eps, c.norm_plus_one));
     }
   }
 
-  // x [B, T, hidden], cos/sin [T, head_dim] or [B, 1, T, head_dim], blocked: bool [T, T] or
-  // [B, 1, T, T] from v1::attention_blocked (causal, sliding window, packed samples) ->
-  // [B, T, hidden].
-  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
-                        const torch::Tensor& blocked) {
+  // q, k, v [B, T, heads * head_dim] of x [B, T, hidden]: one call for the three projections
+  // (their LoRA adapters' x A^T run as one product), or Phi-3's fused qkv_proj split.
+  // `project` runs one Linear (the decode path's few-row products).
+  template <class Project>
+  std::vector<torch::Tensor> qkv(const torch::Tensor& x, Project&& project) {
+    if (qkv_proj)
+      return project(*qkv_proj, x).split_with_sizes({nh_ * hd_, nkv_ * hd_, nkv_ * hd_}, -1);
+    return {project(*q_proj, x), project(*k_proj, x), project(*v_proj, x)};
+  }
+
+  // x [B, T, hidden] -> [B, T, hidden], with the layer's LayerInputs (causal, sliding window,
+  // packed samples in `blocked`).
+  torch::Tensor forward(const torch::Tensor& x, const LayerInputs& in) {
     const int64_t B = x.size(0), T = x.size(1);
-    // One call for the three projections of x: their LoRA adapters' x A^T run as one product.
-    const std::vector<torch::Tensor> qkv =
-        v1::LinearImpl::forward_shared(x, {q_proj.get(), k_proj.get(), v_proj.get()});
-    torch::Tensor q = qkv[0].view({B, T, nh_, hd_});
-    torch::Tensor k = qkv[1].view({B, T, nkv_, hd_});
-    torch::Tensor v = qkv[2].view({B, T, nkv_, hd_}).transpose(1, 2);
+    const std::vector<torch::Tensor> qkv_ =
+        qkv_proj ? qkv_proj->forward(x).split_with_sizes({nh_ * hd_, nkv_ * hd_, nkv_ * hd_}, -1)
+                 : v1::LinearImpl::forward_shared(x, {q_proj.get(), k_proj.get(), v_proj.get()});
+    torch::Tensor q = qkv_[0].view({B, T, nh_, hd_});
+    torch::Tensor k = qkv_[1].view({B, T, nkv_, hd_});
+    torch::Tensor v = qkv_[2].view({B, T, nkv_, hd_}).transpose(1, 2);
     if (q_norm) q = q_norm->forward(q), k = k_norm->forward(k);
     q = q.transpose(1, 2);
     k = k.transpose(1, 2);
-    const torch::Tensor c = cos.to(q.scalar_type()), s = sin.to(q.scalar_type());
-    q = Rope::apply(q, c, s);
-    k = Rope::apply(k, c, s);
+    const torch::Tensor c = in.cos.to(q.scalar_type()), s = in.sin.to(q.scalar_type());
+    q = apply_rope(q, c, s);
+    k = apply_rope(k, c, s);
+    const torch::Tensor& blocked = in.blocked;
 #if !TRAINRUN_HAS_SDPA
     // Not under autocast: its matmuls would come out bfloat16 inside the Function while the
     // backward (where autocast is off) meets them with float32 gradients. With LoRA under
     // bf16-mixed, q/k/v are float32 (an adapter's float32 output added to the bf16 base output),
     // so the dtype alone does not tell (issue 41); autocast's products go through attend().
-    if (blocked_attention_ && T > kGradQueryBlock && k.size(2) == T &&
+    // Soft-capped scores (Gemma 2) go through attend() too.
+    if (blocked_attention_ && softcap_ == 0 && T > kGradQueryBlock && k.size(2) == T &&
         torch::GradMode::is_enabled() && q.scalar_type() == torch::kFloat &&
         k.scalar_type() == torch::kFloat && v.scalar_type() == torch::kFloat &&
         !v1::compat::autocast_enabled(q.device().type()) &&
         (q.requires_grad() || k.requires_grad() || v.requires_grad())) {
-      const torch::Tensor y = BlockedCausalAttention::apply(
-          q, k, v, blocked, 1.0 / std::sqrt(static_cast<double>(hd_)), kGradQueryBlock);
+      const torch::Tensor y =
+          BlockedCausalAttention::apply(q, k, v, blocked, scale_, kGradQueryBlock);
       return o_proj->forward(y.transpose(1, 2).reshape({B, T, nh_ * hd_}));
     }
     // Under CPU autocast to bf16 (bf16-mixed, bf16-true): the same blocks in autocast's dtypes.
-    if (blocked_attention_ && T > kGradQueryBlock && k.size(2) == T &&
+    if (blocked_attention_ && softcap_ == 0 && T > kGradQueryBlock && k.size(2) == T &&
         torch::GradMode::is_enabled() && q.device().is_cpu() &&
         v1::compat::autocast_enabled(c10::kCPU) &&
         v1::compat::autocast_dtype(c10::kCPU) == torch::kBFloat16 &&
         (q.requires_grad() || k.requires_grad() || v.requires_grad())) {
-      const torch::Tensor y = BlockedCausalAttentionBf16::apply(
-          q, k, v, blocked, 1.0 / std::sqrt(static_cast<double>(hd_)), kQueryBlock);
+      const torch::Tensor y =
+          BlockedCausalAttentionBf16::apply(q, k, v, blocked, scale_, kQueryBlock);
       return o_proj->forward(y.transpose(1, 2).reshape({B, T, nh_ * hd_}));
     }
 #endif
@@ -114,15 +150,26 @@ class AttentionImpl : public torch::nn::Module {
       k = k.unsqueeze(2).expand({B, nkv_, rep, T, hd_}).reshape({B, nh_, T, hd_});
       v = v.unsqueeze(2).expand({B, nkv_, rep, T, hd_}).reshape({B, nh_, T, hd_});
     }
-    torch::Tensor y = attend(q, k, v, blocked).transpose(1, 2).reshape({B, T, nh_ * hd_});
+    torch::Tensor y =
+        attend(q, k, v, blocked, options()).transpose(1, 2).reshape({B, T, nh_ * hd_});
     return o_proj->forward(y);
+  }
+
+  // The layer's scaling and soft-capping for v1::attention.
+  v1::AttentionOptions options() const {
+    v1::AttentionOptions o;
+    o.causal = false;  // `blocked` holds the causal (and sliding-window) mask
+    o.scale = scale_;
+    if (softcap_ > 0) o.softcap = softcap_;
+    return o;
   }
 
   // The attention itself, q/k/v [B, nh, T, head_dim] -> [B, nh, T, head_dim], where not
   // `blocked`: the SDK's attention(), scaled_dot_product_attention on LibTorch >= 2.1, on 1.13
   // matmul + softmax in float32 as transformers' eager path.
   static torch::Tensor attend(const torch::Tensor& q, const torch::Tensor& k,
-                              const torch::Tensor& v, const torch::Tensor& blocked) {
+                              const torch::Tensor& v, const torch::Tensor& blocked,
+                              const v1::AttentionOptions& o) {
 #if !TRAINRUN_HAS_SDPA
     // Without SDPA's causal kernels the math form computes every score and then masks the
     // upper triangle away. `blocked` always hides the keys after a query (attention_blocked is
@@ -140,18 +187,18 @@ class AttentionImpl : public torch::nn::Module {
       std::vector<torch::Tensor> out;
       for_each_query_block(
           T, kQueryBlock, blocked, [&](int64_t s, int64_t n, int64_t e, const torch::Tensor& m) {
-            out.push_back(attend_all(q.narrow(2, s, n), k.narrow(2, 0, e), v.narrow(2, 0, e), m));
+            out.push_back(
+                attend_all(q.narrow(2, s, n), k.narrow(2, 0, e), v.narrow(2, 0, e), m, o));
           });
       return torch::cat(out, 2);
     }
 #endif
-    return attend_all(q, k, v, blocked);
+    return attend_all(q, k, v, blocked, o);
   }
 
   static torch::Tensor attend_all(const torch::Tensor& q, const torch::Tensor& k,
-                                  const torch::Tensor& v, const torch::Tensor& blocked) {
-    v1::AttentionOptions o;
-    o.causal = false;  // `blocked` holds the causal (and sliding-window) mask already
+                                  const torch::Tensor& v, const torch::Tensor& blocked,
+                                  v1::AttentionOptions o) {
     o.mask = blocked.logical_not();
     return v1::attention(q, k, v, o);
   }
@@ -162,50 +209,99 @@ class AttentionImpl : public torch::nn::Module {
   static constexpr int64_t kGradQueryBlock = 64;
 
   v1::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+  v1::Linear qkv_proj{nullptr};  ///< Phi-3: q, k, v in one projection
   RMSNorm q_norm{nullptr}, k_norm{nullptr};
 
  private:
   int64_t nh_, nkv_, hd_;
+  double scale_, softcap_;
   bool blocked_attention_;  ///< [model] blocked_attention: the kernels above, else autograd
 };
 TORCH_MODULE(Attention);
 
+// The gated MLP: down(act(gate(x)) * up(x)), SwiGLU (Shazeer 2020) with silu, GeGLU with
+// Gemma's tanh-approximated gelu; gate and up as Phi-3's one gate_up_proj (gate first) or two.
 class MlpImpl : public torch::nn::Module {
  public:
-  explicit MlpImpl(const LlamaConfig& c) {
-    gate_proj =
-        register_module("gate_proj", linear(c.hidden_size, c.intermediate_size, c.mlp_bias));
-    up_proj = register_module("up_proj", linear(c.hidden_size, c.intermediate_size, c.mlp_bias));
+  explicit MlpImpl(const LlamaConfig& c) : gelu_(c.hidden_act == "gelu_pytorch_tanh") {
+    if (c.fused_gate_up) {
+      gate_up_proj = register_module("gate_up_proj",
+                                     linear(c.hidden_size, 2 * c.intermediate_size, c.mlp_bias));
+    } else {
+      gate_proj =
+          register_module("gate_proj", linear(c.hidden_size, c.intermediate_size, c.mlp_bias));
+      up_proj = register_module("up_proj", linear(c.hidden_size, c.intermediate_size, c.mlp_bias));
+    }
     down_proj =
         register_module("down_proj", linear(c.intermediate_size, c.hidden_size, c.mlp_bias));
   }
-  // SwiGLU (Shazeer 2020): down(silu(gate(x)) * up(x)).
+  torch::Tensor act(const torch::Tensor& g) const {
+    return gelu_ ? torch::gelu(g, "tanh") : torch::silu(g);
+  }
+  // `project` runs one Linear (the decode path's few-row products).
+  template <class Project>
+  torch::Tensor forward_with(const torch::Tensor& x, Project&& project) {
+    if (gate_up_proj) {
+      const std::vector<torch::Tensor> gu = project(*gate_up_proj, x).chunk(2, -1);
+      return project(*down_proj, act(gu[0]) * gu[1]);
+    }
+    return project(*down_proj, act(project(*gate_proj, x)) * project(*up_proj, x));
+  }
   torch::Tensor forward(const torch::Tensor& x) {
+    if (gate_up_proj)
+      return forward_with(x,
+                          [](v1::LinearImpl& l, const torch::Tensor& t) { return l.forward(t); });
     const std::vector<torch::Tensor> gu =
         v1::LinearImpl::forward_shared(x, {gate_proj.get(), up_proj.get()});
-    return down_proj->forward(torch::silu(gu[0]) * gu[1]);
+    return down_proj->forward(act(gu[0]) * gu[1]);
   }
   v1::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+  v1::Linear gate_up_proj{nullptr};  ///< Phi-3: gate and up in one projection
+
+ private:
+  bool gelu_;
 };
 TORCH_MODULE(Mlp);
 
 class DecoderLayerImpl : public torch::nn::Module {
  public:
-  explicit DecoderLayerImpl(const LlamaConfig& c) {
+  DecoderLayerImpl(const LlamaConfig& c, int64_t index)
+      : sliding(c.layer_is_sliding(index)), sandwich_(c.sandwich_norms) {
     self_attn = register_module("self_attn", Attention(c));
     mlp = register_module("mlp", Mlp(c));
-    input_layernorm = register_module("input_layernorm", RMSNorm(c.hidden_size, c.rms_norm_eps));
-    post_attention_layernorm =
-        register_module("post_attention_layernorm", RMSNorm(c.hidden_size, c.rms_norm_eps));
+    const auto norm = [&](const char* name) {
+      return register_module(name, RMSNorm(c.hidden_size, c.rms_norm_eps, c.norm_plus_one));
+    };
+    input_layernorm = norm("input_layernorm");
+    post_attention_layernorm = norm("post_attention_layernorm");
+    if (sandwich_) {
+      pre_feedforward_layernorm = norm("pre_feedforward_layernorm");
+      post_feedforward_layernorm = norm("post_feedforward_layernorm");
+    }
   }
-  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
-                        const torch::Tensor& blocked) {
-    torch::Tensor h = x + self_attn->forward(input_layernorm->forward(x), cos, sin, blocked);
-    return h + mlp->forward(post_attention_layernorm->forward(h));
+  torch::Tensor forward(const torch::Tensor& x, const LayerInputs& in) {
+    torch::Tensor a = self_attn->forward(input_layernorm->forward(x), in);
+    return mlp_residual(x, a, [&](const torch::Tensor& t) { return mlp->forward(t); });
+  }
+  // The residual adds around the attention's output `attn` and the MLP: Llama's pre-norm, or
+  // Gemma 2/3's sandwich (each output normed before its add, the MLP's input by its own norm).
+  template <class MlpFn>
+  torch::Tensor mlp_residual(const torch::Tensor& x, const torch::Tensor& attn, MlpFn&& run_mlp) {
+    if (!sandwich_) {
+      const torch::Tensor h = x + attn;
+      return h + run_mlp(post_attention_layernorm->forward(h));
+    }
+    const torch::Tensor h = x + post_attention_layernorm->forward(attn);
+    return h + post_feedforward_layernorm->forward(run_mlp(pre_feedforward_layernorm->forward(h)));
   }
   Attention self_attn{nullptr};
   Mlp mlp{nullptr};
   RMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
+  RMSNorm pre_feedforward_layernorm{nullptr}, post_feedforward_layernorm{nullptr};
+  const bool sliding;  ///< attends through the sliding window (LayerInputs of that kind)
+
+ private:
+  bool sandwich_;
 };
 TORCH_MODULE(DecoderLayer);
 
@@ -238,13 +334,20 @@ class DecoderImpl : public torch::nn::Module {
     release_parameters(*embed_tokens, release);
     layers = register_module("layers", torch::nn::ModuleList());
     for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
-      DecoderLayer l(c);
+      DecoderLayer l(c, i);
       release_parameters(*l, release);
       layers->push_back(l);
       layer_ptrs.push_back(l.ptr());
     }
-    norm = register_module("norm", RMSNorm(c.hidden_size, c.rms_norm_eps));
+    norm = register_module("norm", RMSNorm(c.hidden_size, c.rms_norm_eps, c.norm_plus_one));
     release_parameters(*norm, release);
+  }
+  // ids [B, T] -> embeddings [B, T, hidden], times Gemma's sqrt(hidden_size) rounded to the
+  // weights' dtype as transformers' scaled embedding does.
+  torch::Tensor embed(const torch::Tensor& ids, double scale) {
+    torch::Tensor x = embed_tokens->forward(ids);
+    if (scale == 1.0) return x;
+    return x * torch::scalar_tensor(scale, torch::kFloat).to(x.scalar_type()).to(x.device());
   }
   torch::nn::Embedding embed_tokens{nullptr};
   torch::nn::ModuleList layers{nullptr};
@@ -266,37 +369,74 @@ class CausalLMImpl : public torch::nn::Module {
       lm_head = register_module("lm_head", linear(c.hidden_size, c.vocab_size, false));
       release_parameters(*lm_head, release);
     }
-    inv_freq = rope_inv_freq(c);
+    inv_freq = rope_inv_freq(c.rope, c.head_dim, false);
+    if (c.rope.type == "longrope") inv_freq_long = rope_inv_freq(c.rope, c.head_dim, true);
+    if (!c.rope_local.type.empty()) inv_freq_local = rope_inv_freq(c.rope_local, c.head_dim, false);
   }
 
-  // RoPE inverse frequencies [head_dim / 2], float32, as transformers' rope init functions
-  // (modeling_rope_utils.py: default, linear, llama3).
-  static torch::Tensor rope_inv_freq(const LlamaConfig& c) {
-    const int64_t dim = c.head_dim;
-    torch::Tensor inv =
-        1.0 /
-        torch::pow(c.rope_theta, torch::arange(0, dim, 2, torch::kLong).to(torch::kFloat) / dim);
-    if (c.rope_type == "linear") inv = inv / c.rope_factor;
-    if (c.rope_type == "llama3") {
-      const double old_ctx = static_cast<double>(c.original_max_position_embeddings);
-      const double low_wavelen = old_ctx / c.low_freq_factor,
-                   high_wavelen = old_ctx / c.high_freq_factor;
+  // RoPE inverse frequencies [rotary_dim / 2], float32, as transformers' rope init functions
+  // (modeling_rope_utils.py: default, linear, llama3, longrope with its short or `long_set`).
+  static torch::Tensor rope_inv_freq(const RopeConfig& r, int64_t head_dim, bool long_set) {
+    const auto dim = static_cast<int64_t>(static_cast<double>(head_dim) * r.partial_rotary_factor);
+    const torch::Tensor shape = torch::arange(0, dim, 2, torch::kLong).to(torch::kFloat) / dim;
+    if (r.type == "longrope") {
+      const std::vector<double>& f = long_set ? r.long_factor : r.short_factor;
+      const torch::Tensor ext = torch::tensor(f, torch::kDouble).to(torch::kFloat);
+      return 1.0 / (ext * torch::pow(r.theta, shape));
+    }
+    torch::Tensor inv = 1.0 / torch::pow(r.theta, shape);
+    if (r.type == "linear") inv = inv / r.factor;
+    if (r.type == "llama3") {
+      const double old_ctx = static_cast<double>(r.original_max_position_embeddings);
+      const double low_wavelen = old_ctx / r.low_freq_factor,
+                   high_wavelen = old_ctx / r.high_freq_factor;
       torch::Tensor wavelen = 2 * M_PI / inv;
-      torch::Tensor scaled = torch::where(wavelen > low_wavelen, inv / c.rope_factor, inv);
+      torch::Tensor scaled = torch::where(wavelen > low_wavelen, inv / r.factor, inv);
       torch::Tensor smooth =
-          (old_ctx / wavelen - c.low_freq_factor) / (c.high_freq_factor - c.low_freq_factor);
-      torch::Tensor smoothed = (1 - smooth) * scaled / c.rope_factor + smooth * scaled;
+          (old_ctx / wavelen - r.low_freq_factor) / (r.high_freq_factor - r.low_freq_factor);
+      torch::Tensor smoothed = (1 - smooth) * scaled / r.factor + smooth * scaled;
       torch::Tensor medium = (wavelen >= high_wavelen).logical_and(wavelen <= low_wavelen);
       inv = torch::where(medium, smoothed, scaled);
     }
     return inv;
   }
 
+  // cos and sin [..., T, rotary_dim] in float32 of positions `pos` float [..., T, 1], for the
+  // sliding-window layers' RoPE (`local`) or the others'. longrope takes its long set when the
+  // longest position + 1 exceeds the pretraining context, as transformers decides per forward.
+  std::pair<torch::Tensor, torch::Tensor> rope_cos_sin(const torch::Tensor& pos, bool local) const {
+    const bool own = local && inv_freq_local.defined();
+    const RopeConfig& r = own ? cfg.rope_local : cfg.rope;
+    torch::Tensor inv = own ? inv_freq_local : inv_freq;
+    if (r.type == "longrope" && pos.numel() > 0 &&
+        pos.max().item<double>() + 1 > static_cast<double>(r.original_max_position_embeddings))
+      inv = inv_freq_long;
+    const torch::Tensor freqs = pos * inv.to(pos.device());
+    const torch::Tensor emb = torch::cat({freqs, freqs}, -1);
+    if (r.attention_factor == 1.0) return {emb.cos(), emb.sin()};
+    return {emb.cos() * r.attention_factor, emb.sin() * r.attention_factor};
+  }
+
+  // hidden [..., hidden_size] -> logits [..., vocab_size]: lm_head (or the tied embedding), then
+  // Gemma 2's final soft-capping.
+  torch::Tensor head(const torch::Tensor& x) {
+    torch::Tensor logits = cfg.tie_word_embeddings ? torch::linear(x, model->embed_tokens->weight)
+                                                   : lm_head->forward(x);
+    return softcap_logits(logits);
+  }
+  torch::Tensor softcap_logits(const torch::Tensor& logits) const {
+    const double cap = cfg.final_logit_softcapping;
+    if (cap <= 0) return logits;
+    return torch::tanh(logits / cap) * cap;
+  }
+
   LlamaConfig cfg;
   Decoder model{nullptr};
   v1::Linear lm_head{nullptr};
-  v1::Linear score{nullptr};  ///< sequence classification only (cfg.num_labels > 0)
-  torch::Tensor inv_freq;
+  v1::Linear score{nullptr};     ///< sequence classification only (cfg.num_labels > 0)
+  torch::Tensor inv_freq;        ///< every layer's, or the full-attention layers'
+  torch::Tensor inv_freq_local;  ///< Gemma 3's sliding-window layers' (undefined: inv_freq)
+  torch::Tensor inv_freq_long;   ///< longrope's long set (undefined otherwise)
 };
 TORCH_MODULE(CausalLM);
 

@@ -46,6 +46,9 @@ struct AttentionOptions {
   bool training = false;
   /// Multiplier of q k^T; default 1/sqrt(head_dim).
   std::optional<double> scale;
+  /// Soft-capping of the scaled scores before the mask, cap * tanh(s / cap) (Gemma 2's
+  /// attn_logit_softcapping); computed by attention_math() on every LibTorch (SDPA has none).
+  std::optional<double> softcap;
 };
 
 namespace detail {
@@ -91,6 +94,8 @@ inline void check_attention_inputs(const at::Tensor& q, const at::Tensor& k, con
            v.scalar_type(), ")");
   TR_CHECK(o.dropout_p >= 0.0 && o.dropout_p < 1.0, "attention: dropout_p ", o.dropout_p,
            " is outside [0, 1)");
+  TR_CHECK(!o.softcap || *o.softcap > 0, "attention: softcap must be positive, got ",
+           o.softcap.value_or(0.0));
 }
 
 // The user mask and the causal/window visibility as one mask: bool when the user's is bool
@@ -127,6 +132,7 @@ inline at::Tensor attention_math(const at::Tensor& q, const at::Tensor& k, const
   const at::Tensor kk = detail::repeat_kv(k, h), vv = detail::repeat_kv(v, h);
   const double scale = o.scale ? *o.scale : 1.0 / std::sqrt(static_cast<double>(q.size(3)));
   at::Tensor att = at::matmul(q, kk.transpose(-2, -1)) * scale;
+  if (o.softcap) att = at::tanh(att / *o.softcap) * *o.softcap;
   if (auto m = detail::combined_mask(q, k, o)) {
     if (m->scalar_type() == at::kBool)
       att = att.masked_fill(m->logical_not(), -std::numeric_limits<float>::infinity());
@@ -144,6 +150,7 @@ inline at::Tensor attention_math(const at::Tensor& q, const at::Tensor& k, const
 inline at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const AttentionOptions& o = {}) {
 #if TRAINRUN_HAS_SDPA
+  if (o.softcap) return attention_math(q, k, v, o);
   detail::check_attention_inputs(q, k, v, o);
   const double p = o.training ? o.dropout_p : 0.0;
   const int64_t h = q.size(1);

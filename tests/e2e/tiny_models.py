@@ -1,0 +1,70 @@
+"""Tiny random configurations of each model family the llama plugin opens, as transformers
+defines them, for the tests that build a model with transformers and compare trainrun with it
+(llama_e2e.py, generate_ref.py). `common` carries the sizes every variant shares.
+
+  llama3    Llama 3 style: rope_type llama3, GQA, tied embeddings
+  qwen2     Qwen2: q/k/v biases
+  qwen3     Qwen3: q_norm/k_norm, head_dim 16 != hidden / heads
+  mistral   Mistral: sliding_window 8 on every layer
+  gemma     Gemma: (1 + w) norms, embeddings scaled by sqrt(hidden), GeGLU, head_dim 16, tied
+  gemma2    Gemma 2: (1 + w) norms, scaled embeddings, GeGLU, sandwich norms, head_dim 16,
+            query_pre_attn_scalar 24, attention and final soft-capping (2 and 3: they bite at the
+            test's initializer_range 0.2), layer 0 sliding (window 8), layer 1 global
+  gemma3    Gemma 3 (text): as Gemma 2 without soft-capping, with (1 + w) q/k norms and a RoPE per
+            layer type (linear x4 at base 1e6 for the global layer, default 1e4 for the sliding one)
+  phi3      Phi-3: fused qkv_proj and gate_up_proj, sliding_window 12 on every layer
+  phi3long  Phi-3 with longrope (original context 8, so the long factors apply past 8 positions,
+            attention factor from max / original) and partial_rotary_factor 0.5 (Phi-4-mini's kind)
+"""
+
+VARIANTS = ("llama3", "qwen2", "qwen3", "mistral", "gemma", "gemma2", "gemma3", "phi3", "phi3long")
+
+# LoRA targets covering every projection of each family, by its HF names.
+LORA_TARGETS = {
+    "phi3": ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"],
+    "phi3long": ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"],
+}
+DEFAULT_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def lora_targets(variant):
+    return LORA_TARGETS.get(variant, DEFAULT_LORA_TARGETS)
+
+
+def config(variant, **common):
+    import transformers as t
+
+    if variant == "llama3":
+        return t.LlamaConfig(**common, tie_word_embeddings=True,
+                             rope_parameters={"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0,
+                                              "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                              "original_max_position_embeddings": 16})
+    if variant == "qwen2":
+        return t.Qwen2Config(**common, tie_word_embeddings=False)
+    if variant == "qwen3":
+        return t.Qwen3Config(**common, head_dim=16, tie_word_embeddings=False)
+    if variant == "mistral":
+        return t.MistralConfig(**common, sliding_window=8, tie_word_embeddings=False)
+    if variant == "gemma":
+        return t.GemmaConfig(**common, head_dim=16, hidden_act="gelu_pytorch_tanh", pad_token_id=0,
+                             tie_word_embeddings=True, initializer_range=0.2)
+    gemma = dict(head_dim=16, query_pre_attn_scalar=24, sliding_window=8, pad_token_id=0,
+                 layer_types=["sliding_attention", "full_attention"] * (common["num_hidden_layers"] // 2)
+                 + ["sliding_attention"] * (common["num_hidden_layers"] % 2),
+                 hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True, initializer_range=0.2)
+    if variant == "gemma2":
+        return t.Gemma2Config(**common, **gemma, attn_logit_softcapping=2.0, final_logit_softcapping=3.0,
+                              rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    if variant == "gemma3":
+        return t.Gemma3TextConfig(**common, **gemma, rope_parameters={
+            "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e6},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}})
+    if variant == "phi3":
+        return t.Phi3Config(**common, sliding_window=12, pad_token_id=0, tie_word_embeddings=False)
+    if variant == "phi3long":
+        changes = dict(common, max_position_embeddings=max(64, common.get("max_position_embeddings", 64)))
+        return t.Phi3Config(**changes, original_max_position_embeddings=8, pad_token_id=0, tie_word_embeddings=False,
+                            rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0,
+                                             "partial_rotary_factor": 0.5,
+                                             "short_factor": [1.0, 1.25], "long_factor": [2.0, 5.0]})
+    raise ValueError(f"unknown variant {variant}")
