@@ -43,6 +43,11 @@ Modes:
 
 "Relative" is max|x - ref| / max|ref| over the whole tensor.
 
+  strategies  (MoE) single, ddp, fsdp, zero 3 at 2 ranks, accumulation off and on: without the
+           router's load-balancing loss all equal (1e-5); with it each rank's micro-batch has its
+           own (as transformers under DDP), so the sharded strategies equal ddp.
+  family   (issue 46's families) the modes FAMILY lists for the variant, in one process.
+
 usage: llama_e2e.py TRAINRUN LLAMA_LOGITS WORK MODE VARIANT
 """
 import json
@@ -52,7 +57,7 @@ import subprocess
 import sys
 
 import torch
-from tiny_models import lora_targets
+from tiny_models import lora_targets, perturb
 
 LLAMA_LIKE = ("llama3", "qwen2", "qwen3", "mistral")  # config.json written in full by trainrun
 TRAINRUN, LOGITS_EXE, WORK, MODE, VARIANT = sys.argv[1:6]
@@ -80,11 +85,7 @@ def make_model(variant, out, **changes):
     cfg = config(variant, **common)
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager")
-    # Norm gains and biases start at 1 and 0: perturb them so that a wrong use shows.
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.dim() == 1:
-                p.add_(0.1 * torch.randn_like(p))
+    perturb(model)
     model.save_pretrained(out)
     return model
 
@@ -204,8 +205,11 @@ def reference_losses(model_dir, train_tokens, steps, lr):
                             lr=lr, betas=(0.9, 0.999), eps=1e-8)
     out = []
     for _ in range(steps):
-        logits = model(input_ids=x).logits
+        res = model(input_ids=x)
+        logits = res.logits
         loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), y.reshape(-1))
+        if getattr(model.config, "output_router_logits", False):  # MoE: as *ForCausalLM adds it
+            loss = loss + model.config.router_aux_loss_coef * res.aux_loss
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -213,11 +217,31 @@ def reference_losses(model_dir, train_tokens, steps, lr):
     return out, model.eval()
 
 
+# Mode "family": the modes CI runs on one of issue 46's families, in one process on one model.
+FAMILY = {"gemma": ["logits"], "gemma2": ["logits", "train"], "gemma3": ["logits", "train", "lora"],
+          "phi3": ["logits", "lora"], "phi3long": ["logits", "train", "bad"], "mixtral": ["logits", "train", "bad"],
+          "qwen3moe": ["logits", "train", "lora", "strategies"]}
+
+
 def main():
-    shutil.rmtree(WORK, ignore_errors=True)
-    os.makedirs(WORK)
-    base = os.path.join(WORK, "base")
+    global WORK, MODE
+    root = WORK
+    shutil.rmtree(root, ignore_errors=True)
+    os.makedirs(root)
+    base = os.path.join(root, "base")
     make_model(VARIANT, base, **({"max_position_embeddings": 512} if MODE in ("long", "longtrain") else {}))
+    modes = FAMILY[VARIANT] if MODE == "family" else [MODE]
+    for mode in modes:
+        MODE = mode
+        if len(modes) > 1:
+            WORK = os.path.join(root, mode)
+            os.makedirs(WORK)
+            print(f"--- {VARIANT}: mode {mode}")
+        run_mode(base)
+    print("OK")
+
+
+def run_mode(base):
     if MODE == "logits":
         ours = compare_logits(base, "transformers")
         visible_features(base, ours)
@@ -239,6 +263,16 @@ def main():
             fail(f"losses differ: worst {worst:.2e}")
         if not ref[-1] < ref[0] * 0.9:
             fail("the reference did not train")
+        if getattr(trained.config, "output_router_logits", False):
+            # The router's load-balancing loss must show in step 1's loss, or agreeing would not
+            # prove it is added.
+            windows = torch.stack([train[i:i + T + 1] for i in range(B)])
+            with torch.no_grad():
+                logits = hf_model(base)(input_ids=windows[:, :T]).logits
+            ce = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), windows[:, 1:].reshape(-1)).item()
+            print(f"{VARIANT} train: step 1 loss {ours[0]:.6f}, of which cross-entropy {ce:.6f}")
+            if not (ours[0] - ce) / ce > 1e-3:
+                fail("the router's load-balancing loss does not show in the loss")
         hf_dir = os.path.join(run_dir, "hf")
         for f in ("config.json", "generation_config.json", "model.safetensors"):
             if not os.path.isfile(os.path.join(hf_dir, f)):
@@ -320,7 +354,8 @@ def main():
         print(f"{VARIANT} merged: max relative difference to the adapter model {r:.2e} (tolerance 1e-5)")
         if not r <= 1e-5:
             fail(f"merged model differs from the adapter model by {r:.2e}")
-        mismatched_bases(adapter)
+        if lora_targets(VARIANT) == lora_targets("llama3"):
+            mismatched_bases(adapter, base)
     elif MODE == "qlora":
         # QLoRA on the llama (nf4 base with double quantization + LoRA on all-linear) at 2 ranks:
         # fsdp (the packed base sharded per decoder layer) and ddp give the same losses.
@@ -349,6 +384,8 @@ def main():
             fail("QLoRA under fsdp and ddp disagree")
         if not a[-1] < a[0]:
             fail("QLoRA did not lower the loss")
+    elif MODE == "strategies":
+        strategies(base)
     elif MODE == "export":
         export(base)
     elif MODE == "shardload":
@@ -357,7 +394,6 @@ def main():
         bad(base)
     else:
         fail(f"unknown mode {MODE}")
-    print("OK")
 
 
 # Each family's own features must show in these tiny models' logits, or agreeing within 1e-5
@@ -374,6 +410,8 @@ FEATURES = {
                    "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}})},
     "phi3": {"sliding window": dict(sliding_window=None)},
     "phi3long": {"longrope's long factors": dict(original_max_position_embeddings=32)},
+    "mixtral": {"top-2 routing": dict(num_experts_per_tok=1)},
+    "qwen3moe": {"unnormalised top-k weights": dict(norm_topk_prob=True)},
 }
 
 
@@ -395,8 +433,8 @@ def visible_features(base, ours):
 # RoPE at the top level and in rope_scaling, Gemma 3's rope_local_base_freq and
 # sliding_window_pattern, no layer_types.
 def legacy_config(c):
+    rp = c["rope_parameters"]
     c = {k: v for k, v in c.items() if k not in ("rope_parameters", "layer_types")}
-    rp = json.load(open(os.path.join(WORK, "base", "config.json")))["rope_parameters"]
     if VARIANT == "gemma3":
         c.update(rope_theta=rp["full_attention"]["rope_theta"], rope_local_base_freq=rp["sliding_attention"]["rope_theta"],
                  rope_scaling={"rope_type": "linear", "factor": rp["full_attention"]["factor"]}, sliding_window_pattern=2)
@@ -420,7 +458,48 @@ def legacy_spelling(base, ours):
         fail(f"the 4.x spelling gives other logits than the 5.x one ({r:.2e})")
 
 
-def mismatched_bases(adapter):
+def strategies(base):
+    """MoE under the data-parallel strategies at 2 ranks, 6 AdamW steps, accumulation off and on:
+    without the router's load-balancing loss each reproduces the single process (1e-5); with it
+    the loss is each rank's micro-batch's, as transformers' under DDP, so the sharded strategies
+    reproduce ddp (1e-5) and differ from the single process (whose micro-batch is all 4 rows)."""
+    tokens = os.path.join(WORK, "tokens.u32")
+    _, frac = token_file(tokens)
+    cases = [("single", "single", 1, []), ("ddp", "ddp", 2, []), ("fsdp", "fsdp", 2, []),
+             ("zero3", "zero", 2, ["--set", "strategy.stage=3"]),
+             ("ddp-accum", "ddp", 2, ["--set", "trainer.micro_batch_size=1"]),
+             ("fsdp-accum", "fsdp", 2, ["--set", "trainer.micro_batch_size=1"])]
+    runs = {}
+    for aux in ("off", "on"):
+        for name, strategy, n, extra in cases:
+            if aux == "on" and name.endswith("accum"):
+                continue  # micro-batches of 1 row: another loss by definition
+            run_dir = os.path.join(WORK, f"{name}-{aux}")
+            job(os.path.join(WORK, f"{name}-{aux}.toml"), base, tokens, frac, run_dir, 6, 1e-2)
+            run_trainrun(["--config", os.path.join(WORK, f"{name}-{aux}.toml"), "--set", f"strategy.plugin={strategy}",
+                          "--set", f"launch.nproc_per_node={n}", "--set", "accelerator.plugin=gloo-cpu",
+                          "--set", f"model.router_aux_loss={aux}", *extra])
+            runs[name, aux] = losses(run_dir)
+            print(f"{VARIANT} {name:10s} router loss {aux}: {['%.6f' % l for l in runs[name, aux]]}")
+
+    def worst(a, b):
+        return max(abs(x - y) / abs(y) for x, y in zip(a, b))
+
+    for name, *_ in cases[1:]:
+        w = worst(runs[name, "off"], runs["single", "off"])
+        print(f"{VARIANT} {name} vs single, router loss off: worst relative difference {w:.2e} (tolerance 1e-5)")
+        if len(runs[name, "off"]) != 6 or not w <= 1e-5:
+            fail(f"{name} does not reproduce the single process")
+    for name in ("fsdp", "zero3"):
+        w = worst(runs[name, "on"], runs["ddp", "on"])
+        print(f"{VARIANT} {name} vs ddp, router loss on: worst relative difference {w:.2e} (tolerance 1e-5)")
+        if not w <= 1e-5:
+            fail(f"{name} does not reproduce ddp with the router's loss")
+    if not worst(runs["ddp", "on"], runs["single", "on"]) > 1e-5:
+        fail("with the router's loss ddp should differ from the single process (per-rank micro-batches)")
+
+
+def mismatched_bases(adapter, base):
     """(e) merge-lora onto a base the adapter was not trained on: exit 2 naming the tensor or the
     config key, and no output written."""
     qwen3 = {}  # make_model gives qwen3 its head_dim itself
@@ -445,7 +524,7 @@ def mismatched_bases(adapter):
          r"no tensor 'model\.layers\.1\.mlp\.down_proj\.weight' for the adapter of 'model\.layers\.1\.mlp\.down_proj'")
     # Same tensor names and shapes, another architecture: only config.json tells them apart.
     other = "mistral" if VARIANT != "mistral" else "llama3"
-    theirs = json.load(open(os.path.join(WORK, "base", "config.json")))["model_type"]
+    theirs = json.load(open(os.path.join(base, "config.json")))["model_type"]
     case("another-model_type", other, qwen3,
          rf'config\.json key "model_type" is "{"mistral" if other == "mistral" else "llama"}", but the adapter '
          rf'was trained on .*base .*whose model_type is "{theirs}"')
@@ -593,6 +672,15 @@ def bad(base):
         p = os.path.join(d, "model.safetensors")
         os.truncate(p, os.path.getsize(p) - 100)
 
+    if VARIANT == "mixtral":
+        # Mixture-of-experts keys (issue 46): the checkpoint's experts against config.json's count.
+        case("expert-count", lambda d: edit_config(d, num_local_experts=3),
+             r"model\.safetensors: tensor 'model\.layers\.0\.block_sparse_moe\.gate\.weight' has shape \[4, 32\], "
+             r"config\.json makes it \[3, 32\]")
+        case("top-k", lambda d: edit_config(d, num_experts_per_tok=5),
+             r"num_experts_per_tok \(5\) must be between 1 and the number of experts \(4\)")
+        case("jitter", lambda d: edit_config(d, router_jitter_noise=0.1), r"router_jitter_noise 0\.1 is not supported")
+        return
     if VARIANT == "phi3long":
         # The families' own keys (issue 46).
         def factors(d):

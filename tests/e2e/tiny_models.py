@@ -13,17 +13,23 @@ defines them, for the tests that build a model with transformers and compare tra
   gemma3    Gemma 3 (text): as Gemma 2 without soft-capping, with (1 + w) q/k norms and a RoPE per
             layer type (linear x4 at base 1e6 for the global layer, default 1e4 for the sliding one)
   phi3      Phi-3: fused qkv_proj and gate_up_proj, sliding_window 12 on every layer
+  mixtral   Mixtral: 4 experts (w1/w2/w3 under block_sparse_moe), top 2 renormalised, the
+            router's load-balancing loss on (output_router_logits, coefficient 0.1 so it shows)
+  qwen3moe  Qwen3-MoE: q/k norm, layer 0 sparse (4 experts of width 24, top 2 without
+            renormalisation), layer 1 dense (mlp_only_layers), load-balancing loss x 0.1
   phi3long  Phi-3 with longrope (original context 8, so the long factors apply past 8 positions,
             attention factor from max / original) and partial_rotary_factor 0.5 (Phi-4-mini's kind)
 """
 
-VARIANTS = ("llama3", "qwen2", "qwen3", "mistral", "gemma", "gemma2", "gemma3", "phi3", "phi3long")
+VARIANTS = ("llama3", "qwen2", "qwen3", "mistral", "gemma", "gemma2", "gemma3", "phi3", "phi3long", "mixtral", "qwen3moe")
 
 # LoRA targets covering every projection of each family, by its HF names.
 LORA_TARGETS = {
     "phi3": ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"],
     "phi3long": ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"],
 }
+# MoE: attention only, since PEFT on transformers 5 sees the experts as fused 3-D parameters.
+LORA_TARGETS.update({v: ["q_proj", "k_proj", "v_proj", "o_proj"] for v in ("mixtral", "qwen3moe")})
 DEFAULT_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
@@ -67,4 +73,25 @@ def config(variant, **common):
                             rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0,
                                              "partial_rotary_factor": 0.5,
                                              "short_factor": [1.0, 1.25], "long_factor": [2.0, 5.0]})
+    moe = dict(num_experts_per_tok=2, output_router_logits=True, router_aux_loss_coef=0.1, pad_token_id=0,
+               tie_word_embeddings=False)
+    if variant == "mixtral":
+        return t.MixtralConfig(**common, **moe, num_local_experts=4)
+    if variant == "qwen3moe":
+        return t.Qwen3MoeConfig(**common, **moe, head_dim=16, num_experts=4, moe_intermediate_size=24,
+                                norm_topk_prob=False, mlp_only_layers=[1])
     raise ValueError(f"unknown variant {variant}")
+
+
+def perturb(model):
+    """Norm gains and biases start at 1 and 0, Gemma's gains and Qwen3-MoE's router at 0: perturb
+    them (and make every router decisive, so that no top-k choice is a tie) so that a wrong use
+    shows."""
+    import torch
+
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("mlp.gate.weight"):
+                p.normal_(0.0, 1.0)
+            elif p.dim() == 1:
+                p.add_(0.1 * torch.randn_like(p))

@@ -16,9 +16,11 @@ using v1::ConfigError;
 
 namespace {
 
-const std::set<std::string> kModelTypes = {"llama", "mistral", "qwen2",       "qwen3",
-                                           "gemma", "gemma2",  "gemma3_text", "phi3"};
-const char* const kSupported = "llama, mistral, qwen2, qwen3, gemma, gemma2, gemma3_text, phi3";
+const std::set<std::string> kModelTypes = {"llama",   "mistral",  "qwen2",       "qwen3",
+                                           "gemma",   "gemma2",   "gemma3_text", "phi3",
+                                           "mixtral", "qwen3_moe"};
+const char* const kSupported =
+    "llama, mistral, qwen2, qwen3, gemma, gemma2, gemma3_text, phi3, mixtral, qwen3_moe";
 
 bool is_gemma(const std::string& t) { return t == "gemma" || t == "gemma2" || t == "gemma3_text"; }
 // The families whose config.json this plugin writes in full; the others' keep their own keys
@@ -112,7 +114,8 @@ void read_architecture(const Keys& r, LlamaConfig& c) {
                      r.src, ": architectures lists \"", s,
                      "\"; the llama plugin builds *ForCausalLM models (LlamaForCausalLM, "
                      "MistralForCausalLM, Qwen2/3ForCausalLM, Gemma/Gemma2/Gemma3ForCausalLM, "
-                     "Phi3ForCausalLM) and their *ForSequenceClassification (reward models)");
+                     "Phi3ForCausalLM, MixtralForCausalLM, Qwen3MoeForCausalLM) and their "
+                     "*ForSequenceClassification (reward models)");
     }
   if (classifier) {
     // transformers: num_labels is len(id2label) when the file has one, else 2 (its default).
@@ -183,7 +186,7 @@ void read_activation(const Keys& r, LlamaConfig& c) {
 void read_sliding(const Keys& r, LlamaConfig& c) {
   const std::string& t = c.model_type;
   const bool gemma23 = t == "gemma2" || t == "gemma3_text";
-  if (t == "mistral" || t == "phi3") {
+  if (t == "mistral" || t == "phi3" || t == "mixtral") {
     c.sliding_window = r.integer("sliding_window", 0);
   } else if (gemma23) {
     c.sliding_window = r.integer("sliding_window", 4096);
@@ -193,7 +196,7 @@ void read_sliding(const Keys& r, LlamaConfig& c) {
     TR_CHECK_TYPED(ConfigError, pattern > 0, r.src, ": sliding_window_pattern must be positive");
     for (int64_t i = 0; i < c.num_hidden_layers; ++i)
       c.sliding_layers.push_back((i + 1) % pattern != 0);
-  } else if (t == "qwen2" || t == "qwen3") {
+  } else if (t == "qwen2" || t == "qwen3" || t == "qwen3_moe") {
     TR_CHECK_TYPED(ConfigError, !r.boolean("use_sliding_window", false), r.src,
                    ": use_sliding_window = true is not supported for ", t,
                    " (only full attention on every layer)");
@@ -202,7 +205,7 @@ void read_sliding(const Keys& r, LlamaConfig& c) {
   const json* lt = key(r.j, "layer_types");
   if (!lt) return;
   TR_CHECK_TYPED(ConfigError, lt->is_array(), r.src, ": layer_types must be a list");
-  const bool sliding_ok = gemma23 || t == "mistral" || t == "phi3";
+  const bool sliding_ok = gemma23 || t == "mistral" || t == "phi3" || t == "mixtral";
   std::vector<bool> layers;
   for (const auto& e : *lt) {
     TR_CHECK_TYPED(ConfigError, e == "full_attention" || (sliding_ok && e == "sliding_attention"),
@@ -241,7 +244,7 @@ void read_layers(const Keys& r, LlamaConfig& c) {
     c.qkv_bias = c.o_bias = r.boolean("attention_bias", false);
   }
   c.mlp_bias = t == "llama" && r.boolean("mlp_bias", false);
-  c.qk_norm = t == "qwen3" || t == "gemma3_text";
+  c.qk_norm = t == "qwen3" || t == "gemma3_text" || t == "qwen3_moe";
   c.fused_qkv = c.fused_gate_up = t == "phi3";
   if (is_gemma(t)) {
     c.norm_plus_one = true;
@@ -260,6 +263,52 @@ void read_layers(const Keys& r, LlamaConfig& c) {
                    r.src, ": soft-capping values must be >= 0 (null = none)");
   }
   read_sliding(r, c);
+}
+
+// Mixture of experts: Mixtral (every layer; num_local_experts experts of intermediate_size,
+// renormalised top-k, float32 routing weights) and Qwen3-MoE (num_experts of
+// moe_intermediate_size on the layers decoder_sparse_step picks, but not mlp_only_layers;
+// norm_topk_prob).
+void read_moe(const Keys& r, LlamaConfig& c) {
+  const std::string& t = c.model_type;
+  if (t != "mixtral" && t != "qwen3_moe") return;
+  const bool mixtral = t == "mixtral";
+  // transformers 5 writes either family's count as num_local_experts; Qwen's own files say
+  // num_experts.
+  c.num_experts = r.integer("num_local_experts", r.integer("num_experts", mixtral ? 8 : 128));
+  c.num_experts_per_tok = r.integer("num_experts_per_tok", mixtral ? 2 : 8);
+  c.moe_intermediate_size = mixtral ? c.intermediate_size : r.integer("moe_intermediate_size", 768);
+  c.norm_topk_prob = mixtral || r.boolean("norm_topk_prob", false);
+  c.routing_weights_float = mixtral;
+  c.router_aux_loss_coef = r.real("router_aux_loss_coef", 0.001);
+  c.output_router_logits = r.boolean("output_router_logits", false);
+  TR_CHECK_TYPED(ConfigError, c.num_experts >= 0, r.src, ": the number of experts must be >= 0");
+  TR_CHECK_TYPED(
+      ConfigError,
+      c.num_experts == 0 || (c.num_experts_per_tok >= 1 && c.num_experts_per_tok <= c.num_experts),
+      r.src, ": num_experts_per_tok (", c.num_experts_per_tok,
+      ") must be between 1 and the number of experts (", c.num_experts, ")");
+  TR_CHECK_TYPED(ConfigError, c.moe_intermediate_size > 0, r.src,
+                 ": the experts' intermediate size must be positive");
+  const double jitter = r.real("router_jitter_noise", 0.0);
+  TR_CHECK_TYPED(ConfigError, jitter == 0.0, r.src, ": router_jitter_noise ", jitter,
+                 " is not supported (only 0)");
+  const int64_t step = mixtral ? 1 : r.integer("decoder_sparse_step", 1);
+  TR_CHECK_TYPED(ConfigError, step >= 1, r.src, ": decoder_sparse_step must be >= 1");
+  std::vector<bool> dense(static_cast<size_t>(c.num_hidden_layers), false);
+  if (const json* only = key(r.j, "mlp_only_layers"); only && !mixtral) {
+    TR_CHECK_TYPED(ConfigError, only->is_array(), r.src, ": mlp_only_layers must be a list");
+    for (const auto& e : *only) {
+      TR_CHECK_TYPED(
+          ConfigError,
+          e.is_number_integer() && e.get<int64_t>() >= 0 && e.get<int64_t>() < c.num_hidden_layers,
+          r.src, ": mlp_only_layers holds ", e.dump(), "; expected layer indices below ",
+          c.num_hidden_layers);
+      dense[static_cast<size_t>(e.get<int64_t>())] = true;
+    }
+  }
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i)
+    c.moe_layers.push_back(!dense[static_cast<size_t>(i)] && (i + 1) % step == 0);
 }
 
 // One RoPE dict (rope_parameters, rope_scaling, or one layer type's entry of Gemma 3's nested
@@ -396,6 +445,7 @@ LlamaConfig LlamaConfig::from_json(const std::string& text, const std::string& s
   read_architecture(r, c);
   read_shape(r, c);
   read_layers(r, c);
+  read_moe(r, c);
   read_rope(r, c);
   std::string dt = "float32";
   if (const json* d = key(j, "dtype"); d && d->is_string())
@@ -410,8 +460,10 @@ LlamaConfig LlamaConfig::from_json(const std::string& text, const std::string& s
 std::string LlamaConfig::to_json(const std::string& original, const std::string& dtype) const {
   json j = original.empty() ? json::object() : json::parse(original);
   static const std::map<std::string, std::string> arch = {
-      {"llama", "Llama"}, {"mistral", "Mistral"}, {"qwen2", "Qwen2"},        {"qwen3", "Qwen3"},
-      {"gemma", "Gemma"}, {"gemma2", "Gemma2"},   {"gemma3_text", "Gemma3"}, {"phi3", "Phi3"}};
+      {"llama", "Llama"},        {"mistral", "Mistral"}, {"qwen2", "Qwen2"},
+      {"qwen3", "Qwen3"},        {"gemma", "Gemma"},     {"gemma2", "Gemma2"},
+      {"gemma3_text", "Gemma3"}, {"phi3", "Phi3"},       {"mixtral", "Mixtral"},
+      {"qwen3_moe", "Qwen3Moe"}};
   j["architectures"] = {arch.at(model_type) +
                         (num_labels > 0 ? "ForSequenceClassification" : "ForCausalLM")};
   if (num_labels > 0) {

@@ -116,8 +116,9 @@ torch::Tensor decode_layer(DecoderLayerImpl& layer, const LlamaConfig& c, const 
                                      cache_v.narrow(2, 0, past + T), masked, a.options());
   y = project(*a.o_proj, y.transpose(1, 2).reshape({B, T, nh * hd}));
   // The residuals and the MLP as the training layer computes them.
-  return layer.mlp_residual(
-      x, y, [&](const torch::Tensor& t) { return layer.mlp->forward_with(t, project); });
+  return layer.mlp_residual(x, y, [&](const torch::Tensor& t) {
+    return layer.moe ? layer.moe->forward_with(t, project) : layer.mlp->forward_with(t, project);
+  });
 }
 
 }  // namespace

@@ -80,6 +80,12 @@ void LlamaModel::declare_options(v1::OptionSchema& s) {
       "training loss with a frozen head (LoRA, QLoRA): the vocabulary projection and the "
       "cross-entropy in one step whose logits buffer is reused from step to step and "
       "overwritten by their gradient; false = the projection through autograd, then the loss");
+  s.choice("router_aux_loss", "auto", {"auto", "on", "off"},
+           "mixture of experts: add router_aux_loss_coef x the router's load-balancing loss "
+           "(transformers' load_balancing_loss_func, over each micro-batch of each rank) to the "
+           "language-modelling loss; auto = as config.json's output_router_logits says");
+  s.real("router_aux_loss_coef", -1.0,
+         "mixture of experts: the load-balancing loss's weight; -1 = config.json's", -1.0);
   s.boolean(
       "blocked_attention", true,
       "training attention (LibTorch < 2.1) through blocked kernels with their own "
@@ -105,6 +111,9 @@ LlamaModel::LlamaModel(const v1::Options& o, const v1::RunContext& ctx)
   save_hf_ = o.get_bool("save_hf");
   fused_head_loss_ = o.get_bool("fused_head_loss");
   blocked_attention_ = o.get_bool("blocked_attention");
+  const std::string aux = o.get_string("router_aux_loss");
+  want_router_loss_ = aux == "auto" ? -1 : aux == "on" ? 1 : 0;
+  want_router_coef_ = o.get_double("router_aux_loss_coef");
   save_dtype_ = o.get_string("save_dtype");
   max_shard_bytes_ = hf::parse_size(o.get_string("max_shard_size"));
   const std::string architecture = o.get_string("architecture");
@@ -161,6 +170,8 @@ LlamaModel::LlamaModel(const std::string& dir) : save_hf_(false) { load(dir, /*d
 
 void LlamaModel::build(bool release) {
   cfg_.blocked_attention = blocked_attention_;
+  if (want_router_loss_ >= 0) cfg_.output_router_logits = want_router_loss_ == 1;
+  if (want_router_coef_ >= 0) cfg_.router_aux_loss_coef = want_router_coef_;
   net_ = CausalLM(cfg_, release).ptr();
   set_module(net_);
   units_.clear();
@@ -237,7 +248,48 @@ at::Tensor LlamaModel::hidden_states(const v1::Batch& batch) {
 // kIgnoreIndex (prompt tokens of chat data, padding) skip the vocabulary projection altogether,
 // which changes no figure (their loss is 0 and their arg-max never equals the target).
 v1::ModelOutput LlamaModel::forward(const v1::Batch& b) {
-  torch::Tensor h = hidden_states(b);
+  v1::ModelOutput out = forward_hidden(b, hidden_states(b));
+  // Mixture of experts: transformers' *ForCausalLM adds router_aux_loss_coef x the
+  // load-balancing loss to the language-modelling loss when output_router_logits is set; here
+  // as that much per counted target, so that the core's mean over the batch's targets adds it
+  // (weighted by targets across micro-batches and ranks).
+  if (cfg_.num_experts > 0 && cfg_.output_router_logits && objective_ == nullptr) {
+    const int64_t n = b.target.ne(v1::kIgnoreIndex).sum().item<int64_t>();
+    out.loss_sum = out.loss_sum + router_aux_loss().to(out.loss_sum.scalar_type()) *
+                                      (cfg_.router_aux_loss_coef * static_cast<double>(n));
+  }
+  return out;
+}
+
+// transformers' load_balancing_loss_func (Switch Transformer eqs. 4-6) over every MoE layer's
+// router logits of the last forward, without an attention mask: num_experts x the sum over
+// experts of (the share of top-k choices it got) x (its mean router probability).
+torch::Tensor LlamaModel::router_aux_loss() const {
+  auto& net = net_of(net_);
+  const int64_t E = cfg_.num_experts;
+  torch::Tensor counts, probs;
+  int64_t rows = 0;
+  for (const auto& layer : net.model->layer_ptrs) {
+    if (!layer->moe) continue;
+    const torch::Tensor& logits = layer->moe->router_logits;
+    TR_CHECK(logits.defined(), "llama: no router logits recorded for the load-balancing loss");
+    TR_CHECK(!torch::GradMode::is_enabled() || logits.requires_grad() ||
+                 !net.model->embed_tokens->weight.requires_grad(),
+             "llama: the router's load-balancing loss (output_router_logits) needs the router "
+             "logits of the forward; activation checkpointing recomputes them in the backward");
+    const torch::Tensor w = torch::softmax(logits, -1);
+    const torch::Tensor chosen = std::get<1>(w.topk(cfg_.num_experts_per_tok, -1));
+    const torch::Tensor c = torch::bincount(chosen.flatten(), {}, E).to(torch::kFloat);
+    const torch::Tensor p = w.to(torch::kFloat).sum(0);
+    counts = counts.defined() ? counts + c : c;
+    probs = probs.defined() ? probs + p : p;
+    rows += w.size(0);
+  }
+  const double n = static_cast<double>(rows);
+  return ((counts / n) * (probs / n)).sum() * static_cast<double>(E);
+}
+
+v1::ModelOutput LlamaModel::forward_hidden(const v1::Batch& b, torch::Tensor h) {
   TR_CHECK(b.target.sizes() == h.sizes().slice(0, 2),
            "llama: target must be [B, T] as the input, got ", b.target.sizes(), " for input ",
            h.sizes().slice(0, 2));
@@ -357,6 +409,15 @@ std::string LlamaModel::describe() const {
                                                   std::count(cfg_.sliding_layers.begin(),
                                                              cfg_.sliding_layers.end(), true),
                                                   " layers"))
+          : std::string(),
+      cfg_.num_experts > 0
+          ? v1::detail::cat(", ", cfg_.num_experts, " experts (top ", cfg_.num_experts_per_tok,
+                            ") on ",
+                            std::count(cfg_.moe_layers.begin(), cfg_.moe_layers.end(), true),
+                            " of ", cfg_.num_hidden_layers, " layers",
+                            cfg_.output_router_logits
+                                ? v1::detail::cat(", router aux loss x ", cfg_.router_aux_loss_coef)
+                                : std::string())
           : std::string(),
       cfg_.final_logit_softcapping > 0 || cfg_.attn_logit_softcapping > 0 ? ", soft-capped"
                                                                           : std::string(),

@@ -42,7 +42,7 @@ struct RopeConfig {
 /// the Llama variants, the Gemma (1, 2, 3 text) and Phi-3 families: each is the Llama layer
 /// with some of the switches below turned on.
 struct LlamaConfig {
-  /// llama, mistral, qwen2, qwen3, gemma, gemma2, gemma3_text, phi3
+  /// llama, mistral, qwen2, qwen3, gemma, gemma2, gemma3_text, phi3, mixtral, qwen3_moe
   std::string model_type = "llama";
   int64_t vocab_size = 32000, hidden_size = 4096, intermediate_size = 11008;
   int64_t num_hidden_layers = 32, num_attention_heads = 32, num_key_value_heads = 32;
@@ -74,6 +74,18 @@ struct LlamaConfig {
   /// Phi-3: q, k, v as one qkv_proj and gate, up as one gate_up_proj (HF's names).
   bool fused_qkv = false, fused_gate_up = false;
   int64_t sliding_window = 0;  ///< a query sees the last sliding_window keys; 0 = all
+  /// Mixture of experts (Mixtral, Qwen3-MoE): num_experts > 0 routes each token of the MoE
+  /// layers to num_experts_per_tok experts of moe_intermediate_size by a softmax router `gate`
+  /// (Fedus et al. 2021, Switch Transformer; Jiang et al. 2024, Mixtral), dropless.
+  int64_t num_experts = 0, num_experts_per_tok = 0, moe_intermediate_size = 0;
+  bool norm_topk_prob = true;  ///< the top-k weights renormalised to sum to 1
+  /// Mixtral keeps the routing weights float32; Qwen3-MoE casts them to the router's dtype.
+  bool routing_weights_float = true;
+  std::vector<bool> moe_layers;  ///< per layer: a sparse MoE block instead of the MLP
+  /// The load-balancing loss (transformers' load_balancing_loss_func) times this is added to
+  /// the loss when output_router_logits is set.
+  double router_aux_loss_coef = 0.001;
+  bool output_router_logits = false;
   /// Per layer: true where the layer attends through the sliding window (Gemma 2/3's
   /// layer_types "sliding_attention"); empty = every layer when sliding_window > 0 (Mistral,
   /// Phi-3).
@@ -90,6 +102,9 @@ struct LlamaConfig {
   /// Whether layer `i` attends through the sliding window.
   bool layer_is_sliding(int64_t i) const {
     return sliding_window > 0 && (sliding_layers.empty() || sliding_layers[static_cast<size_t>(i)]);
+  }
+  bool layer_is_moe(int64_t i) const {
+    return num_experts > 0 && moe_layers[static_cast<size_t>(i)];
   }
   /// The RoPE of layer `i` (Gemma 3's sliding layers have their own).
   const RopeConfig& layer_rope(int64_t i) const {
@@ -186,6 +201,10 @@ class LlamaModel final : public v1::ModuleModel,
   at::Tensor decode_rows(const at::Tensor& ids, const at::Tensor& real, v1::DecodeState& state);
   /// The final norm's output [B, T, hidden] for the batch (logits() without the head).
   at::Tensor hidden_states(const v1::Batch& batch);
+  /// forward() from the final norm's output `h` [B, T, hidden], without the router's loss.
+  v1::ModelOutput forward_hidden(const v1::Batch& batch, at::Tensor h);
+  /// Mixture of experts: the load-balancing loss of the last forward's routing (scalar float32).
+  at::Tensor router_aux_loss() const;
   /// hidden [..., hidden_size] -> logits [..., vocab_size] (lm_head, or the tied embedding).
   at::Tensor head(const at::Tensor& hidden);
   /// hidden [B, T, hidden_size], ids [B, T] -> the score head at the pooled positions [B, labels].
@@ -197,6 +216,8 @@ class LlamaModel final : public v1::ModuleModel,
   bool save_hf_ = true;
   bool fused_head_loss_ = true;
   bool blocked_attention_ = true;
+  int want_router_loss_ = -1;       ///< [model] router_aux_loss: -1 auto, 0 off, 1 on
+  double want_router_coef_ = -1.0;  ///< [model] router_aux_loss_coef; -1 = config.json's
   int rank_ = 0;
   v1::Objective* objective_ = nullptr;  ///< set_objective; not owned
   /// [model] architecture as num_labels: -1 = as the directory says, 0 = causal LM, n = a score

@@ -221,19 +221,24 @@ TORCH_MODULE(Attention);
 
 // The gated MLP: down(act(gate(x)) * up(x)), SwiGLU (Shazeer 2020) with silu, GeGLU with
 // Gemma's tanh-approximated gelu; gate and up as Phi-3's one gate_up_proj (gate first) or two.
+// An expert of a MoE block is one too, of the experts' width and under the family's names
+// (Mixtral: w1 gate, w3 up, w2 down).
 class MlpImpl : public torch::nn::Module {
  public:
-  explicit MlpImpl(const LlamaConfig& c) : gelu_(c.hidden_act == "gelu_pytorch_tanh") {
-    if (c.fused_gate_up) {
-      gate_up_proj = register_module("gate_up_proj",
-                                     linear(c.hidden_size, 2 * c.intermediate_size, c.mlp_bias));
+  struct Names {
+    const char *gate = "gate_proj", *up = "up_proj", *down = "down_proj";
+  };
+  explicit MlpImpl(const LlamaConfig& c)
+      : MlpImpl(c, c.intermediate_size, Names{}, c.mlp_bias, c.fused_gate_up) {}
+  MlpImpl(const LlamaConfig& c, int64_t width, Names names, bool bias, bool fused)
+      : gelu_(c.hidden_act == "gelu_pytorch_tanh") {
+    if (fused) {
+      gate_up_proj = register_module("gate_up_proj", linear(c.hidden_size, 2 * width, bias));
     } else {
-      gate_proj =
-          register_module("gate_proj", linear(c.hidden_size, c.intermediate_size, c.mlp_bias));
-      up_proj = register_module("up_proj", linear(c.hidden_size, c.intermediate_size, c.mlp_bias));
+      gate_proj = register_module(names.gate, linear(c.hidden_size, width, bias));
+      up_proj = register_module(names.up, linear(c.hidden_size, width, bias));
     }
-    down_proj =
-        register_module("down_proj", linear(c.intermediate_size, c.hidden_size, c.mlp_bias));
+    down_proj = register_module(names.down, linear(width, c.hidden_size, bias));
   }
   torch::Tensor act(const torch::Tensor& g) const {
     return gelu_ ? torch::gelu(g, "tanh") : torch::silu(g);
@@ -248,12 +253,13 @@ class MlpImpl : public torch::nn::Module {
     return project(*down_proj, act(project(*gate_proj, x)) * project(*up_proj, x));
   }
   torch::Tensor forward(const torch::Tensor& x) {
-    if (gate_up_proj)
-      return forward_with(x,
-                          [](v1::LinearImpl& l, const torch::Tensor& t) { return l.forward(t); });
+    if (gate_up_proj) return forward_with(x, plain_forward);
     const std::vector<torch::Tensor> gu =
         v1::LinearImpl::forward_shared(x, {gate_proj.get(), up_proj.get()});
     return down_proj->forward(act(gu[0]) * gu[1]);
+  }
+  static torch::Tensor plain_forward(v1::LinearImpl& l, const torch::Tensor& x) {
+    return l.forward(x);
   }
   v1::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
   v1::Linear gate_up_proj{nullptr};  ///< Phi-3: gate and up in one projection
@@ -263,12 +269,70 @@ class MlpImpl : public torch::nn::Module {
 };
 TORCH_MODULE(Mlp);
 
+// A sparse mixture-of-experts block (Mixtral's block_sparse_moe, Qwen3-MoE's mlp): the router
+// `gate` scores the experts of each token, softmax in float32, the top num_experts_per_tok are
+// kept (renormalised where the family says) and each token's output is the weighted sum of its
+// experts' MLPs, every token computed (dropless), as transformers' *SparseMoeBlock.
+class SparseMoeImpl : public torch::nn::Module {
+ public:
+  explicit SparseMoeImpl(const LlamaConfig& c)
+      : top_k_(c.num_experts_per_tok),
+        norm_topk_(c.norm_topk_prob),
+        weights_float_(c.routing_weights_float) {
+    gate = register_module("gate", linear(c.hidden_size, c.num_experts, false));
+    experts = register_module("experts", torch::nn::ModuleList());
+    const MlpImpl::Names names =
+        c.model_type == "mixtral" ? MlpImpl::Names{"w1", "w3", "w2"} : MlpImpl::Names{};
+    for (int64_t e = 0; e < c.num_experts; ++e) {
+      Mlp m(c, c.moe_intermediate_size, names, false, false);
+      experts->push_back(m);
+      expert_ptrs.push_back(m.ptr());
+    }
+  }
+  // x [B, T, hidden] -> [B, T, hidden]; router_logits keeps this call's [B * T, num_experts].
+  template <class Project>
+  torch::Tensor forward_with(const torch::Tensor& x, Project&& project) {
+    const torch::Tensor h = x.reshape({-1, x.size(-1)});
+    router_logits = project(*gate, h);
+    auto [weights, chosen] = torch::softmax(router_logits, -1, torch::kFloat).topk(top_k_, -1);
+    if (norm_topk_) weights = weights / weights.sum(-1, /*keepdim=*/true);
+    if (!weights_float_) weights = weights.to(router_logits.scalar_type());
+    torch::Tensor out = torch::zeros_like(h);
+    // The experts some token chose, in ascending order (as transformers visits them).
+    const torch::Tensor hit = std::get<0>(torch::_unique(chosen.flatten(), /*sorted=*/true));
+    for (const int64_t e :
+         std::vector<int64_t>(hit.data_ptr<int64_t>(), hit.data_ptr<int64_t>() + hit.numel())) {
+      const torch::Tensor where = chosen.eq(e).nonzero();  // [n, 2]: token, slot
+      const torch::Tensor rows = where.select(1, 0), slots = where.select(1, 1);
+      torch::Tensor y =
+          expert_ptrs[static_cast<size_t>(e)]->forward_with(h.index_select(0, rows), project);
+      y = y * weights.index({rows, slots}).unsqueeze(1);
+      out = out.index_add(0, rows, y.to(out.scalar_type()));
+    }
+    return out.view(x.sizes());
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return forward_with(x, MlpImpl::plain_forward); }
+
+  v1::Linear gate{nullptr};  ///< the router: hidden -> num_experts, no bias
+  torch::nn::ModuleList experts{nullptr};
+  std::vector<std::shared_ptr<MlpImpl>> expert_ptrs;
+  torch::Tensor router_logits;  ///< the last forward's, for the load-balancing loss
+
+ private:
+  int64_t top_k_;
+  bool norm_topk_, weights_float_;
+};
+TORCH_MODULE(SparseMoe);
+
 class DecoderLayerImpl : public torch::nn::Module {
  public:
   DecoderLayerImpl(const LlamaConfig& c, int64_t index)
       : sliding(c.layer_is_sliding(index)), sandwich_(c.sandwich_norms) {
     self_attn = register_module("self_attn", Attention(c));
-    mlp = register_module("mlp", Mlp(c));
+    if (c.layer_is_moe(index))
+      moe = register_module(c.model_type == "mixtral" ? "block_sparse_moe" : "mlp", SparseMoe(c));
+    else
+      mlp = register_module("mlp", Mlp(c));
     const auto norm = [&](const char* name) {
       return register_module(name, RMSNorm(c.hidden_size, c.rms_norm_eps, c.norm_plus_one));
     };
@@ -281,7 +345,8 @@ class DecoderLayerImpl : public torch::nn::Module {
   }
   torch::Tensor forward(const torch::Tensor& x, const LayerInputs& in) {
     torch::Tensor a = self_attn->forward(input_layernorm->forward(x), in);
-    return mlp_residual(x, a, [&](const torch::Tensor& t) { return mlp->forward(t); });
+    return mlp_residual(
+        x, a, [&](const torch::Tensor& t) { return moe ? moe->forward(t) : mlp->forward(t); });
   }
   // The residual adds around the attention's output `attn` and the MLP: Llama's pre-norm, or
   // Gemma 2/3's sandwich (each output normed before its add, the MLP's input by its own norm).
@@ -296,6 +361,7 @@ class DecoderLayerImpl : public torch::nn::Module {
   }
   Attention self_attn{nullptr};
   Mlp mlp{nullptr};
+  SparseMoe moe{nullptr};  ///< instead of mlp on a mixture-of-experts layer
   RMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
   RMSNorm pre_feedforward_layernorm{nullptr}, post_feedforward_layernorm{nullptr};
   const bool sliding;  ///< attends through the sliding window (LayerInputs of that kind)
