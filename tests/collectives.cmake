@@ -12,16 +12,17 @@ set(_expect ${CMAKE_CURRENT_SOURCE_DIR}/tools/expect.sh)
 # How many checks rank 0 must report for the full matrix at world size N, stated here
 # independently of the bench so that a matrix that silently shrank fails: 7 dtypes x 4 counts x
 # (all-reduce and reduce-scatter with 4 reduce ops each, all-gather, broadcast from each of N
-# roots), send/recv per dtype and count when N > 1, one barrier, two sub-groups rank 0 belongs
-# to (membership, world_size, one check per operation) and 5 precondition errors.
-# OPS is "all" (the four operations) or "allreduce" (the ring's part of the matrix).
+# roots, all-to-all of uneven parts), send/recv per dtype and count when N > 1, one barrier, two
+# sub-groups rank 0 belongs to (membership, world_size, one check per operation) and 6
+# precondition errors. OPS is "all" (the five operations) or "allreduce" (the ring's part of the
+# matrix).
 function(_verify_checks out n ops)
   set(d 7)
   set(c 4)
   set(r 4)
   if(ops STREQUAL "all")
-    math(EXPR k "${d}*${c}*(${r} + ${r} + 1 + ${n})")
-    set(nops 4)
+    math(EXPR k "${d}*${c}*(${r} + ${r} + 1 + ${n} + 1)")
+    set(nops 5)
   else()
     math(EXPR k "${d}*${c}*${r}")
     set(nops 1)
@@ -29,7 +30,7 @@ function(_verify_checks out n ops)
   if(n GREATER 1)
     math(EXPR k "${k} + ${d}*${c}")
   endif()
-  math(EXPR k "${k} + 1 + 2*(2 + ${nops}) + 5")
+  math(EXPR k "${k} + 1 + 2*(2 + ${nops}) + 6")
   set(${out} ${k} PARENT_SCOPE)
 endfunction()
 

@@ -8,7 +8,8 @@
 //
 // Bandwidth follows nccl-tests (doc/PERFORMANCE.md there): algbw = size / time, and
 // busbw = algbw x 2(n-1)/n for all-reduce, x (n-1)/n for reduce-scatter and all-gather (whose
-// size is the full, world-sized buffer), x 1 for broadcast. time is the mean over --iters,
+// size is the full, world-sized buffer) and all-to-all (size: one rank's input, a part for every
+// rank), x 1 for broadcast. time is the mean over --iters,
 // maximum over ranks (--stat median|min: of the iterations timed one by one).
 #include "collectives.hpp"
 #include "command_line.hpp"
@@ -30,6 +31,7 @@
 #include <sstream>
 #include <thread>
 
+#include "trainrun/collectives/all_to_all.hpp"
 #include "trainrun/collectives/ring.hpp"
 #include "trainrun/core/config.hpp"
 #include "trainrun/core/launcher.hpp"
@@ -66,7 +68,8 @@ struct Args {
   std::vector<std::string> plugin_paths;
 };
 
-const std::vector<std::string> kOps = {"allreduce", "reducescatter", "allgather", "broadcast"};
+const std::vector<std::string> kOps = {"allreduce", "reducescatter", "allgather", "broadcast",
+                                       "alltoall"};
 const std::vector<std::string> kDtypes = {"float32", "float64", "bfloat16", "float16",
                                           "int32",   "int64",   "uint8"};
 const std::vector<std::string> kReduces = {"sum", "avg", "min", "max"};
@@ -286,6 +289,27 @@ bool run_checked(Ctx& c, v1::Communicator& comm, const std::vector<int>& members
     std::vector<torch::Tensor> parts;
     for (int r : members) parts.push_back(input_of(r, count, torch::kDouble));
     want = torch::cat(parts);
+  } else if (op == "alltoall") {
+    // Uneven parts (ABI 1.13): group rank r sends rank p part(r, p) rows, count / 2, count or
+    // 3 count / 2 (0 for count 1), each valued by its sender and receiver.
+    const int g = comm.rank();
+    auto part = [count](int r, int p) { return count * (1 + (r + 2 * p) % 3) / 2; };
+    auto values = [](int from, int to, int64_t rows, c10::ScalarType t) {
+      auto i = torch::arange(rows, torch::kLong);
+      return ((i * 5 + from * 3 + to * 7).remainder(11) + 1).to(t).to(g_device);
+    };
+    std::vector<torch::Tensor> in, expect;
+    v1::AllToAllOptions o;
+    for (int p = 0; p < n; ++p) {
+      in.push_back(values(me, members[p], part(g, p), dtype));
+      expect.push_back(values(members[p], me, part(p, g), torch::kDouble));
+      o.input_split_sizes.push_back(part(g, p));
+      o.output_split_sizes.push_back(part(p, g));
+    }
+    const torch::Tensor input = torch::cat(in);
+    got = torch::full({torch::cat(expect).numel()}, 99, input.options());
+    v1::all_to_all(comm, input, got, o);
+    want = torch::cat(expect);
   } else if (op == "broadcast") {
     got = input_of(me, count, dtype);
     v1::BroadcastOptions o;
@@ -436,6 +460,13 @@ int verify(Ctx& c, const std::vector<int64_t>& counts) {
     auto g_out = torch::empty({3 * n + 2}, g_device);
     expect_error(c, "all_gather size mismatch", "element",
                  [&] { comm.all_gather(g_in, g_out)->wait(); });
+    auto a_in = torch::ones({5, 2}, g_device);
+    auto a_out = torch::empty({5, 2}, g_device);
+    v1::AllToAllOptions ao;
+    ao.input_split_sizes.assign(static_cast<size_t>(n), 0);
+    ao.input_split_sizes[0] = 4;  // 4 of 5 rows
+    expect_error(c, "all_to_all splits not adding up", "add up to 4 rows",
+                 [&] { v1::all_to_all(comm, a_in, a_out, ao); });
     auto b = torch::ones({3}, g_device);
     v1::BroadcastOptions bo;
     bo.root = n;
@@ -495,7 +526,8 @@ double time_per_iteration(Ctx& c, const std::function<void()>& once) {
 
 double bus_factor(const std::string& op, int n) {
   if (op == "allreduce") return 2.0 * (n - 1) / n;
-  if (op == "reducescatter" || op == "allgather") return static_cast<double>(n - 1) / n;
+  if (op == "reducescatter" || op == "allgather" || op == "alltoall")
+    return static_cast<double>(n - 1) / n;
   return 1.0;
 }
 
@@ -528,7 +560,7 @@ int bench(Ctx& c) {
     for (int64_t count0 : counts) {
       // Reduce-scatter and all-gather move a world-sized buffer: size is that buffer, the
       // per-rank chunk is size / n (as nccl-tests counts them).
-      const bool chunked = op == "reducescatter" || op == "allgather";
+      const bool chunked = op == "reducescatter" || op == "allgather" || op == "alltoall";
       const int64_t chunk = chunked ? std::max<int64_t>(1, count0 / n) : count0;
       const int64_t total = chunked ? chunk * n : chunk;
       std::string check = "skipped";
@@ -538,8 +570,9 @@ int bench(Ctx& c) {
         report(c, ok, label(op, dt_name, c.args.reduce, chunk) + ": " + detail);
         check = ok ? "ok" : "FAIL " + detail;
       }
-      auto x = input_of(c.rank, chunked && op == "reducescatter" ? total : chunk, dtype);
-      auto y = torch::empty({op == "allgather" ? total : chunk}, x.options());
+      const bool whole_in = op == "reducescatter" || op == "alltoall";
+      auto x = input_of(c.rank, chunked && whole_in ? total : chunk, dtype);
+      auto y = torch::empty({op == "allgather" || op == "alltoall" ? total : chunk}, x.options());
       auto once = [&] {
         if (op == "allreduce") {
           all_reduce_with(c, comm, x, rop);
@@ -549,6 +582,8 @@ int bench(Ctx& c) {
           comm.reduce_scatter(x, y, o)->wait();
         } else if (op == "allgather") {
           comm.all_gather(x, y)->wait();
+        } else if (op == "alltoall") {
+          v1::all_to_all(comm, x, y);
         } else {
           comm.broadcast(x)->wait();
         }
@@ -685,25 +720,41 @@ int run_bench_command(int argc, char** argv) {
   Args a;
   po::options_description opts("trainrun bench collectives options");
   opts.add_options()("help,h", "show this help")(
-      "backend", po::value(&a.backend)->default_value(a.backend), "accelerator plugin: gloo-cpu, mpi, cpu, cuda (NCCL, or Gloo via host memory with --set accelerator.collectives=gloo), ...")(
-      "nproc", po::value(&a.nproc)->default_value(a.nproc), "ranks to launch on this machine (ignored under a launcher)")(
-      "op", po::value(&a.op)->default_value(a.op), "allreduce|reducescatter|allgather|broadcast, a comma list, or all")(
-      "dtype", po::value(&a.dtype)->default_value(a.dtype), "float32|float64|bfloat16|float16|int32|int64|uint8 (--verify: list or all)")(
-      "reduce", po::value(&a.reduce)->default_value(a.reduce), "sum|avg|min|max (--verify: list or all)")(
-      "sizes", po::value(&a.sizes)->default_value(a.sizes), "bytes: FIRST:LAST doubling, or a comma list (1K, 4MiB, ...)")(
+      "backend", po::value(&a.backend)->default_value(a.backend),
+      "accelerator plugin: gloo-cpu, mpi, cpu, cuda (NCCL, or Gloo via host memory with --set "
+      "accelerator.collectives=gloo), ...")(
+      "nproc", po::value(&a.nproc)->default_value(a.nproc),
+      "ranks to launch on this machine (ignored under a launcher)")(
+      "op", po::value(&a.op)->default_value(a.op),
+      "allreduce|reducescatter|allgather|broadcast|alltoall, a comma list, or all")(
+      "dtype", po::value(&a.dtype)->default_value(a.dtype),
+      "float32|float64|bfloat16|float16|int32|int64|uint8 (--verify: list or all)")(
+      "reduce", po::value(&a.reduce)->default_value(a.reduce),
+      "sum|avg|min|max (--verify: list or all)")(
+      "sizes", po::value(&a.sizes)->default_value(a.sizes),
+      "bytes: FIRST:LAST doubling, or a comma list (1K, 4MiB, ...)")(
       "counts", po::value(&a.counts), "element counts instead of --sizes, e.g. 0,1,7,1000003")(
       "iters", po::value(&a.iters)->default_value(a.iters), "timed iterations per size")(
       "warmup", po::value(&a.warmup)->default_value(a.warmup), "untimed iterations per size")(
-      "stat", po::value(&a.stat)->default_value(a.stat), "time column: mean (nccl-tests: loop time / iters), or median|min of the iterations timed one by one (steadier on a shared VM)")(
-      "check", po::value(&a.check)->default_value(a.check), "check each row's result against a local reference")(
-      "verify", po::bool_switch(&a.verify), "run the correctness matrix instead of timing (exit 1 on any failure)")(
-      "inject", po::value(&a.inject), "fault injection for tests: mismatch:R, mismatch_kind:R, stall:R:S, skip:R")(
-      "label", po::value(&a.label), "free text printed in the table header (e.g. to tell runs apart)")(
-      "algo", po::value(&a.algo)->default_value(a.algo), "all-reduce algorithm: native (the backend's own) or ring (the SDK's ring over send/recv, as the ring strategy)")(
-      "chunk", po::value(&a.chunk)->default_value(a.chunk), "--algo ring: pipelining chunk size")(
-      "fusion", po::value(&a.fusion)->default_value(a.fusion), "time K tensors of each --sizes all-reduced one by one vs fused into one buffer (0 = off)")(
+      "stat", po::value(&a.stat)->default_value(a.stat),
+      "time column: mean (nccl-tests: loop time / iters), or median|min of the iterations timed "
+      "one by one (steadier on a shared VM)")("check", po::value(&a.check)->default_value(a.check),
+                                              "check each row's result against a local reference")(
+      "verify", po::bool_switch(&a.verify),
+      "run the correctness matrix instead of timing (exit 1 on any failure)")(
+      "inject", po::value(&a.inject),
+      "fault injection for tests: mismatch:R, mismatch_kind:R, stall:R:S, skip:R")(
+      "label", po::value(&a.label),
+      "free text printed in the table header (e.g. to tell runs apart)")(
+      "algo", po::value(&a.algo)->default_value(a.algo),
+      "all-reduce algorithm: native (the backend's own) or ring (the SDK's ring over send/recv, as "
+      "the ring strategy)")("chunk", po::value(&a.chunk)->default_value(a.chunk),
+                            "--algo ring: pipelining chunk size")(
+      "fusion", po::value(&a.fusion)->default_value(a.fusion),
+      "time K tensors of each --sizes all-reduced one by one vs fused into one buffer (0 = off)")(
       "set", po::value(&a.sets)->composing(), "accelerator option: --set accelerator.timeout_s=10")(
-      "plugin-path", po::value(&a.plugin_paths)->composing(), "plugin directory or file, searched first");
+      "plugin-path", po::value(&a.plugin_paths)->composing(),
+      "plugin directory or file, searched first");
   po::options_description hidden;
   std::vector<std::string> positional;
   hidden.add_options()("positional", po::value(&positional));

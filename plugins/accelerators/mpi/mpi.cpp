@@ -162,6 +162,35 @@ std::shared_ptr<Work> MpiCommunicator::all_gather(const at::Tensor& input, at::T
       {source, output}, nullptr);
 }
 
+std::shared_ptr<Work> MpiCommunicator::all_to_all(const at::Tensor& input, at::Tensor& output,
+                                                  const AllToAllOptions& opts) {
+  auto& g = group_;
+  const AllToAllParts parts = check_all_to_all(input, output, opts, g->size, kBackend);
+  // counts and displacements in bytes (send, send at, receive, receive at), alive until the
+  // request completes.
+  at::Tensor layout = at::empty({4, g->size}, at::kInt);
+  auto* v = layout.data_ptr<int>();
+  for (int r = 0; r < g->size; ++r) {
+    const auto i = static_cast<size_t>(r);
+    for (const auto [row, value] : {std::pair<int, int64_t>{0, parts.input_bytes[i]},
+                                    {1, parts.input_offsets[i]},
+                                    {2, parts.output_bytes[i]},
+                                    {3, parts.output_offsets[i]}})
+      v[row * g->size + r] = mpi_count(value, "all_to_all (bytes)");
+  }
+  comm::OpDesc desc = comm::OpDesc::of("all_to_all", "", input);
+  desc.numel = desc.bytes = -1;  // the part sizes differ between ranks
+  const void* send = input.data_ptr();
+  void* recv = output.data_ptr();
+  return start_collective(
+      g, desc, opts.timeout_s, false, "MPI_Ialltoallv",
+      [&](MPI_Request* r) {
+        return MPI_Ialltoallv(send, v, v + g->size, MPI_BYTE, recv, v + 2 * g->size,
+                              v + 3 * g->size, MPI_BYTE, g->comm, r);
+      },
+      {input, output, layout}, nullptr);
+}
+
 std::shared_ptr<Work> MpiCommunicator::broadcast(at::Tensor& tensor,
                                                  const BroadcastOptions& opts) {
   comm::check_tensor(tensor, kBackend, "broadcast", "the");

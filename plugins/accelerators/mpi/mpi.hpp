@@ -2,6 +2,7 @@
 // Accelerator `mpi`: the host CPU, with collectives over MPI (built and tested with MPICH 4.0.2).
 // For jobs started as `mpiexec -n N trainrun --config job.toml`, or by trainrun's launcher
 // through mpiexec. The MPI types stay in mpi_detail.hpp, so this header does not need <mpi.h>.
+#include <trainrun/collectives/all_to_all.hpp>
 #include <trainrun/interfaces.hpp>
 #include <trainrun/runtime/cpu_runtime.hpp>
 #include <trainrun/runtime/memory.hpp>
@@ -47,13 +48,16 @@ class MpiWork final : public v1::Work {
 /// the other ranks issued at the same number, before any data moves. Supported dtypes: float32,
 /// float64, int32, int64, uint8, and float16/bfloat16 (reduced in float by user-defined MPI ops).
 /// Use from one thread at a time (MPI is initialised with MPI_THREAD_SERIALIZED).
-class MpiCommunicator final : public v1::Communicator {
+class MpiCommunicator final : public v1::Communicator, public v1::AllToAllCommunicator {
  public:
   explicit MpiCommunicator(std::shared_ptr<mpi_detail::Group> group);
   ~MpiCommunicator() override;
   std::string backend() const override { return "mpi"; }
 
   TRAINRUN_COMMUNICATOR_OVERRIDES;
+  /// ABI 1.13: MPI_Ialltoallv on bytes (each part below 2 GiB: MPI counts are 32-bit).
+  std::shared_ptr<v1::Work> all_to_all(const at::Tensor& input, at::Tensor& output,
+                                       const v1::AllToAllOptions& opts = {}) override;
   /// c10d semantics: every rank of this group calls it with the same list (ranks of this
   /// group); ranks not in the list get nullptr. In the new group, rank i is ranks[i].
   std::shared_ptr<v1::Communicator> new_group(const std::vector<int>& ranks) override;

@@ -36,8 +36,10 @@ std::string OpDesc::text() const {
   os << op << "(";
   bool first = true;
   if (!detail.empty()) os << detail, first = false;
-  if (dtype != c10::ScalarType::Undefined)
-    os << (first ? "" : ", ") << dtype_name(dtype) << " x " << numel << ", " << bytes << " B";
+  if (dtype != c10::ScalarType::Undefined) {
+    os << (first ? "" : ", ") << dtype_name(dtype);
+    if (numel >= 0) os << " x " << numel << ", " << bytes << " B";
+  }
   os << ")";
   return os.str();
 }

@@ -99,11 +99,13 @@ std::vector<PeerIdentity> rendezvous(c10d::Store& store, const std::string& pref
 std::string seconds_text(double seconds);
 
 struct OpDesc {
-  std::string op;      ///< "all_reduce", "reduce_scatter", "all_gather", "broadcast", "barrier"
+  std::string op;  ///< "all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", ...
   std::string detail;  ///< "sum", "avg", "root 2", "" (part of the fingerprint)
   c10::ScalarType dtype = c10::ScalarType::Undefined;  ///< Undefined for barrier
-  int64_t numel = 0;   ///< elements of this rank's input tensor
-  int64_t bytes = 0;   ///< bytes of this rank's input tensor
+  /// Elements and bytes of this rank's input tensor; -1 where they differ between ranks
+  /// (all_to_all), so that the order check compares op, detail and dtype only.
+  int64_t numel = 0;
+  int64_t bytes = 0;
   /// "all_reduce(sum, float32 x 1000, 4000 B)"
   std::string text() const;
   /// `op` with `detail` on this rank's contiguous `input`: its dtype, element and byte counts.

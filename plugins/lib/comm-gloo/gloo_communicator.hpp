@@ -72,7 +72,9 @@ struct GlooSettings : comm::BackendOptions {
 /// send is still queued; see gloo.cpp). broadcast and barrier are always Gloo's.
 ///
 /// Destroying a communicator with operations still queued or running aborts them.
-class GlooCommunicator final : public v1::Communicator, public v1::RecvReduceCommunicator {
+class GlooCommunicator final : public v1::Communicator,
+                               public v1::RecvReduceCommunicator,
+                               public v1::AllToAllCommunicator {
  public:
   /// Joins one group: rendezvous of its members through `store` (keys under "g0/" for the
   /// world, "g<id>/" for a sub-group), then a Gloo full mesh on `device`. `id` numbers
@@ -109,6 +111,10 @@ class GlooCommunicator final : public v1::Communicator, public v1::RecvReduceCom
   /// slot; over TCP the message lands in a staging tensor, combined when it is complete.
   std::shared_ptr<v1::Work> recv_reduce(at::Tensor& tensor, v1::ReduceOp op,
                                         const v1::PointToPointOptions& opts) override;
+  /// ABI 1.13: plain bytes, any dtype; with every peer over shared memory the parts go through
+  /// the send/recv channels, otherwise Gloo's alltoallv over TCP.
+  std::shared_ptr<v1::Work> all_to_all(const at::Tensor& input, at::Tensor& output,
+                                       const v1::AllToAllOptions& opts = {}) override;
   /// c10d semantics: every rank of this group calls it with the same list (ranks of this
   /// group); ranks not in the list get nullptr, members a communicator with its own Gloo mesh,
   /// order check and stall inspector, in which their rank is their position in the list.

@@ -53,6 +53,10 @@
 // RecvReduceCommunicator (interfaces.hpp, since 1.5)
 //   implemented by: the Gloo communicator (plugins/lib/comm-gloo/: gloo-cpu, cuda over gloo)
 //   queried by:     collectives/ring.hpp (the ring strategy's all-reduce)
+// AllToAllCommunicator (interfaces.hpp, since 1.13)
+//   implemented by: the Gloo communicator (gloo-cpu, cuda over gloo), mpi
+//   queried by:     collectives/all_to_all.hpp (v1::all_to_all, else send/recv); trainrun bench
+//                   collectives
 // HfModelSource (hf/model_source.hpp, since 1.5)
 //   implemented by: llama
 //   queried by:     lora (PEFT adapter files)

@@ -520,6 +520,30 @@ class RecvReduceCommunicator {
                                             const PointToPointOptions& opts) = 0;
 };
 
+/// Options of AllToAllCommunicator::all_to_all. Split sizes count rows (slices along dim 0) and
+/// hold one entry per rank; empty = world_size equal parts.
+struct AllToAllOptions {
+  std::vector<int64_t> input_split_sizes;   ///< rows of `input` for rank 0, 1, ...
+  std::vector<int64_t> output_split_sizes;  ///< rows of `output` from rank 0, 1, ...
+  double timeout_s = 0;
+};
+
+/// ABI 1.13. A Communicator with an all-to-all of uneven parts, as MPI_Alltoallv and c10d's
+/// all_to_all_single: rank r sends rows [sum(input_split_sizes[:p]), + input_split_sizes[p]) of
+/// `input` to rank p and receives rank p's part for it into `output` at row
+/// sum(output_split_sizes[:p]); input_split_sizes[p] on rank r must equal output_split_sizes[r] on
+/// rank p (expert parallelism: tokens to the ranks holding their experts and back). `input` and
+/// `output` are contiguous, of one dtype, equal in every dimension but the first (any shape: a
+/// row is the product of the others). Errors (Error naming the backend, the op and the sizes):
+/// splits of another length than world_size, negative, or not adding up to the rows; `output`
+/// overlapping `input`. Found with dynamic_cast; v1::all_to_all() falls back to send/recv.
+class AllToAllCommunicator {
+ public:
+  virtual ~AllToAllCommunicator() = default;
+  virtual std::shared_ptr<Work> all_to_all(const at::Tensor& input, at::Tensor& output,
+                                           const AllToAllOptions& opts = {}) = 0;
+};
+
 /// ABI 1.6. A Model that reads Batch::position_ids and Batch::segment_ids (packing). A Batch
 /// copied by a strategy built against an older SDK ends before those fields, so reading them
 /// there would read past the object: the core calls set_batch_fields_available(false) before

@@ -37,9 +37,10 @@ constexpr uint32_t kAbiMajor = 1;
 /// decoding, generation.hpp); 1.11: FrozenWeightCopies (a precision's frozen Linear weights kept
 /// in its compute dtype, interfaces.hpp; Linear's kept copy, model/linear.hpp); 1.12: online
 /// objectives (OnlineObjective, RolloutSpec, RolloutScores, PromptSource, LogitTemperature,
-/// ObjectivePass::Old; rollout.hpp). CMakeLists.txt reads the number from the next line: keep it
-/// whole.
-constexpr uint32_t kAbiMinor = 12;
+/// ObjectivePass::Old; rollout.hpp); 1.13: AllToAllCommunicator, AllToAllOptions (all-to-all of
+/// uneven parts, interfaces.hpp; collectives/all_to_all.hpp). CMakeLists.txt reads the number
+/// from the next line: keep it whole.
+constexpr uint32_t kAbiMinor = 13;
 
 /// Component kinds; values are part of the ABI and never renumbered.
 enum class ComponentKind : uint32_t {
