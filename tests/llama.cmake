@@ -12,11 +12,11 @@ set(_llama_cases logits:llama3 logits:qwen2 logits:qwen3 logits:mistral long:lla
                  lora:llama3 lora:qwen3 qlora:qwen3 shardload:llama3 export:qwen3 bad:llama3
                  # Issue 46's families, each in one process (llama_e2e.py's FAMILY: logits, and
                  # train, lora, bad input, strategies where listed).
-                 family:gemma family:gemma2 family:gemma3 family:phi3 family:phi3long family:mixtral
+                 family:gemma2 family:gemma3 family:phi3 family:phi3long family:mixtral
                  family:qwen3moe)
 # The same families past the attention blocks, and the rest of the grid: the long suite.
 set(_llama_long_cases long:gemma2 long:gemma3 long:phi3long longtrain:gemma2 longtrain:gemma3
-                      longtrain:phi3long train:gemma train:phi3 lora:gemma2 lora:phi3long lora:mixtral
+                      longtrain:phi3long family:gemma train:phi3 lora:gemma2 lora:phi3long lora:mixtral
                       qlora:gemma2 qlora:phi3long strategies:mixtral)
 foreach(c ${_llama_cases} ${_llama_long_cases})
   string(REPLACE ":" ";" _p ${c})

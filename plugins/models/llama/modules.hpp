@@ -299,7 +299,8 @@ class SparseMoeImpl : public torch::nn::Module {
     if (!weights_float_) weights = weights.to(router_logits.scalar_type());
     torch::Tensor out = torch::zeros_like(h);
     // The experts some token chose, in ascending order (as transformers visits them).
-    const torch::Tensor hit = std::get<0>(torch::_unique(chosen.flatten(), /*sorted=*/true));
+    const torch::Tensor hit =
+        std::get<0>(torch::_unique(chosen.flatten(), /*sorted=*/true)).to(torch::kCPU);
     for (const int64_t e :
          std::vector<int64_t>(hit.data_ptr<int64_t>(), hit.data_ptr<int64_t>() + hit.numel())) {
       const torch::Tensor where = chosen.eq(e).nonzero();  // [n, 2]: token, slot
