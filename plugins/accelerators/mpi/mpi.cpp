@@ -178,8 +178,7 @@ std::shared_ptr<Work> MpiCommunicator::all_to_all(const at::Tensor& input, at::T
                                     {3, parts.output_offsets[i]}})
       v[row * g->size + r] = mpi_count(value, "all_to_all (bytes)");
   }
-  comm::OpDesc desc = comm::OpDesc::of("all_to_all", "", input);
-  desc.numel = desc.bytes = -1;  // the part sizes differ between ranks
+  const comm::OpDesc desc = comm::OpDesc::of_uneven("all_to_all", input);
   const void* send = input.data_ptr();
   void* recv = output.data_ptr();
   return start_collective(

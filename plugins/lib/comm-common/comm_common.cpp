@@ -49,6 +49,10 @@ OpDesc OpDesc::of(std::string op, std::string detail, const at::Tensor& input) {
           static_cast<int64_t>(input.nbytes())};
 }
 
+OpDesc OpDesc::of_uneven(std::string op, const at::Tensor& input) {
+  return {std::move(op), "", input.scalar_type(), -1, -1};
+}
+
 void check_tensor(const at::Tensor& t, const std::string& backend, const char* op,
                   const char* role) {
   TR_CHECK(t.defined(), backend, ": ", op, ": ", role, " tensor is undefined");

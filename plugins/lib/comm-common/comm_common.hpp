@@ -110,6 +110,9 @@ struct OpDesc {
   std::string text() const;
   /// `op` with `detail` on this rank's contiguous `input`: its dtype, element and byte counts.
   static OpDesc of(std::string op, std::string detail, const at::Tensor& input);
+  /// `op` on `input` whose size differs between ranks (all_to_all): its dtype only (numel and
+  /// bytes -1), so that the order check compares op and dtype.
+  static OpDesc of_uneven(std::string op, const at::Tensor& input);
 };
 
 /// Short dtype name as users write it: "float32", "bfloat16", "uint8", ... (the SDK's).

@@ -213,9 +213,7 @@ std::shared_ptr<Work> GlooCommunicator::all_to_all(const at::Tensor& input, at::
     v1::all_to_all_point_to_point(*this, input, output, parts, 0x2a2a, opts.timeout_s);
     return std::make_shared<v1::CompletedWork>();
   }
-  // The part sizes differ between ranks: the order check compares the dtype only.
-  comm::OpDesc desc = comm::OpDesc::of("all_to_all", "", input);
-  desc.numel = desc.bytes = -1;
+  const comm::OpDesc desc = comm::OpDesc::of_uneven("all_to_all", input);
   return m.enqueue(
       desc, m.resolve_timeout(opts.timeout_s),
       [&m, input, output, parts](uint32_t tag, Millis timeout) mutable {

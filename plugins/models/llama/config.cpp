@@ -23,6 +23,8 @@ const char* const kSupported =
     "llama, mistral, qwen2, qwen3, gemma, gemma2, gemma3_text, phi3, mixtral, qwen3_moe";
 
 bool is_gemma(const std::string& t) { return t == "gemma" || t == "gemma2" || t == "gemma3_text"; }
+// Gemma 2 and 3: sandwich norms, query_pre_attn_scalar, sliding-window layers by layer type.
+bool is_gemma23(const std::string& t) { return t == "gemma2" || t == "gemma3_text"; }
 // The families whose config.json this plugin writes in full; the others' keep their own keys
 // for what the plugin does not change (RoPE, activation, layer types).
 bool llama_like(const std::string& t) {
@@ -166,8 +168,7 @@ void read_shape(const Keys& r, LlamaConfig& c) {
 // The MLP's activation: Gemma 2/3 read hidden_activation, the others hidden_act (Gemma 1's
 // legacy "gelu" means the tanh approximation, as transformers' GemmaConfig maps it).
 void read_activation(const Keys& r, LlamaConfig& c) {
-  const bool gemma23 = c.model_type == "gemma2" || c.model_type == "gemma3_text";
-  const char* k = gemma23 ? "hidden_activation" : "hidden_act";
+  const char* k = is_gemma23(c.model_type) ? "hidden_activation" : "hidden_act";
   c.hidden_act = is_gemma(c.model_type) ? "gelu_pytorch_tanh" : "silu";
   if (const json* act = key(r.j, k)) {
     TR_CHECK_TYPED(ConfigError, act->is_string(), r.src, ": \"", k, "\" must be a string");
@@ -185,8 +186,10 @@ void read_activation(const Keys& r, LlamaConfig& c) {
 // use_sliding_window (some layers only) is refused.
 void read_sliding(const Keys& r, LlamaConfig& c) {
   const std::string& t = c.model_type;
-  const bool gemma23 = t == "gemma2" || t == "gemma3_text";
-  if (t == "mistral" || t == "phi3" || t == "mixtral") {
+  const bool gemma23 = is_gemma23(t);
+  // The families whose sliding_window applies to every layer.
+  const bool every_layer = t == "mistral" || t == "phi3" || t == "mixtral";
+  if (every_layer) {
     c.sliding_window = r.integer("sliding_window", 0);
   } else if (gemma23) {
     c.sliding_window = r.integer("sliding_window", 4096);
@@ -205,7 +208,7 @@ void read_sliding(const Keys& r, LlamaConfig& c) {
   const json* lt = key(r.j, "layer_types");
   if (!lt) return;
   TR_CHECK_TYPED(ConfigError, lt->is_array(), r.src, ": layer_types must be a list");
-  const bool sliding_ok = gemma23 || t == "mistral" || t == "phi3" || t == "mixtral";
+  const bool sliding_ok = gemma23 || every_layer;
   std::vector<bool> layers;
   for (const auto& e : *lt) {
     TR_CHECK_TYPED(ConfigError, e == "full_attention" || (sliding_ok && e == "sliding_attention"),
@@ -251,7 +254,7 @@ void read_layers(const Keys& r, LlamaConfig& c) {
     // transformers: hidden_size**0.5 as a float32 tensor.
     c.embed_scale = static_cast<float>(std::sqrt(static_cast<double>(c.hidden_size)));
   }
-  if (t == "gemma2" || t == "gemma3_text") {
+  if (is_gemma23(t)) {
     c.sandwich_norms = true;
     const double s = r.real("query_pre_attn_scalar", 256);
     TR_CHECK_TYPED(ConfigError, s > 0, r.src, ": query_pre_attn_scalar must be positive");
@@ -366,8 +369,7 @@ void read_rope_dict(const Keys& r, const json& d, const std::string& what, const
                                 : std::sqrt(1 + std::log(rc.factor) /
                                                     std::log(static_cast<double>(
                                                         rc.original_max_position_embeddings))));
-    const int64_t half =
-        static_cast<int64_t>(static_cast<double>(c.head_dim) * rc.partial_rotary_factor) / 2;
+    const int64_t half = rc.rotary_dim(c.head_dim) / 2;
     for (auto [name, list] :
          {std::pair<const char*, std::vector<double>*>{"short_factor", &rc.short_factor},
           {"long_factor", &rc.long_factor}}) {
@@ -417,8 +419,7 @@ void read_rope(const Keys& r, LlamaConfig& c) {
   }
   for (const RopeConfig* rc : {&c.rope, &c.rope_local}) {
     if (rc->type.empty()) continue;
-    const auto rot =
-        static_cast<int64_t>(static_cast<double>(c.head_dim) * rc->partial_rotary_factor);
+    const int64_t rot = rc->rotary_dim(c.head_dim);
     TR_CHECK_TYPED(ConfigError, rot > 0 && rot % 2 == 0 && rot <= c.head_dim, r.src,
                    ": partial_rotary_factor ", rc->partial_rotary_factor, " of head_dim ",
                    c.head_dim, " rotates ", rot, " dimensions; expected an even number in [2, ",

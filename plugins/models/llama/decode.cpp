@@ -219,10 +219,8 @@ at::Tensor LlamaModel::decode_rows(const at::Tensor& ids, const at::Tensor& real
   struct Kind {
     torch::Tensor cos, sin, masked;
   } kinds[2];
-  bool used[2] = {false, false};
-  for (const auto& layer : net.model->layer_ptrs) used[layer->sliding ? 1 : 0] = true;
   for (int kind = 0; kind < 2; ++kind) {
-    if (!used[kind]) continue;
+    if (!cfg_.has_layer_kind(kind == 1)) continue;
     auto [c, s] = net.rope_cos_sin(pos, kind == 1);
     if (mask.defined()) c = c.unsqueeze(1), s = s.unsqueeze(1);
     torch::Tensor m = j > i;

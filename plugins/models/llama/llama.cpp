@@ -206,10 +206,8 @@ std::array<LayerInputs, 2> layer_inputs(const CausalLMImpl& net, const LlamaConf
                                         const torch::Tensor& pos, int64_t T,
                                         const torch::Tensor& segment_ids) {
   std::array<LayerInputs, 2> in;  // [0] full attention, [1] sliding window
-  bool any[2] = {false, false};
-  for (int64_t i = 0; i < c.num_hidden_layers; ++i) any[c.layer_is_sliding(i) ? 1 : 0] = true;
   for (int kind = 0; kind < 2; ++kind) {
-    if (!any[kind]) continue;
+    if (!c.has_layer_kind(kind == 1)) continue;
     // cos/sin in float32 as transformers computes them (autocast off): [1, 1, T, rot] for
     // 0..T-1, [B, 1, T, rot] for given positions, broadcasting over the heads.
     auto [cos, sin] = net.rope_cos_sin(pos.unsqueeze(-1), kind == 1);

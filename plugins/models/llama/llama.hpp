@@ -36,6 +36,12 @@ struct RopeConfig {
   double attention_factor = 1.0;                  ///< longrope: cos and sin are multiplied by it
   /// Rotated share of each head (Phi-3 / Phi-4-mini partial_rotary_factor); the rest passes.
   double partial_rotary_factor = 1.0;
+
+  /// The rotated width of a head of `head_dim`: int(head_dim * partial_rotary_factor), as
+  /// transformers truncates it.
+  int64_t rotary_dim(int64_t head_dim) const {
+    return static_cast<int64_t>(static_cast<double>(head_dim) * partial_rotary_factor);
+  }
 };
 
 /// The architecture, as config.json describes it (transformers 4.x and 5.x spellings). Besides
@@ -111,8 +117,12 @@ struct LlamaConfig {
     return !rope_local.type.empty() && layer_is_sliding(i) ? rope_local : rope;
   }
   /// The rotated width of each head (even): head_dim * partial_rotary_factor.
-  int64_t rotary_dim() const {
-    return static_cast<int64_t>(static_cast<double>(head_dim) * rope.partial_rotary_factor);
+  int64_t rotary_dim() const { return rope.rotary_dim(head_dim); }
+  /// Whether some layer attends through the sliding window (`sliding`) or over every key.
+  bool has_layer_kind(bool sliding) const {
+    for (int64_t i = 0; i < num_hidden_layers; ++i)
+      if (layer_is_sliding(i) == sliding) return true;
+    return false;
   }
 
   /// Parses config.json text. Throws v1::ConfigError naming `source` and the key when

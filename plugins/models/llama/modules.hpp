@@ -53,11 +53,17 @@ inline v1::Linear linear(int64_t in, int64_t out, bool bias) {
 
 // RoPE on the first cos.size(-1) dimensions of each head, the rest passed through (Phi-3's
 // partial rotary), as transformers' apply_rotary_pos_emb.
+// Without a gradient to keep (evaluation, the decode steps) the same arithmetic runs outside the
+// autograd Function, whose bookkeeping costs every decode step of every layer.
 inline torch::Tensor apply_rope(const torch::Tensor& x, const torch::Tensor& cos,
                                 const torch::Tensor& sin) {
+  const auto rotate = [&](const torch::Tensor& t) {
+    if (torch::GradMode::is_enabled() && t.requires_grad()) return Rope::apply(t, cos, sin);
+    return t * cos + rotate_half(t) * sin;
+  };
   const int64_t rot = cos.size(-1), hd = x.size(-1);
-  if (rot == hd) return Rope::apply(x, cos, sin);
-  return torch::cat({Rope::apply(x.narrow(-1, 0, rot), cos, sin), x.narrow(-1, rot, hd - rot)}, -1);
+  if (rot == hd) return rotate(x);
+  return torch::cat({rotate(x.narrow(-1, 0, rot)), x.narrow(-1, rot, hd - rot)}, -1);
 }
 
 // What a decoder layer reads besides its input, per kind of layer (full or sliding-window
@@ -444,7 +450,7 @@ class CausalLMImpl : public torch::nn::Module {
   // RoPE inverse frequencies [rotary_dim / 2], float32, as transformers' rope init functions
   // (modeling_rope_utils.py: default, linear, llama3, longrope with its short or `long_set`).
   static torch::Tensor rope_inv_freq(const RopeConfig& r, int64_t head_dim, bool long_set) {
-    const auto dim = static_cast<int64_t>(static_cast<double>(head_dim) * r.partial_rotary_factor);
+    const int64_t dim = r.rotary_dim(head_dim);
     const torch::Tensor shape = torch::arange(0, dim, 2, torch::kLong).to(torch::kFloat) / dim;
     if (r.type == "longrope") {
       const std::vector<double>& f = long_set ? r.long_factor : r.short_factor;
