@@ -13,11 +13,14 @@ set(_llama_cases logits:llama3 logits:qwen2 logits:qwen3 logits:mistral long:lla
                  # Issue 46's families, each in one process (llama_e2e.py's FAMILY: logits, and
                  # train, lora, bad input, strategies where listed).
                  family:gemma2 family:gemma3 family:phi3 family:phi3long family:mixtral
-                 family:qwen3moe)
+                 family:qwen3moe
+                 # Expert parallelism ([parallel] ep) against the single process, checkpoints
+                 # across ep degrees, expert memory.
+                 ep:mixtral epvariants:mixtral)
 # The same families past the attention blocks, and the rest of the grid: the long suite.
 set(_llama_long_cases long:gemma2 long:gemma3 long:phi3long longtrain:gemma2 longtrain:gemma3
                       longtrain:phi3long family:gemma train:phi3 lora:gemma2 lora:phi3long lora:mixtral
-                      qlora:gemma2 qlora:phi3long strategies:mixtral)
+                      qlora:gemma2 qlora:phi3long strategies:mixtral ep:qwen3moe epvariants:qwen3moe)
 foreach(c ${_llama_cases} ${_llama_long_cases})
   string(REPLACE ":" ";" _p ${c})
   list(GET _p 0 _mode)
@@ -28,6 +31,9 @@ foreach(c ${_llama_cases} ${_llama_long_cases})
             ${_mode} ${_variant})
   set_tests_properties(llama.${_mode}.${_variant} PROPERTIES TIMEOUT 240 LABELS llama
     ENVIRONMENT "OMP_NUM_THREADS=1;OPENBLAS_NUM_THREADS=1")
+  if(_mode MATCHES "^ep")  # up to 14 trainrun runs, 4 of them at 4 ranks
+    set_tests_properties(llama.${_mode}.${_variant} PROPERTIES TIMEOUT 600)
+  endif()
   if(c IN_LIST _llama_long_cases)
     set_tests_properties(llama.${_mode}.${_variant} PROPERTIES LABELS "llama;long")
   endif()

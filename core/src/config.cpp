@@ -469,7 +469,7 @@ void check_blas_coretype(const std::string& k, const toml::table& root, const st
                     "; use \"auto\", \"off\" or one of: " + known_kernels());
 }
 void check_top_level(const toml::table& root, const std::string& file) {
-  std::vector<std::string> top = {"trainer",   "launch",    "plugins",
+  std::vector<std::string> top = {"trainer",   "launch",    "parallel", "plugins",
                                   "callbacks", "objective", "rewards"};
   for (const auto& s : kSections) top.push_back(s.key);
   for (const auto& [key, node] : root) {
@@ -486,6 +486,22 @@ void check_top_level(const toml::table& root, const std::string& file) {
     throw ConfigError(where(key.source(), file) + ": unknown table '" + k + "'" +
                       (hint.empty() ? "" : "; did you mean '" + hint + "'?"));
   }
+}
+
+// [parallel] ep against the world the job launches (a world set by mpiexec or SLURM is checked
+// again when the run starts) and against the strategy and precision it works with.
+void check_expert_parallel(const JobConfig& job, const toml::table& root, const std::string& file) {
+  const int64_t ep = job.parallel.get_int("ep");
+  if (ep == 1) return;
+  const auto* t = root.get_as<toml::table>("parallel");
+  const toml::node* n = t ? t->get("ep") : nullptr;
+  const std::string at =
+      (n ? where(n->source(), file) : file) + ": [parallel] ep = " + std::to_string(ep);
+  const int64_t world = job.launch.get_int("nproc_per_node") * job.launch.get_int("nnodes");
+  if (world > 1 && world % ep != 0)
+    throw ConfigError(
+        at + " does not divide the world size " + std::to_string(world) +
+        " ([launch] nproc_per_node x nnodes): expert-parallel groups are ep consecutive ranks");
 }
 
 // The batch layout depends only on the job, so `trainrun check` catches a bad one too.
@@ -585,6 +601,8 @@ std::string resolved_job_toml(JobConfig& job) {
   const v1::OptionSchema trainer_s = trainer_schema(), launch_s = launch_schema();
   out.insert("trainer", to_toml(job.trainer, "", &trainer_s));
   out.insert("launch", to_toml(job.launch, "", &launch_s));
+  const v1::OptionSchema parallel_s = parallel_schema();
+  out.insert("parallel", to_toml(job.parallel, "", &parallel_s));
   const auto slots = component_slots(job);
   for (size_t i = 0; i < std::size(kSections); ++i)
     out.insert(kSections[i].key, to_toml(slots[i]->options, slots[i]->plugin,
@@ -632,6 +650,9 @@ JobConfig JobFile::validate(const Registry& registry) const {
   check_blas_coretype(job.launch.get_string("blas_coretype"), root, file);
   validate_table(table_or_empty("plugins"), plugins_schema(), "[plugins]", file, "");
   check_batch_layout(job, root, file);
+  job.parallel =
+      validate_table(table_or_empty("parallel"), parallel_schema(), "[parallel]", file, "");
+  check_expert_parallel(job, root, file);
 
   auto component = [&](const toml::table& t, ComponentKind kind, const std::string& section,
                        const char* default_plugin) {

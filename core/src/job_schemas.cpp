@@ -127,6 +127,17 @@ v1::OptionSchema launch_schema() {
   return s;
 }
 
+v1::OptionSchema parallel_schema() {
+  v1::OptionSchema s;
+  s.integer("ep", 1,
+            "Expert parallelism: a mixture-of-experts model's experts split over groups of this "
+            "many consecutive ranks (each holds num_experts / ep of every MoE layer, tokens travel "
+            "to their experts by all_to_all); it must divide the world size and the experts. "
+            "The other parameters are the [strategy]'s; 1 = every rank holds every expert",
+            1, 4096);
+  return s;
+}
+
 v1::OptionSchema plugins_schema() {
   v1::OptionSchema s;
   s.string_list("path", {}, "Plugin directories or files, searched after --plugin-path");

@@ -6,6 +6,7 @@
 #include <iomanip>
 #include <sstream>
 
+#include <trainrun/model/expert_parallel.hpp>
 #include <trainrun/runtime/memory.hpp>
 #include <trainrun/strategy/memory_estimate.hpp>
 
@@ -148,7 +149,35 @@ MemoryCheck check_memory(const JobConfig& job, const Registry& registry) {
   }
   freeze_parameters(job.trainer, *model);
 
-  const TrainableParameters counted = count_trainable(*model, model_label);
+  TrainableParameters counted = count_trainable(*model, model_label);
+  // [parallel] ep: the experts are split over ep ranks and never seen by the strategy; the
+  // ZeRO table counts the rest.
+  const int64_t ep = job.parallel.get_int("ep");
+  int64_t expert_psi = 0, expert_frozen = 0;
+  auto* em = dynamic_cast<v1::ExpertParallelModel*>(model.get());
+  if (ep > 1) {
+    // What the run's setup checks (experts.cpp), before anything is launched.
+    const std::string at = job.file + ": [parallel] ep = " + std::to_string(ep);
+    if (em == nullptr)
+      throw v1::ConfigError(
+          at + ": model plugin '" + job.model.plugin +
+          "' cannot split experts (it has no ExpertParallelModel capability, ABI 1.14)");
+    if (em->num_experts() == 0)
+      throw v1::ConfigError(at + ": the model has no mixture-of-experts layer");
+    if (em->num_experts() % ep != 0)
+      throw v1::ConfigError(at + " does not divide the model's " +
+                            std::to_string(em->num_experts()) + " experts per layer");
+  }
+  if (em != nullptr && em->num_experts() > 0) {
+    for (const auto& p :
+         guarded(model_label, "named_parameters", [&] { return model->named_parameters(); }))
+      if (em->is_expert_parameter(p.name))
+        (p.tensor.requires_grad() ? expert_psi : expert_frozen) += p.tensor.numel();
+    if (ep > 1) {
+      counted.psi -= expert_psi;
+      counted.frozen -= expert_frozen;
+    }
+  }
   const int64_t psi = counted.psi, largest = counted.largest_unit;
 
   const v1::MemoryInputs mi =
@@ -184,6 +213,23 @@ MemoryCheck check_memory(const JobConfig& job, const Registry& registry) {
      << (mi.optimizer_bytes < 0 ? ", unknown: Adam's 8 assumed" : "") << ")";
   lines.push_back(os.str());
   lines.push_back(sizes + "; activations not included");
+  if (expert_psi + expert_frozen > 0) {
+    const double per_trained =
+        mi.param_bytes + mi.grad_bytes + mi.master_bytes + in.optimizer_bytes;
+    const double whole = static_cast<double>(expert_psi) * per_trained +
+                         static_cast<double>(expert_frozen) * mi.param_bytes;
+    os.str("");
+    os << "experts: " << expert_psi + expert_frozen << " parameters (" << expert_psi
+       << " trainable), " << v1::memory::format_bytes(whole)
+       << " of parameters, gradients and optimizer state";
+    if (ep > 1)
+      os << "; split over [parallel] ep = " << ep << ": "
+         << v1::memory::format_bytes(whole / static_cast<double>(ep)) << " per rank ("
+         << static_cast<int64_t>(whole / static_cast<double>(ep)) << " bytes), besides the table";
+    else
+      os << " per rank, inside the table ([parallel] ep splits them)";
+    lines.push_back(os.str());
+  }
   for (const auto& l : v1::memory::format_zero_table(stages, budget)) lines.push_back(l);
   if (budget > 0)
     lines.push_back("budget per rank " + v1::memory::format_bytes(static_cast<double>(budget)) +

@@ -324,6 +324,9 @@ void Run::set_up_model() {
       by_name[p.name] = p.tensor.sizes().vec();
     parts_.optimizer.call("set_parameter_shapes", [&](v1::Optimizer&) { shapes->set_parameter_shapes(by_name); return 0; });
   }
+  // After everything that sees the whole model (precision, callbacks, freezing), before the
+  // strategy, which then never sees the experts.
+  set_up_experts();
   if (auto* aware = dynamic_cast<v1::MemoryInputsAware*>(parts_.strategy.obj.get())) {
     const int64_t total = parts_.accelerator.call("memory_stats", [](v1::Accelerator& a) { return a.memory_stats(); }).total_bytes;
     const v1::MemoryInputs mi = memory_inputs(parts_.precision.obj.get(), parts_.optimizer.obj.get(), total,
@@ -336,6 +339,7 @@ void Run::set_up_model() {
       !k.empty() && env_.lead)
     log_info("precision " + job_.precision.plugin + ": " + k);
   parts_.params = parts_.strategy.call("optimizer_parameters", [](v1::Strategy& s) { return s.optimizer_parameters(); });
+  parts_.params.insert(parts_.params.end(), experts_.trainable.begin(), experts_.trainable.end());
   parts_.optimizer.call("init", [&](v1::Optimizer& o) { o.init(parts_.params, plan_->steps()); return 0; });
   torch::manual_seed(rank_seed(env_.ctx.seed, env_.ctx.rank));
 }

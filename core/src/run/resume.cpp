@@ -64,6 +64,7 @@ v1::CheckpointableStrategy& Run::checkpointable() const {
 std::vector<v1::CheckpointPiece> Run::optimizer_pieces() {
   auto& c = checkpointable();
   auto params = parts_.strategy.call("optimizer_parameter_pieces", [&](v1::Strategy&) { return c.optimizer_parameter_pieces(); });
+  for (auto& p : expert_pieces(true)) params.push_back(std::move(p));
   auto state = parts_.optimizer.call("state", [](v1::Optimizer& o) { return o.state(); });
   return optimizer_state_pieces(params, state);
 }
@@ -99,6 +100,7 @@ void Run::load_checkpoint(const std::string& resume) {
   check_resume(meta, job_, path, env_.ctx.seed, job_.trainer.get_string("resume").empty(), env_.lead);
   auto& c = checkpointable();
   auto model_pieces = parts_.strategy.call("model_checkpoint_pieces", [&](v1::Strategy&) { return c.model_checkpoint_pieces(); });
+  for (auto& p : expert_pieces(false)) model_pieces.push_back(std::move(p));
   load_checkpoint_pieces(path, meta, "model", model_pieces);
   auto opt_pieces = optimizer_pieces();
   load_checkpoint_pieces(path, meta, "optimizer", opt_pieces);

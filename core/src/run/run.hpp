@@ -31,7 +31,8 @@
 #include "trainrun/core/sampler.hpp"
 
 namespace trainrun::v1 {
-struct GenerationRequest;  // batch_generation.hpp
+class ExpertParallelModel;  // model/expert_parallel.hpp
+struct GenerationRequest;   // batch_generation.hpp
 struct GenerationResult;
 }  // namespace trainrun::v1
 
@@ -162,6 +163,21 @@ struct Capabilities {
   v1::IncrementalDecoder* decoder = nullptr;      ///< the model's KV-cache decoder (online only)
 };
 
+// [parallel] ep (experts.cpp): the model's experts split over groups of ep consecutive ranks;
+// the core does for them what the strategy does for the other parameters.
+struct ExpertShards {
+  v1::ExpertParallelModel* model = nullptr;  ///< null: ep = 1, every rank holds every expert
+  int ep = 1;
+  std::shared_ptr<v1::Communicator> group;     ///< the ranks sharing the experts out
+  std::shared_ptr<v1::Communicator> replicas;  ///< the ranks holding the same experts
+  std::vector<v1::NamedTensor> params;         ///< this rank's experts, frozen ones included
+  std::vector<v1::NamedTensor> trainable;      ///< the ones the optimizer updates
+  int64_t bytes = 0;                           ///< of params
+  /// Measured after the first step: this rank's expert parameters, gradients and optimizer
+  /// state in bytes (any ep, 1 included, for a model with experts); -1 = not measured.
+  double state_bytes = -1;
+};
+
 // How the reference model of an objective with Objective::reference_width() > 0 is computed.
 enum class ReferenceMode {
   None,         ///< no objective, or one without a reference
@@ -281,6 +297,15 @@ class Run {
   void add_rollout_metrics(std::map<std::string, double>& extra) const;
   uint32_t abi_minor_of_model() const;
   v1::EvalMetrics evaluate_rollouts(int64_t step);
+  // experts.cpp
+  void set_up_experts();
+  void sync_expert_gradients();
+  double expert_grad_sq();
+  void drop_expert_grads();
+  void measure_expert_bytes();
+  c10::Device device_of_experts() const;
+  std::vector<v1::CheckpointPiece> expert_pieces(bool optimizer) const;
+  std::vector<v1::NamedTensor> gather_experts();
   // save.cpp
   void save_checkpoint_now(int64_t done, const char* reason);
   bool save_sharded_model();
@@ -297,6 +322,7 @@ class Run {
   Environment env_;
   Components parts_;
   Capabilities caps_;
+  ExpertShards experts_;
   std::optional<RunPlan> plan_;  ///< set in build, once the dataset's size is known
   Progress progress_;
 };

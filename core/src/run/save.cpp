@@ -57,6 +57,7 @@ void Run::save_checkpoint_now(int64_t done, const char* reason) {
   req.trainer_state = {{"skipped_steps", progress_.skipped_steps}, {"seed", env_.ctx.seed}};
   for (auto& [key, holder] : caps_.state_holders) req.component_state[key] = holder->checkpoint_state();
   req.model = parts_.strategy.call("model_checkpoint_pieces", [&](v1::Strategy&) { return c.model_checkpoint_pieces(); });
+  for (auto& p : expert_pieces(false)) req.model.push_back(std::move(p));
   req.optimizer = optimizer_pieces();
   const std::string path = save_checkpoint(req, env_.ctx.world_size > 1 ? parts_.comm : nullptr);
   progress_.last_saved_step = done;
@@ -78,6 +79,8 @@ bool Run::save_sharded_model() {
     return false;
   }
   auto pieces = parts_.strategy.call("sharded_state_dict", [&](v1::Strategy&) { return caps_.sharded_source->sharded_state_dict(); });
+  for (auto& p : expert_pieces(false))
+    if (p.writer) pieces.push_back(std::move(p.piece));
   nlohmann::json index = nlohmann::json::object();
   std::vector<v1::NamedTensor> tensors;
   for (auto& p : pieces) {
@@ -102,6 +105,7 @@ bool Run::gather_final_state(bool quiet) {
   if (progress_.final_state) return true;
   try {
     progress_.final_state = parts_.strategy.call("full_state_dict", [](v1::Strategy& s) { return s.full_state_dict(); });
+    for (auto& t : gather_experts()) progress_.final_state->push_back(std::move(t));
   } catch (const v1::NotSupportedError& e) {
     if (env_.lead && !quiet) log_warn(std::string("model.safetensors not written: ") + e.what());
     return false;

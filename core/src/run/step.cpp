@@ -191,6 +191,7 @@ bool Run::train_step() {
   }
   forward_backward(st);
   parts_.strategy.call("finish_gradient_sync", [](v1::Strategy& s) { s.finish_gradient_sync(); return 0; });
+  sync_expert_gradients();
   issue_step_tail(st);
   std::vector<torch::Tensor> grads;
   for (auto& p : parts_.params)
@@ -260,6 +261,8 @@ void Run::apply_gradients(StepState& st, std::vector<torch::Tensor>& grads) {
   st.grad_norm = std::numeric_limits<double>::quiet_NaN();
   if (st.finite) {
     st.grad_norm = parts_.strategy.call("grad_norm", [](v1::Strategy& s) { return s.grad_norm(); });
+    if (experts_.model != nullptr)
+      st.grad_norm = std::sqrt(st.grad_norm * st.grad_norm + expert_grad_sq());
     // The gradients are unscaled by now (unscale_and_check), so clip_val is in the units of
     // the true gradient; grad_norm is logged as it was before clipping (as Lightning does).
     if (plan_->clip > 0 && plan_->clip_by_value) {
@@ -273,6 +276,7 @@ void Run::apply_gradients(StepState& st, std::vector<torch::Tensor>& grads) {
     const int64_t step = progress_.step;
     parts_.optimizer.call("step", [&](v1::Optimizer& o) { o.step(step); return 0; });
     parts_.strategy.call("after_optimizer_step", [](v1::Strategy& s) { s.after_optimizer_step(); return 0; });
+    if (experts_.state_bytes < 0) measure_expert_bytes();
   }
   // Parameters, gradients and optimizer state at rest (what ZeRO's formulas predict): the
   // gradients are still alive until zero_grad; the step's batches are included (small).
@@ -299,6 +303,7 @@ void Run::settle_step(StepState& st) {
   // so the scaler does not count the step at all.
   if (st.finite || st.loss_finite) parts_.precision.call("update", [&](v1::Precision& p) { p.update(!st.finite); return 0; });
   parts_.strategy.call("zero_grad", [](v1::Strategy& s) { s.zero_grad(); return 0; });
+  drop_expert_grads();
   progress_.watch.record(progress_.step + 1, st.loss_finite, st.finite);
   if (!st.loss_finite && !weights_finite_everywhere()) {
     progress_.watch.weights_bad_after = progress_.step;
@@ -336,6 +341,7 @@ void Run::report_step(StepState& st) {
     m.extra["mem_current_bytes"] = static_cast<double>(memory_now(false));
     m.extra["mem_model_state_bytes"] = static_cast<double>(st.mem_model_state - env_.mem_baseline);
   }
+  if (experts_.state_bytes >= 0) m.extra["expert_state_bytes"] = experts_.state_bytes;
   for (size_t i = 0; i < st.objective_metrics.size(); ++i) {
     const double count = st.tail.data_ptr<double>()[6 + 2 * i + 1];
     if (count > 0) m.extra[st.objective_metrics[i]] = st.tail.data_ptr<double>()[6 + 2 * i] / count;

@@ -413,6 +413,10 @@ std::string LlamaModel::describe() const {
                             ") on ",
                             std::count(cfg_.moe_layers.begin(), cfg_.moe_layers.end(), true),
                             " of ", cfg_.num_hidden_layers, " layers",
+                            ep_group_ != nullptr
+                                ? v1::detail::cat(", ", cfg_.num_experts / ep_group_->world_size(),
+                                                  " per rank (ep ", ep_group_->world_size(), ")")
+                                : std::string(),
                             cfg_.output_router_logits
                                 ? v1::detail::cat(", router aux loss x ", cfg_.router_aux_loss_coef)
                                 : std::string())

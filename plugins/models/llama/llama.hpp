@@ -13,6 +13,7 @@
 #include <trainrun/hf/model_dir.hpp>
 #include <trainrun/hf/model_source.hpp>
 #include <trainrun/interfaces.hpp>
+#include <trainrun/model/expert_parallel.hpp>
 #include <trainrun/model/module_model.hpp>
 #include <trainrun/objective.hpp>
 #include <trainrun/model/packed_batch.hpp>
@@ -144,7 +145,8 @@ class LlamaModel final : public v1::ModuleModel,
                          public v1::DecodeStateRepeat,
                          public v1::DeferredWeights,
                          public v1::ObjectiveModel,
-                         public v1::SequenceClassifier {
+                         public v1::SequenceClassifier,
+                         public v1::ExpertParallelModel {
  public:
   static void declare_options(v1::OptionSchema& s);
   LlamaModel(const v1::Options& o, const v1::RunContext& ctx);
@@ -199,6 +201,14 @@ class LlamaModel final : public v1::ModuleModel,
   /// input int64 [B, T] -> float32 [B, num_labels]. Throws Error without a score head.
   at::Tensor scores(const v1::Batch& batch) override;
 
+  /// ExpertParallelModel (ABI 1.14, experts.cpp): Mixtral and Qwen3-MoE split their experts over
+  /// [parallel] ep ranks; afterwards named_parameters() leaves them out.
+  int64_t num_experts() const override { return cfg_.num_experts; }
+  bool is_expert_parameter(const std::string& name) const override;
+  void shard_experts(v1::Communicator& group) override;
+  std::vector<v1::NamedTensor> expert_parameters() override;
+  std::vector<v1::NamedTensor> named_parameters() override;
+
   const LlamaConfig& config() const { return cfg_; }
   /// Writes an HF model directory from `state` (names as named_parameters()) in `dtype`.
   void save_hf(const std::string& out, const std::vector<v1::NamedTensor>& state,
@@ -229,7 +239,8 @@ class LlamaModel final : public v1::ModuleModel,
   int want_router_loss_ = -1;       ///< [model] router_aux_loss: -1 auto, 0 off, 1 on
   double want_router_coef_ = -1.0;  ///< [model] router_aux_loss_coef; -1 = config.json's
   int rank_ = 0;
-  v1::Objective* objective_ = nullptr;  ///< set_objective; not owned
+  v1::Communicator* ep_group_ = nullptr;  ///< shard_experts' group; null = every expert here
+  v1::Objective* objective_ = nullptr;    ///< set_objective; not owned
   /// [model] architecture as num_labels: -1 = as the directory says, 0 = causal LM, n = a score
   /// head of n outputs (added, initialised as transformers does, to a causal LM's directory).
   int64_t want_labels_ = -1;

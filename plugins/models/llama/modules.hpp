@@ -123,6 +123,14 @@ class AttentionImpl : public torch::nn::Module {
     const torch::Tensor c = in.cos.to(q.scalar_type()), s = in.sin.to(q.scalar_type());
     q = apply_rope(q, c, s);
     k = apply_rope(k, c, s);
+    // Under autocast Qwen3's q/k norms come out float32 (a float32 gain times the bf16 product,
+    // as in transformers) while v is the product's dtype: the attention takes them in v's, as
+    // autocast's scaled_dot_product_attention casts its inputs.
+    if (v1::compat::autocast_enabled(q.device().type()) &&
+        (q.scalar_type() != v.scalar_type() || k.scalar_type() != v.scalar_type())) {
+      q = q.to(v.scalar_type());
+      k = k.to(v.scalar_type());
+    }
     const torch::Tensor& blocked = in.blocked;
 #if !TRAINRUN_HAS_SDPA
     // Not under autocast: its matmuls would come out bfloat16 inside the Function while the
@@ -279,21 +287,46 @@ TORCH_MODULE(Mlp);
 // `gate` scores the experts of each token, softmax in float32, the top num_experts_per_tok are
 // kept (renormalised where the family says) and each token's output is the weighted sum of its
 // experts' MLPs, every token computed (dropless), as transformers' *SparseMoeBlock.
+// Expert parallelism (experts.cpp): rows [sum(send[:r]), + send[r]) of x [rows, hidden] go to
+// rank r of `group` and recv[r] rows come from it, in rank order; the backward sends the
+// gradient back the same way. v1::all_to_all underneath.
+torch::Tensor exchange_rows(const torch::Tensor& x, const std::vector<int64_t>& send,
+                            const std::vector<int64_t>& recv, v1::Communicator& group);
+// counts int64 [ep * per]: this rank's rows for each expert, the experts of rank r at
+// [r * per, (r + 1) * per) -> [ep, per]: the rows each rank sends to this rank's experts.
+torch::Tensor exchange_counts(const torch::Tensor& counts, v1::Communicator& group);
+
 class SparseMoeImpl : public torch::nn::Module {
  public:
   explicit SparseMoeImpl(const LlamaConfig& c)
       : top_k_(c.num_experts_per_tok),
+        num_experts_(c.num_experts),
         norm_topk_(c.norm_topk_prob),
         weights_float_(c.routing_weights_float) {
     gate = register_module("gate", linear(c.hidden_size, c.num_experts, false));
-    experts = register_module("experts", torch::nn::ModuleList());
+    torch::nn::ModuleList list;
     const MlpImpl::Names names =
         c.model_type == "mixtral" ? MlpImpl::Names{"w1", "w3", "w2"} : MlpImpl::Names{};
     for (int64_t e = 0; e < c.num_experts; ++e) {
       Mlp m(c, c.moe_intermediate_size, names, false, false);
-      experts->push_back(m);
+      list->push_back(m);
       expert_ptrs.push_back(m.ptr());
     }
+    experts = register_module("experts", list.ptr());
+  }
+  // Expert parallelism: keeps experts [first, first + count) under their own indices and frees
+  // the others; later forwards route over `group` (group.rank() holds these experts).
+  void keep_experts(int64_t first, int64_t count, v1::Communicator* group) {
+    auto kept = std::make_shared<torch::nn::Module>();
+    for (int64_t e = 0; e < num_experts_; ++e) {
+      if (e >= first && e < first + count)
+        kept->register_module(std::to_string(e), expert_ptrs[static_cast<size_t>(e)]);
+      else
+        expert_ptrs[static_cast<size_t>(e)].reset();
+    }
+    experts = replace_module("experts", kept);
+    first_local_ = first;
+    group_ = group;
   }
   // x [B, T, hidden] -> [B, T, hidden]; router_logits keeps this call's [B * T, num_experts].
   template <class Project>
@@ -303,6 +336,7 @@ class SparseMoeImpl : public torch::nn::Module {
     auto [weights, chosen] = torch::softmax(router_logits, -1, torch::kFloat).topk(top_k_, -1);
     if (norm_topk_) weights = weights / weights.sum(-1, /*keepdim=*/true);
     if (!weights_float_) weights = weights.to(router_logits.scalar_type());
+    if (group_ != nullptr) return forward_parallel(h, weights, chosen, project).view(x.sizes());
     torch::Tensor out = torch::zeros_like(h);
     // The experts some token chose, in ascending order (as transformers visits them).
     const torch::Tensor hit =
@@ -321,13 +355,61 @@ class SparseMoeImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x) { return forward_with(x, MlpImpl::plain_forward); }
 
   v1::Linear gate{nullptr};  ///< the router: hidden -> num_experts, no bias
-  torch::nn::ModuleList experts{nullptr};
-  std::vector<std::shared_ptr<MlpImpl>> expert_ptrs;
+  /// "experts": every expert, or with expert parallelism this rank's under their indices.
+  std::shared_ptr<torch::nn::Module> experts;
+  std::vector<std::shared_ptr<MlpImpl>> expert_ptrs;  ///< by index; null where not held
   torch::Tensor router_logits;  ///< the last forward's, for the load-balancing loss
 
  private:
-  int64_t top_k_;
+  // Dropless expert parallelism: every (token, slot) pair travels, sorted by expert, to the
+  // rank holding its expert with its routing weight, is computed and weighted there with the
+  // rows other ranks sent to the same expert, and comes back to be summed as in the local path.
+  template <class Project>
+  torch::Tensor forward_parallel(const torch::Tensor& h, const torch::Tensor& weights,
+                                 const torch::Tensor& chosen, Project&& project) {
+    const int64_t ep = group_->world_size(), per = num_experts_ / ep;
+    const torch::Tensor flat = chosen.flatten();
+    const torch::Tensor order = std::get<1>(torch::sort(flat, c10::optional<bool>(true), 0, false));
+    const torch::Tensor token = order.div(top_k_, "floor");
+    const torch::Tensor counts = torch::bincount(flat, {}, num_experts_).to(torch::kCPU);
+    const torch::Tensor from = exchange_counts(counts, *group_);  // [ep, per]
+    std::vector<int64_t> send(static_cast<size_t>(ep)), recv(static_cast<size_t>(ep));
+    const auto* c = counts.data_ptr<int64_t>();
+    const auto* f = from.data_ptr<int64_t>();
+    for (int64_t r = 0; r < ep; ++r)
+      for (int64_t j = 0; j < per; ++j) {
+        send[static_cast<size_t>(r)] += c[r * per + j];
+        recv[static_cast<size_t>(r)] += f[r * per + j];
+      }
+    const torch::Tensor x_in = exchange_rows(h.index_select(0, token), send, recv, *group_);
+    // The routing weights travel too: the expert's output is weighted where it is computed, in
+    // the expert's output dtype, as the local path does, and comes back in h's.
+    const torch::Tensor w_in =
+        exchange_rows(weights.flatten().index_select(0, order).unsqueeze(1), send, recv, *group_);
+    // The rows for local expert j: in each source's block, after the rows for experts < j.
+    torch::Tensor y_in = torch::zeros_like(x_in);
+    std::vector<std::vector<int64_t>> rows(static_cast<size_t>(per));
+    int64_t start = 0;
+    for (int64_t r = 0; r < ep; ++r)
+      for (int64_t j = 0; j < per; ++j)
+        for (int64_t n = 0; n < f[r * per + j]; ++n)
+          rows[static_cast<size_t>(j)].push_back(start++);
+    for (int64_t j = 0; j < per; ++j) {
+      if (rows[static_cast<size_t>(j)].empty()) continue;
+      const torch::Tensor idx =
+          torch::tensor(rows[static_cast<size_t>(j)], torch::kLong).to(x_in.device());
+      const torch::Tensor y = expert_ptrs[static_cast<size_t>(first_local_ + j)]->forward_with(
+          x_in.index_select(0, idx), project);
+      y_in = y_in.index_copy(0, idx, (y * w_in.index_select(0, idx)).to(y_in.scalar_type()));
+    }
+    const torch::Tensor y = exchange_rows(y_in, recv, send, *group_);
+    return torch::zeros_like(h).index_add(0, token, y);
+  }
+
+  int64_t top_k_, num_experts_;
   bool norm_topk_, weights_float_;
+  int64_t first_local_ = 0;
+  v1::Communicator* group_ = nullptr;  ///< expert parallelism's group; null = every expert here
 };
 TORCH_MODULE(SparseMoe);
 

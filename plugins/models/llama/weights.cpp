@@ -177,7 +177,10 @@ void LlamaModel::on_final_state_dict(const std::vector<v1::NamedTensor>& state) 
       v1::Logger("llama", rank_).info("<run_dir>/hf/ not written: the base weights are quantized");
       return;
     }
-    if (params.count(t.name)) weights.push_back(t);
+    // With expert parallelism this rank holds some experts; the state has all of them.
+    if (params.count(t.name) ||
+        (ep_group_ != nullptr && t.name.find(".experts.") != std::string::npos))
+      weights.push_back(t);
   }
   const std::string dtype = save_dtype_ == "auto" ? cfg_.dtype : save_dtype_;
   const std::string out = (fs::path(run_dir_) / "hf").string();

@@ -106,6 +106,9 @@
 // LogitTemperature (rollout.hpp, since 1.12)
 //   implemented by: grpo (an Objective)
 //   queried by:     llama (divides the logits before the log-softmax)
+// ExpertParallelModel (model/expert_parallel.hpp, since 1.14)
+//   implemented by: llama (Mixtral, Qwen3-MoE)
+//   queried by:     core/src/run/experts.cpp ([parallel] ep)
 //
 // Not capabilities but component kinds of their own (plugin.hpp's ComponentKind), each in its
 // header: Objective (objective.hpp, since 1.8), Reward (reward.hpp, since 1.10; created by
@@ -120,6 +123,7 @@
 #include "trainrun/generation.hpp"
 #include "trainrun/hf/model_source.hpp"
 #include "trainrun/interfaces.hpp"
+#include "trainrun/model/expert_parallel.hpp"
 #include "trainrun/model/linear.hpp"
 #include "trainrun/objective.hpp"
 #include "trainrun/rollout.hpp"

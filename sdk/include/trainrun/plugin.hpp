@@ -38,9 +38,10 @@ constexpr uint32_t kAbiMajor = 1;
 /// in its compute dtype, interfaces.hpp; Linear's kept copy, model/linear.hpp); 1.12: online
 /// objectives (OnlineObjective, RolloutSpec, RolloutScores, PromptSource, LogitTemperature,
 /// ObjectivePass::Old; rollout.hpp); 1.13: AllToAllCommunicator, AllToAllOptions (all-to-all of
-/// uneven parts, interfaces.hpp; collectives/all_to_all.hpp). CMakeLists.txt reads the number
+/// uneven parts, interfaces.hpp; collectives/all_to_all.hpp); 1.14: ExpertParallelModel (a model
+/// holding its share of the experts, model/expert_parallel.hpp). CMakeLists.txt reads the number
 /// from the next line: keep it whole.
-constexpr uint32_t kAbiMinor = 13;
+constexpr uint32_t kAbiMinor = 14;
 
 /// Component kinds; values are part of the ABI and never renumbered.
 enum class ComponentKind : uint32_t {

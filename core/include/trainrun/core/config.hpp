@@ -55,6 +55,7 @@ struct JobConfig {
   std::string file;
   v1::Options trainer;
   v1::Options launch;
+  v1::Options parallel;  ///< [parallel] (parallel_schema)
   ComponentConfig model, data, strategy, accelerator, precision, optimizer;
   /// [objective] (ABI 1.8); plugin "" = none: the model's own loss.
   ComponentConfig objective;
@@ -93,6 +94,8 @@ std::string launcher_of(const JobConfig& job);
 v1::OptionSchema trainer_schema();
 v1::OptionSchema launch_schema();
 v1::OptionSchema plugins_schema();
+/// [parallel]: how the model is split over ranks besides data parallelism (ep).
+v1::OptionSchema parallel_schema();
 /// The core's keys of a [[rewards]] table (weight, name), besides `plugin` and the plugin's own.
 v1::OptionSchema reward_entry_schema();
 
