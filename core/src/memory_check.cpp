@@ -3,6 +3,7 @@
 #include <torch/utils.h>
 
 #include <algorithm>
+#include <functional>
 #include <iomanip>
 #include <sstream>
 
@@ -45,13 +46,17 @@ struct TrainableParameters {
   std::vector<at::Tensor> tensors;  ///< every parameter once, trained or frozen
 };
 
-TrainableParameters count_trainable(v1::Model& model, const std::string& label) {
+// `skip`: parameters (whole-model names) the strategy will not see, left out of the units too
+// (the experts under [parallel] ep).
+TrainableParameters count_trainable(v1::Model& model, const std::string& label,
+                                    const std::function<bool(const std::string&)>& skip = {}) {
   TrainableParameters c;
   for (const auto& p : guarded(label, "named_parameters", [&] { return model.named_parameters(); })) {
     const bool seen = std::any_of(c.tensors.begin(), c.tensors.end(),
                                   [&](const at::Tensor& t) { return t.is_same(p.tensor); });
     if (seen) continue;
     c.tensors.push_back(p.tensor);
+    if (skip && skip(p.name)) continue;
     (p.tensor.requires_grad() ? c.psi : c.frozen) += p.tensor.numel();
   }
   // Frozen weights are gathered with their unit at stage 3 (and kept whole when small) like the
@@ -60,7 +65,8 @@ TrainableParameters count_trainable(v1::Model& model, const std::string& label) 
   int64_t in_units = 0;
   for (v1::Unit* u : units) {
     int64_t n = 0;
-    for (const auto& t : u->module().parameters()) n += t.numel();
+    for (const auto& t : u->module().named_parameters())
+      if (!skip || !skip(u->name() + "." + t.key())) n += t.value().numel();
     in_units += n;
     c.largest_unit = std::max(c.largest_unit, n);
   }
@@ -149,12 +155,17 @@ MemoryCheck check_memory(const JobConfig& job, const Registry& registry) {
   }
   freeze_parameters(job.trainer, *model);
 
-  TrainableParameters counted = count_trainable(*model, model_label);
   // [parallel] ep: the experts are split over ep ranks and never seen by the strategy; the
   // ZeRO table counts the rest.
   const int64_t ep = job.parallel.get_int("ep");
   int64_t expert_psi = 0, expert_frozen = 0;
   auto* em = dynamic_cast<v1::ExpertParallelModel*>(model.get());
+  TrainableParameters counted = count_trainable(
+      *model, model_label,
+      em != nullptr && ep > 1 ? std::function<bool(const std::string&)>([em](const std::string& n) {
+        return em->is_expert_parameter(n);
+      })
+                              : std::function<bool(const std::string&)>());
   if (ep > 1) {
     // What the run's setup checks (experts.cpp), before anything is launched.
     const std::string at = job.file + ": [parallel] ep = " + std::to_string(ep);
@@ -163,7 +174,9 @@ MemoryCheck check_memory(const JobConfig& job, const Registry& registry) {
           at + ": model plugin '" + job.model.plugin +
           "' cannot split experts (it has no ExpertParallelModel capability, ABI 1.14)");
     if (em->num_experts() == 0)
-      throw v1::ConfigError(at + ": the model has no mixture-of-experts layer");
+      throw v1::ConfigError(at +
+                            ": the model has no mixture-of-experts layer (expert parallelism "
+                            "splits experts; drop [parallel] or set ep = 1)");
     if (em->num_experts() % ep != 0)
       throw v1::ConfigError(at + " does not divide the model's " +
                             std::to_string(em->num_experts()) + " experts per layer");
@@ -173,10 +186,6 @@ MemoryCheck check_memory(const JobConfig& job, const Registry& registry) {
          guarded(model_label, "named_parameters", [&] { return model->named_parameters(); }))
       if (em->is_expert_parameter(p.name))
         (p.tensor.requires_grad() ? expert_psi : expert_frozen) += p.tensor.numel();
-    if (ep > 1) {
-      counted.psi -= expert_psi;
-      counted.frozen -= expert_frozen;
-    }
   }
   const int64_t psi = counted.psi, largest = counted.largest_unit;
 

@@ -35,7 +35,7 @@ void Run::set_up_experts() {
   if (experts == 0)
     throw ConfigError(at + ": the model has no mixture-of-experts layer (" +
                       parts_.model.call("describe", [](v1::Model& x) { return x.describe(); }) +
-                      ")");
+                      "); drop [parallel] or set ep = 1");
   const int world = env_.ctx.world_size;
   if (world % ep != 0)
     throw ConfigError(at + " does not divide the world size " + std::to_string(world));
