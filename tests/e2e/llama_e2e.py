@@ -57,7 +57,8 @@ Modes:
   epvariants  (MoE) expert parallelism beside the rest of a job, ep 2 against ep 1 (ddp, 2 ranks,
            6 steps, losses 1e-5 unless said): LoRA on attention and on the experts (the adapter
            files hold the same tensors, 1e-3; ep 2's loads in PEFT with trainrun's logits, 1e-5), QLoRA with 4-bit experts (nf4 + LoRA on every
-           projection), bf16-mixed (2e-3: bf16 products of other batch compositions), activation
+           projection), LoRA over int8 experts (quant-int8, whose int8 weights no communicator
+           carries: gathered as bytes), bf16-mixed (2e-3: bf16 products of other batch compositions), activation
            checkpointing (against ep 2 without it: identical losses).
   family   (issue 46's families) the modes FAMILY lists for the variant, in one process.
 
@@ -648,7 +649,8 @@ def expert_parallel_variants(base):
     def worst(a, b):
         return max(abs(x - y) / abs(y) for x, y in zip(a, b))
 
-    for name, extra, sets, tol in (("lora", lora, [], 1e-5), ("qlora", qlora, [], 1e-5),
+    int8 = '\n[precision]\nplugin = "quant-int8"\ntarget_modules = ["all-linear"]\n' + lora
+    for name, extra, sets, tol in (("lora", lora, [], 1e-5), ("qlora", qlora, [], 1e-5), ("int8", int8, [], 1e-5),
                                    ("bf16", "", ["--set", "precision.plugin=bf16-mixed"], 2e-3)):
         d1, _ = run(f"{name}-ep1", 1, extra, *sets)
         d2, out = run(f"{name}-ep2", 2, extra, *sets)
@@ -665,7 +667,7 @@ def expert_parallel_variants(base):
             print(f"{VARIANT} qlora: rank 0 holds {held['qlora']} bytes of experts (LoRA on float32: {held['lora']})")
             if not held["qlora"] < held["lora"] / 2:
                 fail("qlora: the experts are not held 4-bit")
-        if name in ("lora", "qlora"):
+        if name in ("lora", "qlora", "int8"):  # int8: the gathered experts travel as bytes
             a = safetensors_tensors(os.path.join(d1, "adapter", "adapter_model.safetensors"))
             b = safetensors_tensors(os.path.join(d2, "adapter", "adapter_model.safetensors"))
             experts = [k for k in a if ".experts." in k]

@@ -15,6 +15,7 @@
 
 #include "trainrun/core/log.hpp"
 #include "trainrun/model/expert_parallel.hpp"
+#include "trainrun/strategy/replicas.hpp"
 #include "trainrun/strategy/strategy_helpers.hpp"
 
 namespace trainrun::core {
@@ -65,7 +66,6 @@ void Run::set_up_experts() {
     if (p.tensor.requires_grad()) experts_.trainable.push_back(p);
   int64_t bytes = 0;
   for (const auto& p : experts_.params) bytes += static_cast<int64_t>(p.tensor.nbytes());
-  experts_.bytes = bytes;
   if (env_.lead)
     log_info("expert parallel: " + std::to_string(world / ep) + " group(s) of " +
              std::to_string(ep) + " ranks, " + std::to_string(experts / ep) + " of " +
@@ -189,7 +189,7 @@ std::vector<v1::CheckpointPiece> Run::expert_pieces(bool optimizer) const {
 }
 
 // The experts of every rank of this group, for the final state dict: each rank in turn
-// broadcasts its names and shapes, then its tensors. Collective over the group.
+// broadcasts its names and shapes, then its tensors (broadcast_from). Collective over the group.
 std::vector<v1::NamedTensor> Run::gather_experts() {
   std::vector<v1::NamedTensor> out;
   if (experts_.model == nullptr) return out;
@@ -224,6 +224,7 @@ std::vector<v1::NamedTensor> Run::gather_experts() {
     bytes = bytes.cpu();
     std::istringstream is(std::string(reinterpret_cast<const char*>(bytes.data_ptr()),
                                       static_cast<size_t>(bytes.numel())));
+    std::vector<at::Tensor> tensors;
     size_t i = 0;
     for (std::string name; is >> name; ++i) {
       int dtype = 0, dim = 0;
@@ -236,12 +237,14 @@ std::vector<v1::NamedTensor> Run::gather_experts() {
               : torch::empty(
                     shape,
                     torch::TensorOptions().dtype(static_cast<c10::ScalarType>(dtype)).device(dev));
-      parts_.accelerator.call("broadcast (expert tensors)", [&](v1::Accelerator&) {
-        g.broadcast(t, from)->wait();
-        return 0;
-      });
+      tensors.push_back(t);
       out.push_back({name, t});
     }
+    // Coalesced, and dtypes the communicators do not carry (quant-int8's int8) as bytes.
+    parts_.accelerator.call("broadcast (expert tensors)", [&](v1::Accelerator&) {
+      v1::broadcast_from(g, tensors, src);
+      return 0;
+    });
   }
   return out;
 }

@@ -172,7 +172,6 @@ struct ExpertShards {
   std::shared_ptr<v1::Communicator> replicas;  ///< the ranks holding the same experts
   std::vector<v1::NamedTensor> params;         ///< this rank's experts, frozen ones included
   std::vector<v1::NamedTensor> trainable;      ///< the ones the optimizer updates
-  int64_t bytes = 0;                           ///< of params
   /// Measured after the first step: this rank's expert parameters, gradients and optimizer
   /// state in bytes (any ep, 1 included, for a model with experts); -1 = not measured.
   double state_bytes = -1;

@@ -144,13 +144,12 @@ inline void check_same_model_on_all_ranks(Communicator& comm, c10::Device device
                  "shapes)");
 }
 
-
-/// Copies rank 0's values of `tensors` into every other rank's, coalesced per dtype into flat
-/// chunks of at most `chunk_bytes` (one broadcast per chunk instead of per tensor; dtypes the
-/// communicators do not carry travel as bytes). Collective: every rank calls it with tensors of
-/// the same shapes and dtypes in the same order (check_same_model_on_all_ranks first).
-inline void broadcast_from_rank0(Communicator& comm, const std::vector<at::Tensor>& tensors,
-                                 int64_t chunk_bytes = 64 << 20) {
+/// Copies rank `root`'s values of `tensors` into every other rank's, coalesced per dtype into
+/// flat chunks of at most `chunk_bytes` (one broadcast per chunk instead of per tensor; dtypes
+/// the communicators do not carry travel as bytes). Collective: every rank calls it with tensors
+/// of the same shapes and dtypes in the same order (check_same_model_on_all_ranks first).
+inline void broadcast_from(Communicator& comm, const std::vector<at::Tensor>& tensors, int root,
+                           int64_t chunk_bytes = 64 << 20) {
   at::NoGradGuard no_grad;
   // Coalesced per dtype into flat chunks: one collective per chunk instead of per tensor.
   std::map<c10::ScalarType, std::vector<at::Tensor>> by_dtype;
@@ -172,8 +171,10 @@ inline void broadcast_from_rank0(Communicator& comm, const std::vector<at::Tenso
       // A dtype the communicators do not carry (bool, int8, ...) travels as its bytes: a
       // broadcast does no arithmetic.
       at::Tensor wire = communicator_dtype(dtype) ? flat : flat.view(at::kByte);
-      comm.broadcast(wire, {})->wait();
-      if (comm.rank() != 0) {
+      BroadcastOptions from;
+      from.root = root;
+      comm.broadcast(wire, from)->wait();
+      if (comm.rank() != root) {
         int64_t off = 0;
         for (size_t i = begin; i < end; ++i) {
           const int64_t n = list[i].numel();
@@ -184,6 +185,12 @@ inline void broadcast_from_rank0(Communicator& comm, const std::vector<at::Tenso
       begin = end;
     }
   }
+}
+
+/// broadcast_from with root 0.
+inline void broadcast_from_rank0(Communicator& comm, const std::vector<at::Tensor>& tensors,
+                                 int64_t chunk_bytes = 64 << 20) {
+  broadcast_from(comm, tensors, 0, chunk_bytes);
 }
 
 /// What a replicating strategy does first at setup, on more than one rank:
