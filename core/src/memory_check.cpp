@@ -4,10 +4,13 @@
 
 #include <algorithm>
 #include <functional>
+#include <map>
 #include <iomanip>
 #include <sstream>
 
+#include <trainrun/model/activation_memory.hpp>
 #include <trainrun/model/expert_parallel.hpp>
+#include <trainrun/precision/weight_storage.hpp>
 #include <trainrun/runtime/memory.hpp>
 #include <trainrun/strategy/memory_estimate.hpp>
 
@@ -40,28 +43,55 @@ namespace {
 
 // Psi: trainable parameters, a tied tensor once. The largest unit bounds what stage 3 gathers
 // at once; parameters outside every unit form one more group (the whole model without units).
+// Frozen weights are held at their stored size (`stored`: a quantized base's bytes by parameter
+// name, else `param_bytes` each); those outside every unit or shared by several stay whole on
+// every rank at stage 3, as the sharded engine keeps them.
 struct TrainableParameters {
   int64_t psi = 0, frozen = 0, largest_unit = 0;
+  double frozen_bytes = 0, whole_frozen_bytes = 0;
+  int64_t whole_frozen = 0;
   size_t units = 0;
   std::vector<at::Tensor> tensors;  ///< every parameter once, trained or frozen
 };
 
 // `skip`: parameters (whole-model names) the strategy will not see, left out of the units too
 // (the experts under [parallel] ep).
-TrainableParameters count_trainable(v1::Model& model, const std::string& label,
+TrainableParameters count_trainable(v1::Model& model, const std::string& label, double param_bytes,
+                                    const std::map<std::string, int64_t>& stored,
                                     const std::function<bool(const std::string&)>& skip = {}) {
   TrainableParameters c;
+  const auto units = guarded(label, "units", [&] { return model.units(); });
+  // The unit each tensor belongs to, -1 when several hold it.
+  std::map<const void*, int> owner;
+  for (size_t u = 0; u < units.size(); ++u)
+    for (const auto& t : units[u]->module().parameters(/*recurse=*/true)) {
+      auto [it, fresh] = owner.emplace(t.unsafeGetTensorImpl(), static_cast<int>(u));
+      if (!fresh && it->second != static_cast<int>(u)) it->second = -1;
+    }
   for (const auto& p : guarded(label, "named_parameters", [&] { return model.named_parameters(); })) {
     const bool seen = std::any_of(c.tensors.begin(), c.tensors.end(),
                                   [&](const at::Tensor& t) { return t.is_same(p.tensor); });
     if (seen) continue;
     c.tensors.push_back(p.tensor);
     if (skip && skip(p.name)) continue;
-    (p.tensor.requires_grad() ? c.psi : c.frozen) += p.tensor.numel();
+    if (p.tensor.requires_grad()) {
+      c.psi += p.tensor.numel();
+      continue;
+    }
+    const auto planned = stored.find(p.name);
+    const double bytes = planned != stored.end()
+                             ? static_cast<double>(planned->second)
+                             : param_bytes * static_cast<double>(p.tensor.numel());
+    const auto it = owner.find(p.tensor.unsafeGetTensorImpl());
+    if (it == owner.end() || it->second < 0) {
+      c.whole_frozen += p.tensor.numel();
+      c.whole_frozen_bytes += bytes;
+    } else {
+      c.frozen += p.tensor.numel();
+      c.frozen_bytes += bytes;
+    }
   }
-  // Frozen weights are gathered with their unit at stage 3 (and kept whole when small) like the
-  // trained ones.
-  const auto units = guarded(label, "units", [&] { return model.units(); });
+  // Frozen weights are gathered with their unit at stage 3 like the trained ones.
   int64_t in_units = 0;
   for (v1::Unit* u : units) {
     int64_t n = 0;
@@ -70,6 +100,7 @@ TrainableParameters count_trainable(v1::Model& model, const std::string& label,
     in_units += n;
     c.largest_unit = std::max(c.largest_unit, n);
   }
+  // Parameters outside every unit form one more group, unless they are frozen (kept whole).
   const int64_t all = c.psi + c.frozen;
   c.largest_unit = std::max(c.largest_unit, all - std::min(all, in_units));
   c.units = units.size();
@@ -140,6 +171,19 @@ MemoryCheck check_memory(const JobConfig& job, const Registry& registry) {
   auto model = registry.create<v1::Model>(*job.model.info, job.model.options, ctx);
   auto precision = registry.create<v1::Precision>(*job.precision.info, job.precision.options, ctx);
   auto optimizer = registry.create<v1::Optimizer>(*job.optimizer.info, job.optimizer.options, ctx);
+  // What the precision's convert() will store in another form (a quantized base), from shapes:
+  // its layer selection is checked here as the run would check it.
+  std::map<std::string, int64_t> stored;
+  int64_t stored_weights = 0, stored_bytes = 0;
+  std::string stored_format;
+  if (const auto* plan = dynamic_cast<const v1::WeightStoragePlan*>(precision.get()))
+    for (const auto& w : guarded(describe_component(*job.precision.info), "plan_weight_storage",
+                                 [&] { return plan->plan_weight_storage(*model); })) {
+      stored[w.module + ".weight"] = w.bytes;
+      stored_weights += w.numel;
+      stored_bytes += w.bytes;
+      stored_format = w.format;
+    }
   // What the run trains, as its setup leaves it: adapters (lora: an AdapterSwitch) freeze the base
   // and add their own parameters, then [trainer] freeze applies; only the trainable parameters
   // get gradients and optimizer state. Other callbacks are only constructed (they do nothing yet).
@@ -160,8 +204,10 @@ MemoryCheck check_memory(const JobConfig& job, const Registry& registry) {
   const int64_t ep = job.parallel.get_int("ep");
   int64_t expert_psi = 0, expert_frozen = 0;
   auto* em = dynamic_cast<v1::ExpertParallelModel*>(model.get());
+  const v1::MemoryInputs mi =
+      memory_inputs(precision.get(), optimizer.get(), v1::memory::physical_memory_bytes(), nproc, world);
   TrainableParameters counted = count_trainable(
-      *model, model_label,
+      *model, model_label, mi.param_bytes, stored,
       em != nullptr && ep > 1 ? std::function<bool(const std::string&)>([em](const std::string& n) {
         return em->is_expert_parameter(n);
       })
@@ -189,11 +235,11 @@ MemoryCheck check_memory(const JobConfig& job, const Registry& registry) {
   }
   const int64_t psi = counted.psi, largest = counted.largest_unit;
 
-  const v1::MemoryInputs mi =
-      memory_inputs(precision.get(), optimizer.get(), v1::memory::physical_memory_bytes(), nproc, world);
   v1::memory::ZeroEstimateInputs in = v1::memory::zero_inputs(mi, psi, world);
   in.largest_unit_params = largest;
   in.frozen_params = counted.frozen;
+  in.frozen_bytes = counted.frozen_bytes;
+  in.whole_frozen_bytes = counted.whole_frozen_bytes;
   const std::string sizes = strategy_sizes(job.strategy, counted.tensors, in);
   const v1::Options& so = job.strategy.options;
   const auto stages = v1::memory::estimate_zero(in);
@@ -207,21 +253,39 @@ MemoryCheck check_memory(const JobConfig& job, const Registry& registry) {
 
   std::vector<std::string> lines;
   std::ostringstream os;
+  const int64_t frozen = counted.frozen + counted.whole_frozen;
   os << "model " << job.model.plugin << ": " << psi << " trainable parameters"
-     << (counted.frozen > 0 ? " (+" + std::to_string(counted.frozen) +
-                                  " frozen: weights only, no gradients or optimizer state)"
-                            : std::string())
+     << (frozen > 0 ? " (+" + std::to_string(frozen) +
+                          " frozen: weights only, no gradients or optimizer state" +
+                          (counted.whole_frozen > 0
+                               ? "; " + std::to_string(counted.whole_frozen) +
+                                     " of them outside the units or tied, whole on every rank"
+                               : std::string()) +
+                          ")"
+                    : std::string())
      << ", largest unit " << largest << " (" << std::max<size_t>(1, counted.units)
      << " unit(s)); world " << world << " = " << nnodes << " node(s) x " << nproc << " process(es)";
   lines.push_back(os.str());
   os.str("");
   os << "bytes per parameter: params " << mi.param_bytes << ", grads " << mi.grad_bytes
      << ", master " << mi.master_bytes << " (precision " << job.precision.plugin
-     << (dynamic_cast<const v1::PrecisionBytes*>(precision.get()) ? "" : ", assumed fp32")
+     << (dynamic_cast<const v1::PrecisionBytes*>(precision.get()) ? ""
+         : stored_weights > 0 ? ", fp32 beside the stored weights"
+                              : ", assumed fp32")
      << "), optimizer state " << in.optimizer_bytes << " (" << job.optimizer.plugin
      << (mi.optimizer_bytes < 0 ? ", unknown: Adam's 8 assumed" : "") << ")";
   lines.push_back(os.str());
-  lines.push_back(sizes + "; activations not included");
+  if (stored_weights > 0) {
+    os.str("");
+    os.precision(3);
+    os << "stored weights: " << stored.size() << " Linear weight(s) as " << stored_format << ", "
+       << stored_weights << " weights in "
+       << v1::memory::format_bytes(static_cast<double>(stored_bytes)) << " ("
+       << 8.0 * static_cast<double>(stored_bytes) / static_cast<double>(stored_weights)
+       << " bits each; " << job.precision.plugin << ")";
+    lines.push_back(os.str());
+  }
+  lines.push_back(sizes);
   if (expert_psi + expert_frozen > 0) {
     const double per_trained =
         mi.param_bytes + mi.grad_bytes + mi.master_bytes + in.optimizer_bytes;
@@ -239,16 +303,42 @@ MemoryCheck check_memory(const JobConfig& job, const Registry& registry) {
       os << " per rank, inside the table ([parallel] ep splits them)";
     lines.push_back(os.str());
   }
-  for (const auto& l : v1::memory::format_zero_table(stages, budget)) lines.push_back(l);
+  // The model's estimate of one micro-batch's activations (v1::ActivationMemory), for the
+  // peak column: a sequence model's rows are [data] sample_shape's first dimension long.
+  double activations = -1;
+  if (const auto* am = dynamic_cast<const v1::ActivationMemory*>(model.get())) {
+    v1::ActivationShape shape;
+    const int64_t micro = job.trainer.get_int("micro_batch_size");
+    shape.micro_batch_size =
+        micro > 0 ? micro : std::max<int64_t>(1, job.trainer.get_int("global_batch_size") / world);
+    shape.seq_len = ctx.data.sample_shape.empty() ? 0 : ctx.data.sample_shape.front();
+    const std::string& pp = job.precision.plugin;
+    shape.bytes_per_element =
+        pp.find("bf16") != std::string::npos || pp.find("fp16") != std::string::npos ? 2 : 4;
+    shape.checkpointing = job.trainer.get_bool("activation_checkpointing");
+    activations =
+        guarded(model_label, "activation_bytes", [&] { return am->activation_bytes(shape); });
+    os.str("");
+    os << "activations: " << v1::memory::format_bytes(activations) << " per micro-batch of "
+       << shape.micro_batch_size << " x " << shape.seq_len << " tokens ("
+       << (shape.bytes_per_element == 2 ? "16-bit" : "fp32")
+       << (shape.checkpointing ? ", checkpointed" : "")
+       << "; the model's estimate), in the peak column";
+    lines.push_back(os.str());
+  }
+  for (const auto& l : v1::memory::format_zero_table(stages, budget, activations))
+    lines.push_back(l);
   if (budget > 0)
     lines.push_back("budget per rank " + v1::memory::format_bytes(static_cast<double>(budget)) +
                     " (" + budget_source + ")");
   lines.push_back("per rank, after Rajbhandari et al., ZeRO (SC20), sec. 3.1 and 5; 1 MiB = 2^20 bytes");
   MemoryCheck out;
   out.stages = stages;
+  out.activation_bytes = activations;
   out.trainable_params = psi;
   out.world_size = world;
   out.lines = std::move(lines);
+  out.model = guarded(model_label, "describe", [&] { return model->describe(); });
   return out;
 }
 

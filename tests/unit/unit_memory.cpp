@@ -216,6 +216,29 @@ TEST_SUITE("memory_estimate") {
     CHECK(mem::estimate_zero_stage(in, 3).buffers_bytes == 2 * 1000);
   }
 
+  TEST_CASE("a quantized frozen base: stored bytes, and what stays whole at stage 3") {
+    // 100 trained fp32 parameters (an adapter), 1000 frozen weights stored in 530 bytes (NF4
+    // with double quantization), a 400-byte tied embedding outside every unit; N = 2.
+    mem::ZeroEstimateInputs in;
+    in.num_params = 100;
+    in.world_size = 2;
+    in.frozen_params = 1000;
+    CHECK(mem::estimate_zero_stage(in, 0).params_bytes == 4 * 1100);  // unknown storage: fp32
+    in.frozen_bytes = 530;
+    in.whole_frozen_bytes = 400;
+    auto e = mem::estimate_zero(in);
+    CHECK(e[0].params_bytes == 400 + 530 + 400);
+    CHECK(e[0].grads_bytes == 400);  // only the trained ones
+    CHECK(e[0].optimizer_bytes == 800);
+    // Stage 3 shards the adapter and the stored base, never the whole-kept embedding.
+    CHECK(e[3].params_bytes == doctest::Approx((400 + 530) / 2.0 + 400));
+    // A gathered weight costs the average stored bytes: (400 + 530) / 1100 per weight.
+    in.largest_unit_params = 110;
+    CHECK(mem::estimate_zero_stage(in, 3).buffers_bytes == doctest::Approx(110 * 930.0 / 1100));
+    in.whole_frozen_bytes = -1;
+    CHECK_THROWS_AS(mem::estimate_zero(in), v1::Error);
+  }
+
   TEST_CASE("inputs from MemoryInputs, and bad input") {
     v1::MemoryInputs mi;
     mi.param_bytes = 2;
@@ -257,6 +280,11 @@ TEST_SUITE("memory_estimate") {
     CHECK(lines[0].find("fits") != std::string::npos);
     CHECK(lines[1].substr(lines[1].size() - 2) == "no");
     CHECK(lines[4].substr(lines[4].size() - 3) == "yes");
+    // With one micro-batch's activations: a peak column, and the fit judged on it.
+    lines = mem::format_zero_table(e, 8'000'000, 5e6);
+    CHECK(lines[0].find("peak") != std::string::npos);
+    CHECK(lines[4].find("8.58 MiB") != std::string::npos);  // 4e6 + 5e6 bytes
+    CHECK(lines[4].substr(lines[4].size() - 2) == "no");
   }
 }
 

@@ -127,9 +127,12 @@ LoraCallback::LoraCallback(const Options& o, const RunContext& ctx)
 
 // The quantization of a layer's frozen base, from its format and the shapes of its frozen
 // state (names as the quant plugin registers them: weight_nf4, weight_absmax or
-// weight_absmax_q + weight_absmax2): blocks = ceil(numel / blocksize). The blocksize is exact
-// when numel is a multiple of it (the usual case); otherwise the smallest even size giving that
-// block count is recorded, and "blocksize_exact" says so.
+// weight_absmax_q + weight_absmax2): blocks = ceil(numel / blocksize). Block sizes are powers of
+// two (bitsandbytes' 64..4096, quant-nf4's dq blocks of 256), and at most one power of two
+// gives a block count of two or more (the sizes that do lie in [ceil(n / k), floor((n - 1) /
+// (k - 1))], narrower than a factor of 2), so the recorded size is exact whenever one does; a
+// single block is the same quantization at any size that covers it. Otherwise the smallest
+// (even) size giving that count is recorded and "blocksize_exact" says so.
 static nlohmann::ordered_json describe_quantized_base(LinearImpl& layer, LinearBase& base) {
   nlohmann::ordered_json q;
   const std::string format = base.format();
@@ -140,10 +143,14 @@ static nlohmann::ordered_json describe_quantized_base(LinearImpl& layer, LinearB
   for (const auto& p : layer.named_buffers(/*recurse=*/false)) state[p.key()] = p.value();
   const int64_t n = layer.options.in_features() * layer.options.out_features();
   auto size_for = [](int64_t count, int64_t blocks, bool* exact, bool even) {
-    int64_t bs = (count + blocks - 1) / blocks;
-    *exact = bs * blocks == count;
-    if (even && bs % 2) ++bs;
-    return bs;
+    const int64_t lo = (count + blocks - 1) / blocks;
+    for (int64_t p2 = 1; p2 <= (int64_t{1} << 40); p2 *= 2)
+      if (p2 >= lo && (blocks == 1 || p2 <= (count - 1) / (blocks - 1)) && (!even || p2 % 2 == 0)) {
+        *exact = true;
+        return p2;
+      }
+    *exact = false;
+    return even && lo % 2 ? lo + 1 : lo;
   };
   const bool dq = state.count("weight_absmax_q") > 0;
   const at::Tensor absmax = dq ? state["weight_absmax_q"] : state["weight_absmax"];

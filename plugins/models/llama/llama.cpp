@@ -385,6 +385,47 @@ std::vector<v1::Unit*> LlamaModel::units() {
   return out;
 }
 
+double LlamaModel::activation_bytes(const v1::ActivationShape& shape) const {
+  const double tokens = static_cast<double>(shape.micro_batch_size) *
+                        static_cast<double>(std::max<int64_t>(shape.seq_len, 1));
+  const double h = static_cast<double>(cfg_.hidden_size);
+  const double q = static_cast<double>(cfg_.num_attention_heads * cfg_.head_dim);
+  const double kv = static_cast<double>(cfg_.num_key_value_heads * cfg_.head_dim);
+  double layers_total = 0, largest = 0;
+  for (int64_t l = 0; l < cfg_.num_hidden_layers; ++l) {
+    // A MoE block's intermediates exist for each token's top-k experts.
+    const double inter =
+        cfg_.layer_is_moe(l)
+            ? static_cast<double>(cfg_.num_experts_per_tok * cfg_.moe_intermediate_size)
+            : static_cast<double>(cfg_.intermediate_size);
+    // Layer input, normed input, q, k, v, rotated q and k, attention output (+ its log-sum-exp
+    // per head), the residual sum, its normed copy, then gate, up, act(gate), act(gate) x up.
+    const double per_token = 2 * h + q + 2 * kv + q + kv + q +
+                             static_cast<double>(cfg_.num_attention_heads) + 2 * h + 4 * inter;
+    layers_total += per_token;
+    largest = std::max(largest, per_token);
+  }
+  const double e = shape.bytes_per_element;
+  const double body = shape.checkpointing
+                          ? tokens * e * (h * static_cast<double>(cfg_.num_hidden_layers) + largest)
+                          : tokens * e * layers_total;
+  // The head: the fused loss of a frozen float32 head keeps one [tokens, vocab] float32 buffer
+  // (overwritten by its gradient); through autograd the logits, their log-softmax and the
+  // gradient are three, in float32 (the loss upcasts).
+  // A sequence classifier scores each row once: no vocabulary-wide logits.
+  if (cfg_.num_labels > 0) return body;
+  auto& net = net_of(net_);
+  torch::Tensor head;
+  if (cfg_.tie_word_embeddings)
+    head = net.model->embed_tokens->weight;
+  else if (!net.lm_head.is_empty())
+    head = net.lm_head->weight;
+  const bool fused = fused_head_loss_ && cfg_.final_logit_softcapping <= 0 && e == 4 &&
+                     head.defined() && !head.requires_grad();
+  const double logits = tokens * static_cast<double>(cfg_.vocab_size) * 4.0 * (fused ? 1.0 : 3.0);
+  return body + logits;
+}
+
 std::string LlamaModel::describe() const {
   return v1::detail::cat(
       "llama (", cfg_.model_type, "): ", cfg_.num_hidden_layers, " layers, hidden ",

@@ -13,6 +13,7 @@
 #include <trainrun/hf/model_dir.hpp>
 #include <trainrun/hf/model_source.hpp>
 #include <trainrun/interfaces.hpp>
+#include <trainrun/model/activation_memory.hpp>
 #include <trainrun/model/expert_parallel.hpp>
 #include <trainrun/model/module_model.hpp>
 #include <trainrun/objective.hpp>
@@ -146,12 +147,20 @@ class LlamaModel final : public v1::ModuleModel,
                          public v1::DeferredWeights,
                          public v1::ObjectiveModel,
                          public v1::SequenceClassifier,
-                         public v1::ExpertParallelModel {
+                         public v1::ExpertParallelModel,
+                         public v1::ActivationMemory {
  public:
   static void declare_options(v1::OptionSchema& s);
   LlamaModel(const v1::Options& o, const v1::RunContext& ctx);
   /// Loads an HF model directory (tests and tools). Throws v1::ConfigError as the plugin does.
   explicit LlamaModel(const std::string& dir);
+
+  /// The tensors a decoder layer keeps for backward per token (its input, the normed inputs of
+  /// the projections, q/k/v and the attention output with its log-sum-exp, the MLP's four
+  /// intermediate-wide tensors), times layers and tokens; under activation checkpointing each
+  /// layer's input plus one layer's set. Plus the loss's logits: one [tokens, vocab] float32
+  /// buffer for the fused frozen head, three (logits, log-softmax, gradient) otherwise.
+  double activation_bytes(const v1::ActivationShape& shape) const override;
 
   /// ids int64 [B, T] -> logits [B, T, vocab_size] (float32 unless autocast says otherwise).
   at::Tensor logits(const at::Tensor& ids);

@@ -395,6 +395,30 @@ void QuantPrecision::convert(Model& model) {
   }
 }
 
+std::vector<v1::PlannedWeight> QuantPrecision::plan_weight_storage(Model& model) const {
+  std::vector<v1::PlannedWeight> out;
+  for (const auto& [name, layer] : find_linear_layers(model, targets_, skips_, who_)) {
+    v1::PlannedWeight w;
+    w.module = name;
+    w.numel = layer->options.in_features() * layer->options.out_features();
+    if (format_ == Format::Nf4) {
+      // As nf4_quantize lays it out: two codes a byte, one absmax per block, double-quantized
+      // to one byte each plus a float per dq block and the float offset.
+      const int64_t blocks = (w.numel + nf4_.blocksize - 1) / nf4_.blocksize;
+      w.bytes = (w.numel + 1) / 2 +
+                (nf4_.double_quant
+                     ? blocks + 4 * ((blocks + nf4_.dq_blocksize - 1) / nf4_.dq_blocksize) + 4
+                     : 4 * blocks);
+      w.format = nf4_.double_quant ? "nf4+dq" : "nf4";
+    } else {
+      w.bytes = w.numel + 4 * layer->options.out_features();  // int8 codes, a float scale a row
+      w.format = "int8";
+    }
+    out.push_back(std::move(w));
+  }
+  return out;
+}
+
 bool QuantPrecision::unscale_and_check(const std::vector<at::Tensor>& grads, Communicator& comm) {
   // As fp32: no loss scale, the finite check agreed by all ranks.
   return all_finite_agreed(grads, comm);

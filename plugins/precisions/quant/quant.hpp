@@ -20,6 +20,7 @@
 // holding a value of magnitude >= threshold (outliers, section 3.2): those columns are taken
 // out of the int8 product and multiplied in the compute dtype (the "mixed-precision
 // decomposition"; as in bitsandbytes, the matching weight columns come from the int8 storage).
+#include <trainrun/precision/weight_storage.hpp>
 #include <trainrun/interfaces.hpp>
 #include <trainrun/model/linear.hpp>
 
@@ -155,12 +156,15 @@ struct QuantReport {
 /// Precision `quant-nf4` / `quant-int8`: converts the selected trainrun Linear layers' weights
 /// to a frozen quantized base (Precision::convert); otherwise as fp32 (no autocast, no loss
 /// scaling, the finite-gradient check agreed by all ranks).
-class QuantPrecision : public v1::Precision {
+class QuantPrecision : public v1::Precision, public v1::WeightStoragePlan {
  public:
   enum class Format { Nf4, Int8 };
   static void declare_common(v1::OptionSchema& s);
   QuantPrecision(Format format, const v1::Options& o, const v1::RunContext& ctx);
   void convert(v1::Model& model) override;
+  /// The layers convert() quantizes and their storage_bytes() (Nf4Tensor, Int8Tensor), from
+  /// shapes only.
+  std::vector<v1::PlannedWeight> plan_weight_storage(v1::Model& model) const override;
   bool unscale_and_check(const std::vector<at::Tensor>& grads, v1::Communicator& comm) override;
   const QuantReport& report() const { return report_; }
 

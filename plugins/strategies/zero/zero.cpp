@@ -93,14 +93,17 @@ std::string ZeroStrategy::choose_stage(const memory::ZeroEstimateInputs& in,
 
 sharding::ShardedStrategy::Plan ZeroStrategy::plan(Model& model, Communicator& world,
                                                    const TrainPlan&) {
-  // What the estimator needs: trainable parameters (tied ones once), the largest unit, and the
-  // parameters stage 3 keeps whole.
+  // What the estimator needs: trainable parameters (tied ones once), frozen ones as stored, the
+  // largest unit, and the parameters stage 3 keeps whole.
   const sharding::ModelStatistics stats = sharding::model_statistics(model, persistence_threshold_);
   memory::ZeroEstimateInputs in = memory::zero_inputs(memory_inputs_, stats.params, world_size_);
   in.reduce_bucket_elems = reduce_bucket_elements_;
   in.largest_unit_params = stats.largest_unit;
   in.prefetch_elems = prefetch_elements_;
   in.persistent_params = stats.persistent;
+  in.frozen_params = stats.frozen;
+  in.frozen_bytes = stats.frozen_bytes;
+  in.whole_frozen_bytes = stats.whole_frozen_bytes;
   const auto est = memory::estimate_zero(in);
 
   std::string reason = choose_stage(in, est);

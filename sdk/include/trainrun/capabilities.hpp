@@ -109,6 +109,12 @@
 // ExpertParallelModel (model/expert_parallel.hpp, since 1.14)
 //   implemented by: llama (Mixtral, Qwen3-MoE)
 //   queried by:     core/src/run/experts.cpp ([parallel] ep)
+// ActivationMemory (model/activation_memory.hpp, since 1.15)
+//   implemented by: llama
+//   queried by:     core/src/memory_check.cpp (trainrun check: the peak estimate)
+// WeightStoragePlan (precision/weight_storage.hpp, since 1.15)
+//   implemented by: quant (quant-nf4, quant-int8)
+//   queried by:     core/src/memory_check.cpp (trainrun check: layer selection, stored bytes)
 //
 // Not capabilities but component kinds of their own (plugin.hpp's ComponentKind), each in its
 // header: Objective (objective.hpp, since 1.8), Reward (reward.hpp, since 1.10; created by
@@ -123,8 +129,10 @@
 #include "trainrun/generation.hpp"
 #include "trainrun/hf/model_source.hpp"
 #include "trainrun/interfaces.hpp"
+#include "trainrun/model/activation_memory.hpp"
 #include "trainrun/model/expert_parallel.hpp"
 #include "trainrun/model/linear.hpp"
 #include "trainrun/objective.hpp"
+#include "trainrun/precision/weight_storage.hpp"
 #include "trainrun/rollout.hpp"
 #include "trainrun/unit.hpp"

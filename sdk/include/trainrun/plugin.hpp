@@ -39,9 +39,12 @@ constexpr uint32_t kAbiMajor = 1;
 /// objectives (OnlineObjective, RolloutSpec, RolloutScores, PromptSource, LogitTemperature,
 /// ObjectivePass::Old; rollout.hpp); 1.13: AllToAllCommunicator, AllToAllOptions (all-to-all of
 /// uneven parts, interfaces.hpp; collectives/all_to_all.hpp); 1.14: ExpertParallelModel (a model
-/// holding its share of the experts, model/expert_parallel.hpp). CMakeLists.txt reads the number
-/// from the next line: keep it whole.
-constexpr uint32_t kAbiMinor = 14;
+/// holding its share of the experts, model/expert_parallel.hpp); 1.15: WeightStoragePlan (a
+/// precision's stored form of frozen weights known before convert, precision/weight_storage.hpp),
+/// ActivationMemory (a model's activation estimate, model/activation_memory.hpp),
+/// find_linear_layers refusing a target_modules entry that matches no layer. CMakeLists.txt reads
+/// the number from the next line: keep it whole.
+constexpr uint32_t kAbiMinor = 15;
 
 /// Component kinds; values are part of the ABI and never renumbered.
 enum class ComponentKind : uint32_t {

@@ -53,6 +53,8 @@ struct MemoryCheck {
   int64_t trainable_params = 0;                          ///< Psi, a tied tensor once
   int world_size = 1;
   std::vector<std::string> lines;
+  double activation_bytes = -1;  ///< one micro-batch's (v1::ActivationMemory); < 0: unknown
+  std::string model;  ///< the model as built (Model::describe(): a loaded directory's real config)
 };
 MemoryCheck check_memory(const JobConfig& job, const Registry& registry);
 

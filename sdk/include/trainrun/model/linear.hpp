@@ -24,6 +24,7 @@
 
 #include <fnmatch.h>
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <string>
@@ -318,9 +319,12 @@ struct NamedLinear {
 /// The trainrun Linear layers of `model` selected by `targets` and not by `skips`
 /// (module_name_matches), in registration order. `who` names the caller in errors
 /// ("precision 'quant-nf4'"). Throws ConfigError naming the model (Model::describe()) when the
-/// model is not a torch::nn::Module, or when no trainrun Linear layer matches: then the message
-/// lists the matching torch::nn::Linear layers (which cannot be converted: build them with
-/// trainrun::v1::Linear) or the trainrun Linear layers there are.
+/// model is not a torch::nn::Module, when no trainrun Linear layer matches (then the message
+/// lists the matching torch::nn::Linear layers, which cannot be converted: build them with
+/// trainrun::v1::Linear), or (since ABI 1.15) when one entry of `targets` matches no Linear
+/// layer at all: a misspelt entry beside a good one would otherwise train or convert less than
+/// the job says. Those messages list the layers' short names ("q_proj, k_proj, ...", the last
+/// dotted part of each path), not every path.
 inline std::vector<NamedLinear> find_linear_layers(Model& model,
                                                    const std::vector<std::string>& targets,
                                                    const std::vector<std::string>& skips,
@@ -334,27 +338,47 @@ inline std::vector<NamedLinear> find_linear_layers(Model& model,
   TR_CHECK_TYPED(ConfigError, root != nullptr, who, ": the model (", model.describe(),
                  ") is not a torch::nn::Module, so it has no trainrun Linear layers to convert");
   std::vector<NamedLinear> out;
-  std::vector<std::string> plain, ours;
+  std::vector<std::string> plain, short_names;
+  std::vector<bool> used(targets.size(), false);
   for (const auto& item : root->named_modules("", /*include_self=*/false)) {
     const std::string& name = item.key();
-    if (auto l = std::dynamic_pointer_cast<LinearImpl>(item.value())) {
-      ours.push_back(name);
-      if (module_name_matches(name, targets) && !module_name_matches(name, skips))
-        out.push_back({name, l});
-    } else if (std::dynamic_pointer_cast<torch::nn::LinearImpl>(item.value()) &&
-               module_name_matches(name, targets)) {
+    auto l = std::dynamic_pointer_cast<LinearImpl>(item.value());
+    const bool torch_linear =
+        !l && std::dynamic_pointer_cast<torch::nn::LinearImpl>(item.value()) != nullptr;
+    if (!l && !torch_linear) continue;
+    const std::string last =
+        name.substr(name.rfind('.') == std::string::npos ? 0 : name.rfind('.') + 1);
+    if (std::find(short_names.begin(), short_names.end(), last) == short_names.end())
+      short_names.push_back(last);
+    for (size_t i = 0; i < targets.size(); ++i)
+      if (!used[i] && module_name_matches(name, {targets[i]})) used[i] = true;
+    if (l && module_name_matches(name, targets) && !module_name_matches(name, skips))
+      out.push_back({name, l});
+    else if (torch_linear && module_name_matches(name, targets))
       plain.push_back(name);
-    }
   }
+  std::string names;
+  for (size_t i = 0; i < short_names.size(); ++i) names += (i ? ", " : "") + short_names[i];
+  const std::string hint =
+      short_names.empty()
+          ? std::string(
+                "; it has no Linear layers built with trainrun::v1::Linear "
+                "(trainrun/model/linear.hpp)")
+          : "; its Linear layers are named " + names +
+                " (an entry matches a layer's path or its last dotted parts, e.g. \"" +
+                short_names.front() +
+                "\"; globs such as \"*_proj\" too; \"all-linear\" selects "
+                "all but the output layer)";
+  for (size_t i = 0; i < targets.size(); ++i)
+    TR_CHECK_TYPED(ConfigError, used[i], who, ": target_modules entry \"", targets[i],
+                   "\" matches no layer of the model (", model.describe(), ")", hint);
   if (out.empty()) {
-    std::string why;
+    std::string why =
+        hint + (skips.empty() ? "" : "; skip_modules " + list(skips) + " excludes every match");
     if (!plain.empty())
-      why = "; its layers " + list(plain) + " are torch::nn::Linear, which nothing outside the "
+      why = "; its layers " + list(plain) +
+            " are torch::nn::Linear, which nothing outside the "
             "model can convert: build them with trainrun::v1::Linear (trainrun/model/linear.hpp)";
-    else if (!ours.empty())
-      why = "; its trainrun Linear layers are " + list(ours) + (skips.empty() ? "" : " (skip_modules " + list(skips) + ")");
-    else
-      why = "; it has no Linear layers built with trainrun::v1::Linear (trainrun/model/linear.hpp)";
     TR_CHECK_TYPED(ConfigError, false, who, ": no trainrun Linear layers match target_modules ",
                    list(targets), " in the model (", model.describe(), ")", why);
   }

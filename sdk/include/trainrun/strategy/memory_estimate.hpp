@@ -50,6 +50,14 @@ struct ZeroEstimateInputs {
   /// held like the trained ones (at param_bytes, sharded at stage 3), without gradients or
   /// optimizer state. Psi (num_params) counts only the trained ones.
   int64_t frozen_params = 0;
+  /// Bytes of those frozen weights in all, when they are not held at param_bytes each (a
+  /// quantized base's packed codes and scales, v1::WeightStoragePlan); < 0: frozen_params x
+  /// param_bytes. Sharded with the rest at stage 3.
+  double frozen_bytes = -1;
+  /// Bytes of frozen weights held whole on every rank at every stage, besides frozen_params:
+  /// those outside every unit or shared by several (a tied embedding), which the sharded
+  /// engine keeps whole (trainrun/strategy/sharded_engine.hpp).
+  double whole_frozen_bytes = 0;
 };
 
 /// Per-rank bytes of one stage (SC20 sec. 3.1 and 5). buffers_bytes: communication buckets and
@@ -77,13 +85,21 @@ inline ZeroStageEstimate estimate_zero_stage(const ZeroEstimateInputs& in, int s
   TR_CHECK(in.param_bytes >= 0 && in.grad_bytes >= 0 && in.master_bytes >= 0 &&
                in.optimizer_bytes >= 0 && in.bucket_elem_bytes >= 0,
            "ZeRO estimate: bytes per parameter must be >= 0");
+  TR_CHECK(in.whole_frozen_bytes >= 0, "ZeRO estimate: whole_frozen_bytes must be >= 0");
   const double psi = static_cast<double>(in.num_params);
   const double n = static_cast<double>(in.world_size);
   const double k = in.master_bytes + in.optimizer_bytes;
   ZeroStageEstimate e;
   e.stage = stage;
   const double weights = psi + static_cast<double>(in.frozen_params);
-  e.params_bytes = in.param_bytes * weights;
+  const double frozen_bytes = in.frozen_bytes >= 0
+                                  ? in.frozen_bytes
+                                  : in.param_bytes * static_cast<double>(in.frozen_params);
+  const double whole_frozen = in.whole_frozen_bytes;
+  // Bytes per weight on average: what a gathered or persistent weight costs.
+  const double weight_bytes =
+      weights > 0 ? (in.param_bytes * psi + frozen_bytes) / weights : in.param_bytes;
+  e.params_bytes = in.param_bytes * psi + frozen_bytes + whole_frozen;
   e.grads_bytes = in.grad_bytes * psi;
   e.optimizer_bytes = k * psi;
   if (stage >= 1) e.optimizer_bytes /= n;
@@ -94,12 +110,12 @@ inline ZeroStageEstimate estimate_zero_stage(const ZeroEstimateInputs& in, int s
   }
   if (stage == 3) {
     const double persistent = std::min(weights, static_cast<double>(in.persistent_params));
-    e.params_bytes = in.param_bytes * ((weights - persistent) / n + persistent);
+    e.params_bytes = weight_bytes * ((weights - persistent) / n + persistent) + whole_frozen;
     const double unit = std::min(weights, static_cast<double>(in.largest_unit_params));
     const double ahead =
         in.prefetch_elems > 0 ? std::max(unit, static_cast<double>(in.prefetch_elems)) : 0.0;
     const double gathered = std::min(weights - persistent, unit + ahead);
-    e.buffers_bytes += in.param_bytes * gathered;
+    e.buffers_bytes += weight_bytes * gathered;
   }
   e.model_state_bytes = e.params_bytes + e.grads_bytes + e.optimizer_bytes;
   e.total_bytes = e.model_state_bytes + e.buffers_bytes;
@@ -160,10 +176,12 @@ inline std::string format_bytes(double bytes) {
 }
 
 /// The table `trainrun check` prints: a header line, then one line per stage (params, grads,
-/// optimizer, buffers, model state, total per rank). With budget_bytes > 0 (per rank) each line
-/// also says whether its total fits.
+/// optimizer, buffers, model state, total per rank). With activation_bytes >= 0 (one
+/// micro-batch's, v1::ActivationMemory) a "peak" column adds them to the total, and the fit is
+/// judged on it; with budget_bytes > 0 (per rank) each line also says whether it fits.
 inline std::vector<std::string> format_zero_table(const std::array<ZeroStageEstimate, 4>& stages,
-                                                  int64_t budget_bytes = -1) {
+                                                  int64_t budget_bytes = -1,
+                                                  double activation_bytes = -1) {
   auto cell = [](const std::string& s, size_t w) {
     return s.size() >= w ? s + " " : s + std::string(w - s.size(), ' ');
   };
@@ -171,18 +189,30 @@ inline std::vector<std::string> format_zero_table(const std::array<ZeroStageEsti
   std::vector<std::string> lines;
   lines.push_back(cell("stage", 12) + cell("params", 11) + cell("grads", 11) +
                   cell("optimizer", 11) + cell("buffers", 11) + cell("model state", 13) +
-                  (budget_bytes > 0 ? cell("total", 11) + "fits" : "total"));
+                  (activation_bytes >= 0
+                       ? cell("total", 11) + (budget_bytes > 0 ? cell("peak", 11) + "fits" : "peak")
+                   : budget_bytes > 0 ? cell("total", 11) + "fits"
+                                      : "total"));
   for (const auto& e : stages) {
     std::string line = cell(names[e.stage], 12) + cell(format_bytes(e.params_bytes), 11) +
                        cell(format_bytes(e.grads_bytes), 11) +
                        cell(format_bytes(e.optimizer_bytes), 11) +
                        cell(format_bytes(e.buffers_bytes), 11) +
                        cell(format_bytes(e.model_state_bytes), 13);
-    if (budget_bytes > 0)
+    const double peak = e.total_bytes + std::max(0.0, activation_bytes);
+    if (activation_bytes >= 0) {
+      line += cell(format_bytes(e.total_bytes), 11);
+      if (budget_bytes > 0)
+        line += cell(format_bytes(peak), 11) +
+                (peak <= static_cast<double>(budget_bytes) ? "yes" : "no");
+      else
+        line += format_bytes(peak);
+    } else if (budget_bytes > 0) {
       line += cell(format_bytes(e.total_bytes), 11) +
               (e.total_bytes <= static_cast<double>(budget_bytes) ? "yes" : "no");
-    else
+    } else {
       line += format_bytes(e.total_bytes);
+    }
     lines.push_back(line);
   }
   return lines;

@@ -33,18 +33,42 @@ struct ModelStatistics {
   int64_t params = 0;
   int64_t persistent = 0;
   int64_t largest_unit = 0;
+  /// Frozen parameters (a LoRA base, quantized or not) as the sharded engine holds them: those
+  /// of exactly one unit (sharded with it at stage 3: count and bytes as stored, e.g. NF4's
+  /// packed codes), and the bytes of the others (kept whole on every rank).
+  int64_t frozen = 0;
+  double frozen_bytes = 0, whole_frozen_bytes = 0;
 };
 inline ModelStatistics model_statistics(Model& model, int64_t persistence_threshold = 0) {
   ModelStatistics s;
   std::set<const void*> seen;
   std::map<const void*, int64_t> numel_of;
+  std::map<const void*, int> unit_of;  // -1: in several units
+  const auto units = model.units();
+  for (size_t u = 0; u < units.size(); ++u)
+    for (const auto& t : units[u]->module().parameters(true)) {
+      auto [it, fresh] = unit_of.emplace(t.unsafeGetTensorImpl(), static_cast<int>(u));
+      if (!fresh && it->second != static_cast<int>(u)) it->second = -1;
+    }
   for (const auto& p : model.named_parameters()) {
-    if (!p.tensor.requires_grad() || !seen.insert(p.tensor.unsafeGetTensorImpl()).second) continue;
+    if (!seen.insert(p.tensor.unsafeGetTensorImpl()).second) continue;
+    if (!p.tensor.requires_grad()) {
+      const double bytes =
+          static_cast<double>(p.tensor.numel()) * static_cast<double>(p.tensor.element_size());
+      auto it = unit_of.find(p.tensor.unsafeGetTensorImpl());
+      if (it == unit_of.end() || it->second < 0) {
+        s.whole_frozen_bytes += bytes;
+      } else {
+        s.frozen += p.tensor.numel();
+        s.frozen_bytes += bytes;
+      }
+      continue;
+    }
     s.params += p.tensor.numel();
     numel_of[p.tensor.unsafeGetTensorImpl()] = p.tensor.numel();
     if (p.tensor.numel() < persistence_threshold) s.persistent += p.tensor.numel();
   }
-  for (Unit* u : model.units()) {
+  for (Unit* u : units) {
     int64_t n = 0;
     for (const auto& t : u->module().parameters(true)) {
       auto it = numel_of.find(t.unsafeGetTensorImpl());
@@ -52,7 +76,7 @@ inline ModelStatistics model_statistics(Model& model, int64_t persistence_thresh
     }
     s.largest_unit = std::max(s.largest_unit, n);
   }
-  if (model.units().empty()) s.largest_unit = s.params - s.persistent;
+  if (units.empty()) s.largest_unit = s.params - s.persistent;
   return s;
 }
 
