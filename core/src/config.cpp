@@ -482,6 +482,20 @@ void check_top_level(const toml::table& root, const std::string& file) {
                           (array ? "an array of tables ([[" + k + "]])" : "a table ([" + k + "])"));
       continue;
     }
+    // A key written above every table belongs to no table; name the table that has it.
+    if (!node.is_table() && !node.is_array_of_tables()) {
+      const std::pair<const char*, v1::OptionSchema> fixed[] = {{"trainer", trainer_schema()},
+                                                                {"launch", launch_schema()},
+                                                                {"parallel", parallel_schema()}};
+      for (const auto& [table, schema] : fixed)
+        if (schema.find(k) != nullptr)
+          throw ConfigError(where(key.source(), file) + ": '" + k +
+                            "' is a key above every table, so it belongs to none; did you mean [" +
+                            table + "] " + k + "? (move it under [" + table + "])");
+      throw ConfigError(where(key.source(), file) + ": '" + k +
+                        "' is a key above every table, so it belongs to none: keys go under the "
+                        "table they set ([trainer], [model], [data], ...)");
+    }
     std::string hint = closest(k, top);
     throw ConfigError(where(key.source(), file) + ": unknown table '" + k + "'" +
                       (hint.empty() ? "" : "; did you mean '" + hint + "'?"));

@@ -37,8 +37,11 @@ single_fails)
   [ -n "$cause" ] || fail "no cause reported"
   [ "$(echo "$cause" | wc -l)" -eq 1 ] || fail "more than one cause reported"
   expect_in "$work/err" "Last lines of $run_dir/logs/rank-$cause\.log:"
-  expect_in "$work/err" "^\[rank $cause\] trainrun: error: .*strategy 'single' runs one process; this job has world_size 2 \(use a data-parallel strategy: \[strategy\] plugin = \"ddp\"\)"
-  expect_in "$work/err" "^  trainrun: error: .*world_size 2"
+  # Both ranks raise the same error: the console shows it once, the report names the ranks
+  # that printed it instead of repeating it.
+  expect_in "$work/err" "^\[rank [01]\] trainrun: error: .*strategy 'single' runs one process; this job has world_size 2 \(use a data-parallel strategy: \[strategy\] plugin = \"ddp\"\)"
+  [ "$(grep -c "trainrun: error: .*world_size 2" "$work/err")" -eq 1 ] || fail "the error is not printed exactly once"
+  expect_in "$work/err" "^  \(the error above, printed by rank"
   expect_in "$run_dir/logs/rank-$cause.log" "^trainrun: error: .*world_size 2"
   for r in 0 1; do
     [ -f "$run_dir/logs/rank-$r.log" ] || fail "no rank-$r.log"
@@ -167,9 +170,12 @@ mpiexec)
   [ "$rc" -ne 0 ] || fail "exit code 0"
   expect_in "$work/out" "started mpiexec \(pid [0-9]+\) for 2 ranks"
   for r in 0 1; do
-    expect_in "$work/out" "^\[rank $r\] trainrun: error: .*world_size 2"
     expect_in "$run_dir/logs/rank-$r.log" "^trainrun: error: .*world_size 2"
   done
+  # Once on the console, and the report names both ranks.
+  expect_in "$work/out" "^\[rank [01]\] trainrun: error: .*world_size 2"
+  [ "$(grep -c "trainrun: error: .*world_size 2" "$work/out")" -eq 1 ] || fail "the error is not printed exactly once"
+  expect_in "$work/out" "^  \(the error above, printed by ranks [01] and [01]\)"
   expect_in "$work/out" "^trainrun: mpiexec \(pid [0-9]+\) exited with code [0-9]+ after [0-9.]+ s\. Last lines of its output:"
   no_leftovers "$run_dir"
   ;;

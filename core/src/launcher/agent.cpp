@@ -262,6 +262,13 @@ void Agent::begin_stop() {
     if (!c.reaped) c.signal_group(SIGTERM);
 }
 
+// What a failure report says instead of repeating an error line the console showed once.
+std::string Agent::error_note(const std::string& error_line) const {
+  const std::string ranks = console_.error_ranks(error_line);
+  return "(the error above, printed by rank" +
+         std::string(ranks.find(' ') == std::string::npos ? " " : "s ") + ranks + ")";
+}
+
 void Agent::on_failure(Child& c) {
   const auto [how, code] = describe_status(c.status);
   const double after = std::chrono::duration<double>(c.pipes_closed.value_or(Clock::now()) - c.started).count();
@@ -270,14 +277,32 @@ void Agent::on_failure(Child& c) {
   if (spec_.mpiexec) {
     report = "mpiexec (pid " + std::to_string(c.pid) + ") " + how + " after " + fixed1(after) +
              " s. Last lines of its output:";
-    for (const auto& l : mpiexec_tail_) report += "\n  " + l;
+    std::string shown;
+    for (const auto& l : mpiexec_tail_) {
+      // "[rank k] TEXT": an error TEXT the console showed once is named below, not repeated.
+      const size_t close = l.rfind("[rank ", 0) == 0 ? l.find("] ") : std::string::npos;
+      const std::string text = close == std::string::npos ? l : l.substr(close + 2);
+      if (!console_.error_ranks(text).empty())
+        shown = text;
+      else
+        report += "\n  " + l;
+    }
+    if (!shown.empty()) report += "\n  " + error_note(shown);
   } else {
     const RankSink& sink = sinks_[static_cast<size_t>(c.rank - sinks_.front().rank)];
     report = c.name + " (pid " + std::to_string(c.pid) + ", node " + std::to_string(spec_.node_rank) +
              ") " + how + " after " + fixed1(after) + " s" + (others ? "; other ranks stopped" : "") +
              ". Last lines of " + (sink.log_path.empty() ? std::string("its output") : sink.log_path) + ":";
-    for (const auto& l : sink.tail) report += "\n  " + l;
+    // An error line the console showed (once, for every rank that printed it) is named, not
+    // repeated; another node reads this report without that console, so it gets the line.
+    std::string shown;
+    for (const auto& l : sink.tail)
+      if (!multi_node() && !console_.error_ranks(l).empty())
+        shown = l;
+      else
+        report += "\n  " + l;
     if (sink.tail.empty()) report += "\n  (no output)";
+    if (!shown.empty()) report += "\n  " + error_note(shown);
   }
   if (multi_node() && !store_lost_) {
     // The first agent to record a failure names the cause for the whole job.

@@ -172,6 +172,7 @@ class Agent {
   void reap();
   void begin_stop();
   void on_failure(Child& c);
+  std::string error_note(const std::string& error_line) const;
   void decide_cause();
   void poll_peers();
   int finish();

@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <deque>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -51,10 +52,33 @@ class Console {
     write_all(STDERR_FILENO, "\n");
     bar_visible_ = false;
   }
+  /// Whether `text` (one rank's line) is an error line that an earlier rank already printed
+  /// word for word: a mistake every rank meets (a bad data row, a LoRA target) is then shown
+  /// once, and the failure report names the ranks (error_ranks). Records `rank` either way.
+  bool repeated_error(const std::string& text, int rank) {
+    if (text.rfind(kErrorPrefix, 0) != 0) return false;
+    auto& ranks = errors_[text];
+    ranks.push_back(rank);
+    return ranks.size() > 1;
+  }
+  /// The ranks that printed the error line `text`, in the order they did ("" when none).
+  std::string error_ranks(const std::string& text) const {
+    auto it = errors_.find(text);
+    if (it == errors_.end()) return "";
+    std::string s;
+    for (size_t i = 0; i < it->second.size(); ++i)
+      s += (i == 0                       ? ""
+            : i + 1 == it->second.size() ? " and "
+                                         : ", ") +
+           std::to_string(it->second[i]);
+    return s;
+  }
+  static constexpr const char* kErrorPrefix = "trainrun: error: ";
 
  private:
   bool tty_[2];
   bool bar_visible_ = false;
+  std::map<std::string, std::vector<int>> errors_;
 };
 
 // Where one rank's lines end up: the console (prefixed), its log file, and the tail kept for a
@@ -66,7 +90,8 @@ struct RankSink {
   std::deque<std::string> tail;
 
   void emit(Console& console, int fd, const std::string& text) {
-    console.line(fd, "[rank " + std::to_string(rank) + "] ", text);
+    if (!console.repeated_error(text, rank))
+      console.line(fd, "[rank " + std::to_string(rank) + "] ", text);
     if (log_fd >= 0) write_all(log_fd, text + "\n");
     tail.push_back(text);
     if (tail.size() > kTailLines) tail.pop_front();
