@@ -6,6 +6,7 @@
 // tokenizer, at a --stop string, or after --max-new-tokens. An adapter directory (PEFT layout) is
 // merged into the weights in memory (W + scaling x B A, as `trainrun merge-lora`).
 #include "generate_cli.hpp"
+#include "merge_lora.hpp"
 #include "command_line.hpp"
 #include "jsonl_line.hpp"
 #include "template_limits_cli.hpp"
@@ -103,7 +104,8 @@ double lora_scaling(const json& c, const std::string& file) {
 
 // Merges a PEFT adapter into the model's parameters (names: base_model.model.<HF name>); tensors
 // that are not lora_A/lora_B pairs (trained biases, modules_to_save) replace the parameter.
-int apply_adapter(v1::Model& model, const std::string& dir) {
+int apply_adapter(v1::Model& model, const std::string& dir, const AdapterBase& how,
+                  std::string* base_note) {
   const fs::path cfg_path = fs::path(dir) / "adapter_config.json";
   const fs::path weights = fs::path(dir) / "adapter_model.safetensors";
   for (const auto& p : {cfg_path, weights})
@@ -114,6 +116,13 @@ int apply_adapter(v1::Model& model, const std::string& dir) {
   std::map<std::string, at::Tensor> ad;
   for (auto& t : hf::read_safetensors(weights.string())) ad[t.name] = t.tensor;
   const std::string prefix = "base_model.model.", a_suffix = ".lora_A.weight", b_suffix = ".lora_B.weight";
+  // A QLoRA adapter was trained against its base as quantized (merge_lora.hpp): that base is
+  // rebuilt unless --plain-base, as merge-lora does.
+  const nlohmann::json quantized = recorded_base_quantization(weights.string());
+  std::unique_ptr<TrainedBase> trained_base;
+  if (!quantized.empty() && !how.plain_base)
+    trained_base = std::make_unique<TrainedBase>(how.plugin_paths);
+  int rebuilt = 0;
   at::NoGradGuard no_grad;
   int merged = 0;
   for (const auto& [name, t] : ad) {
@@ -135,7 +144,12 @@ int apply_adapter(v1::Model& model, const std::string& dir) {
       if (A.dim() != 2 || B.dim() != 2 || B.size(1) != A.size(0) || B.size(0) != W.size(0) || A.size(1) != W.size(1))
         throw ConfigError(weights.string() + ": adapter of '" + layer + "' (lora_A " + c10::str(t.sizes()) +
                           ", lora_B " + c10::str(b->second.sizes()) + ") does not fit " + c10::str(W.sizes()));
-      W.copy_((W.to(at::kDouble) + at::matmul(B, A) * scaling).to(W.scalar_type()));
+      at::Tensor W0 = W;
+      if (trained_base && quantized.contains(layer)) {
+        W0 = (*trained_base)(W, quantized[layer], layer, weights.string());
+        ++rebuilt;
+      }
+      W.copy_((W0.to(at::kDouble) + at::matmul(B, A) * scaling).to(W.scalar_type()));
       ++merged;
       continue;
     }
@@ -146,6 +160,21 @@ int apply_adapter(v1::Model& model, const std::string& dir) {
     p->second.copy_(t);
   }
   if (merged == 0) throw ConfigError(weights.string() + ": no lora_A/lora_B pairs");
+  if (trained_base) trained_base->warn_inexact(how.command);
+  if (base_note != nullptr) {
+    const std::string fmt =
+        quantized.empty() ? "" : quantized.begin()->value("format", std::string("?"));
+    if (quantized.empty())
+      *base_note = "base: full precision, as the adapter was trained";
+    else if (how.plain_base)
+      *base_note = "base: full precision (--plain-base), NOT the " + fmt + "-quantized base the " +
+                   "adapter was trained against (" + std::to_string(quantized.size()) +
+                   " layer(s)): a different model from the one trained";
+    else
+      *base_note = "base: " + fmt + "-quantized as in training, dequantized (" +
+                   std::to_string(rebuilt) + " layer(s)), the model that was trained " +
+                   "(--plain-base: the full-precision base instead)";
+  }
   return merged;
 }
 
@@ -186,8 +215,9 @@ void check_model_dir(const std::string& dir) {
     throw ConfigError("--model " + dir + ": no config.json (not a Hugging Face model directory)");
 }
 
-int prepare_for_inference(LoadedModel& loaded, const std::string& adapter) {
-  const int merged = adapter.empty() ? 0 : apply_adapter(*loaded.model, adapter);
+int prepare_for_inference(LoadedModel& loaded, const std::string& adapter, const AdapterBase& how,
+                          std::string* base_note) {
+  const int merged = adapter.empty() ? 0 : apply_adapter(*loaded.model, adapter, how, base_note);
   core::guarded(loaded.label, "train(false)", [&] {
     loaded.model->train(false);
     return 0;
@@ -261,7 +291,7 @@ struct GenerateArgs {
   int64_t max_new = 0, min_new = 0, threads = 0, top_k = 0, num_generations = 1, batch_size = 8;
   double temperature = 0.0, top_p = 1.0;
   uint64_t seed = 0;
-  bool chat = false, jsonl = false;
+  bool chat = false, jsonl = false, plain_base = false;
   text::TemplateLimits template_limits;
 };
 
@@ -314,7 +344,10 @@ int generate(GenerateArgs& a, char** argv) {
   auto* decoder = dynamic_cast<v1::IncrementalDecoder*>(loaded.model.get());
   if (!decoder)
     throw ConfigError(label + " does not offer incremental decoding (v1::IncrementalDecoder)");
-  const int merged = prepare_for_inference(loaded, a.adapter);
+  std::string base_note;
+  const int merged = prepare_for_inference(loaded, a.adapter,
+                                           {a.plain_base, a.plugin_paths, "generate"}, &base_note);
+  if (!base_note.empty()) std::cerr << "generate: " << base_note << std::endl;
   const double load_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count();
   std::cerr << "generate: " << describe_loaded(loaded, merged, a.adapter) << "; loaded in "
@@ -401,7 +434,11 @@ int run_generate_command(int argc, char** argv) {
       "model", po::value(&a.model_dir),
       "Hugging Face model directory (config.json, safetensors, tokenizer files)")(
       "adapter", po::value(&a.adapter),
-      "PEFT LoRA adapter directory, merged into the weights in memory")(
+      "PEFT LoRA adapter directory, merged into the weights in memory (a QLoRA adapter into "
+      "its base quantized as in training)")(
+      "plain-base", po::bool_switch(&a.plain_base),
+      "QLoRA adapters: merge into the full-precision base instead of the base as training "
+      "quantized it (as PEFT over an unquantized base; a different model)")(
       "chat",
       "render each prompt as a user message with the model's chat template + generation prompt")(
       "prompt", po::value(&a.prompts)->composing(), "prompt text (repeatable)")(

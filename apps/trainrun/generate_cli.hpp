@@ -24,7 +24,17 @@ namespace trainrun::app {
 /// into `model`'s parameters (W + scaling x B A; other tensors, e.g. modules_to_save or trained
 /// biases, replace the parameter of their name). Returns the adapters merged; throws
 /// v1::ConfigError naming the file and tensor for anything that does not fit the model.
-int apply_adapter(v1::Model& model, const std::string& dir);
+/// How a QLoRA adapter's base is taken: as training quantized it (rebuilt by the quant plugin
+/// found on `plugin_paths`, merge_lora.hpp's TrainedBase) unless `plain_base`. `command` prefixes
+/// warnings ("generate").
+struct AdapterBase {
+  bool plain_base = false;
+  std::vector<std::string> plugin_paths;
+  std::string command = "trainrun";
+};
+/// ... With `base_note`, says in one line which base the adapter went into.
+int apply_adapter(v1::Model& model, const std::string& dir, const AdapterBase& how = {},
+                  std::string* base_note = nullptr);
 
 /// A model component loaded from an HF model directory for a command (generate, score): the
 /// registry that loaded its plugin (kept alive as long as the model) and the component's label.
@@ -53,7 +63,8 @@ void check_model_dir(const std::string& dir);
 
 /// Merges the adapter directory `adapter` into the loaded model (none when empty) and switches
 /// the model to inference (train(false)). Returns the adapters merged.
-int prepare_for_inference(LoadedModel& loaded, const std::string& adapter);
+int prepare_for_inference(LoadedModel& loaded, const std::string& adapter,
+                          const AdapterBase& how = {}, std::string* base_note = nullptr);
 
 /// The loaded model's describe(), plus ", N LoRA adapters merged from ADAPTER" when `merged` > 0.
 std::string describe_loaded(const LoadedModel& loaded, int merged, const std::string& adapter);

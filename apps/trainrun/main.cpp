@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <iomanip>
 #include <iostream>
+#include <set>
 #include <sstream>
 
 #include "build_info.hpp"
@@ -202,11 +203,43 @@ int print_version() {
   return 0;
 }
 
-// `trainrun check`: the resolved job, its components, runtime and memory estimate.
+// The resolved job as check prints it. A model loaded from [model] path takes its architecture
+// from there, so the inline-architecture keys (those whose help begins "inline config", at
+// their defaults) would show a model that is not the one built: they are left out, and the
+// model as built is said instead.
+std::string resolved_for_check(const core::JobConfig& job, const std::string& built) {
+  const v1::Options& mo = job.model.options;
+  if (!mo.has("path") || !std::holds_alternative<std::string>(mo.values().at("path")) ||
+      mo.get_string("path").empty())
+    return job.resolved_toml;
+  std::set<std::string> inline_keys;
+  for (const auto& spec : job.model.info->schema.specs())
+    if (spec.help.rfind("inline config", 0) == 0) inline_keys.insert(spec.name);
+  std::istringstream in(job.resolved_toml);
+  std::string out, line, table;
+  while (std::getline(in, line)) {
+    if (!line.empty() && line.front() == '[') {
+      table = line;
+      out += line + "\n";
+      if (line == "[model]") out += "# built from path: " + built + "\n";
+      continue;
+    }
+    const size_t eq = line.find(" = ");
+    if (table == "[model]" && eq != std::string::npos && inline_keys.count(line.substr(0, eq)))
+      continue;
+    out += line + "\n";
+  }
+  return out;
+}
+
+// `trainrun check`: the resolved job, its components, runtime and memory estimate. Everything
+// that can fail (rewards, the model, data and adapters the estimate builds) runs before anything
+// is printed, so an error is the only output, and "valid" comes last, once all was checked.
 int print_check(const std::string& config, const core::JobConfig& job, const Registry& reg) {
   // Created, as a run would, so options only a constructor can judge (a regex) fail here.
   if (!job.rewards.empty()) core::RewardSet(job, reg, core::offline_reward_context(job));
-  std::cout << "# " << config << ": valid\n" << job.resolved_toml;
+  const core::MemoryCheck memory = core::check_memory(job, reg);
+  std::cout << resolved_for_check(job, memory.model);
   std::cout << "# components\n";
   for (const auto* c :
        {&job.model, &job.data, &job.strategy, &job.accelerator, &job.precision, &job.optimizer})
@@ -228,7 +261,8 @@ int print_check(const std::string& config, const core::JobConfig& job, const Reg
   for (const auto& line : core::check_runtime_lines(job, accelerators))
     std::cout << "#   " << line << "\n";
   std::cout << "# memory estimate (ZeRO stages 0-3)\n";
-  for (const auto& line : core::check_memory_lines(job, reg)) std::cout << "#   " << line << "\n";
+  for (const auto& line : memory.lines) std::cout << "#   " << line << "\n";
+  std::cout << "# " << config << ": valid" << std::endl;
   return 0;
 }
 
@@ -261,7 +295,9 @@ const std::vector<Command>& subcommands() {
        "export CHECKPOINT --output DIR [--dtype bfloat16] [--max-shard-size 5GB] (an HF model "
        "directory)",
        run_export_command},
-      {"merge-lora", "merge-lora --base MODEL --adapter DIR --output FILE [--max-shard-size 5GB]",
+      {"merge-lora",
+       "merge-lora --base HF_DIR|FILE --adapter DIR --output DIR|FILE [--plain-base] "
+       "[--max-shard-size 5GB] [--plugin-path P]",
        run_merge_lora_command},
       {"encode", "encode|decode --tokenizer DIR [--jsonl] (see trainrun encode --help)",
        run_encode_command},

@@ -91,70 +91,6 @@ class OneLinear final : public v1::Model {
   v1::Linear layer_;
 };
 
-// W as the adapter's training saw it: the full-precision weight quantized as recorded (NF4 with
-// its blocksize and double quantization, or int8) and dequantized, float32. The precision plugin
-// that trained it does both (quant-nf4 / quant-int8, found on the plugin search path as a job's
-// components are), through the SDK's interfaces only: Precision::convert, then the layer's
-// LinearBase::dequantized_weight().
-class TrainedBase {
- public:
-  explicit TrainedBase(std::vector<std::string> plugin_paths)
-      : plugin_paths_(std::move(plugin_paths)) {}
-
-  at::Tensor operator()(const at::Tensor& W, const nlohmann::json& q, const std::string& layer,
-                        const std::string& adapter_file) {
-    const std::string format = q.value("format", std::string());
-    std::string plugin;
-    std::map<std::string, v1::OptionValue> set;
-    if (format.rfind("nf4", 0) == 0) {
-      if (!q.value("blocksize_exact", true))
-        std::cerr << "merge-lora: warning: layer '" << layer << "': the NF4 blocksize recorded in "
-                  << adapter_file << " (" << q.value("blocksize", int64_t{0})
-                  << ") was inferred from a weight whose size is not a multiple of it\n";
-      // The recorded dq_blocksize is inferred from shapes too; quant-nf4 always used 256.
-      plugin = "quant-nf4";
-      set["blocksize"] = q.value("blocksize", int64_t{64});
-      set["double_quant"] = q.value("double_quant", false);
-    } else if (format == "int8") {
-      plugin = "quant-int8";
-    } else {
-      throw ConfigError(adapter_file + ": layer '" + layer +
-                        "' was trained against a base in format '" + format +
-                        "', which merge-lora cannot rebuild; use --plain-base to merge into the "
-                        "full-precision weight (a different model from the one trained)");
-    }
-    set["target_modules"] = std::vector<std::string>{"layer"};
-    OneLinear model(W);
-    create(plugin, set, layer)->convert(model);
-    TR_CHECK(model.layer()->base(), plugin, " did not quantize layer '", layer, "'");
-    return model.layer()->base()->dequantized_weight().to(at::kFloat);
-  }
-
- private:
-  std::unique_ptr<v1::Precision> create(const std::string& plugin,
-                                        const std::map<std::string, v1::OptionValue>& set,
-                                        const std::string& layer) {
-    if (!registry_) {
-      registry_ = std::make_unique<core::Registry>();
-      registry_->load_search_path(core::Registry::search_path(plugin_paths_, {}));
-    }
-    const core::ComponentInfo& info = registry_->require(
-        v1::ComponentKind::Precision, plugin, "merge-lora (the quantized base of '" + layer + "')");
-    std::map<std::string, v1::OptionValue> values;
-    for (const auto& spec : info.schema.specs()) values[spec.name] = spec.default_value;
-    for (const auto& [k, v] : set) values[k] = v;
-    v1::RunContext ctx;
-    // As a run's non-lead rank: the plugin's banner line is a run's, and here would come once per
-    // layer.
-    ctx.rank = 1;
-    ctx.world_size = 2;
-    return registry_->create<v1::Precision>(info, v1::Options(values, "merge-lora " + plugin), ctx);
-  }
-
-  std::vector<std::string> plugin_paths_;
-  std::unique_ptr<core::Registry> registry_;  // outlives every component it created
-};
-
 // An adapter trained on another model whose tensors have the same names and shapes (a Mistral
 // adapter on a Llama base) would merge without a shape error. PEFT's adapter_config.json names
 // the model it was trained on (base_model_name_or_path); where that directory still has a
@@ -340,6 +276,7 @@ int merge(const std::string& base_path, const std::string& adapter_dir, const st
   }
   TrainedBase trained_base(plugin_paths);
   m.merge_all(adapter, trained_base);
+  trained_base.warn_inexact("merge-lora");
   if (hf_dir) {
     fs::create_directories(output);
     hf::write_model_weights(output, base, max_shard_bytes);
@@ -361,6 +298,101 @@ int merge(const std::string& base_path, const std::string& adapter_dir, const st
 }
 
 }  // namespace
+
+// TrainedBase (merge_lora.hpp): shared with generate and score, which rebuild the same base.
+// W as the adapter's training saw it: the full-precision weight quantized as recorded (NF4 with
+// its blocksize and double quantization, or int8) and dequantized, float32. The precision plugin
+// that trained it does both (quant-nf4 / quant-int8, found on the plugin search path as a job's
+// components are), through the SDK's interfaces only: Precision::convert, then the layer's
+// LinearBase::dequantized_weight().
+struct TrainedBase::Impl {
+  explicit Impl(std::vector<std::string> plugin_paths) : plugin_paths_(std::move(plugin_paths)) {}
+
+  at::Tensor rebuild(const at::Tensor& W, const nlohmann::json& q, const std::string& layer,
+                     const std::string& adapter_file) {
+    const std::string format = q.value("format", std::string());
+    std::string plugin;
+    std::map<std::string, v1::OptionValue> set;
+    if (format.rfind("nf4", 0) == 0) {
+      // Said once for all layers (warn_inexact), not once per layer.
+      if (!q.value("blocksize_exact", true) && inexact_++ == 0) {
+        first_inexact_ = layer;
+        inexact_file_ = adapter_file;
+      }
+      // The recorded dq_blocksize is inferred from shapes too; quant-nf4 always used 256.
+      plugin = "quant-nf4";
+      set["blocksize"] = q.value("blocksize", int64_t{64});
+      set["double_quant"] = q.value("double_quant", false);
+    } else if (format == "int8") {
+      plugin = "quant-int8";
+    } else {
+      throw ConfigError(adapter_file + ": layer '" + layer +
+                        "' was trained against a base in format '" + format +
+                        "', which merge-lora cannot rebuild; use --plain-base to merge into the "
+                        "full-precision weight (a different model from the one trained)");
+    }
+    set["target_modules"] = std::vector<std::string>{"layer"};
+    OneLinear model(W);
+    create(plugin, set, layer)->convert(model);
+    TR_CHECK(model.layer()->base(), plugin, " did not quantize layer '", layer, "'");
+    return model.layer()->base()->dequantized_weight().to(at::kFloat);
+  }
+
+  std::unique_ptr<v1::Precision> create(const std::string& plugin,
+                                        const std::map<std::string, v1::OptionValue>& set,
+                                        const std::string& layer) {
+    if (!registry_) {
+      registry_ = std::make_unique<core::Registry>();
+      registry_->load_search_path(core::Registry::search_path(plugin_paths_, {}));
+    }
+    const core::ComponentInfo& info = registry_->require(
+        v1::ComponentKind::Precision, plugin, "merge-lora (the quantized base of '" + layer + "')");
+    std::map<std::string, v1::OptionValue> values;
+    for (const auto& spec : info.schema.specs()) values[spec.name] = spec.default_value;
+    for (const auto& [k, v] : set) values[k] = v;
+    v1::RunContext ctx;
+    // As a run's non-lead rank: the plugin's banner line is a run's, and here would come once per
+    // layer.
+    ctx.rank = 1;
+    ctx.world_size = 2;
+    return registry_->create<v1::Precision>(info, v1::Options(values, "merge-lora " + plugin), ctx);
+  }
+
+  std::vector<std::string> plugin_paths_;
+  std::unique_ptr<core::Registry> registry_;  // outlives every component it created
+  int inexact_ = 0;
+  std::string first_inexact_, inexact_file_;
+
+  void warn_inexact(const std::string& command) const {
+    if (inexact_ > 0)
+      std::cerr << command << ": warning: " << inexact_ << " layer(s) (" << first_inexact_
+                << (inexact_ > 1 ? ", ..." : "") << "): the NF4 block sizes recorded in "
+                << inexact_file_ << " were inferred from weight sizes that do not fix them; the "
+                << "recorded ones are used\n";
+  }
+};
+
+TrainedBase::TrainedBase(std::vector<std::string> plugin_paths)
+    : impl_(std::make_unique<Impl>(std::move(plugin_paths))) {}
+TrainedBase::~TrainedBase() = default;
+at::Tensor TrainedBase::operator()(const at::Tensor& W, const nlohmann::json& q,
+                                   const std::string& layer, const std::string& adapter_file) {
+  return impl_->rebuild(W, q, layer, adapter_file);
+}
+void TrainedBase::warn_inexact(const std::string& command) const { impl_->warn_inexact(command); }
+
+nlohmann::json recorded_base_quantization(const std::string& adapter_file) {
+  std::map<std::string, std::string> meta;
+  core::read_safetensors(adapter_file, &meta);
+  auto it = meta.find("trainrun_base_quantization");
+  if (it == meta.end()) return nlohmann::json::object();
+  try {
+    return nlohmann::json::parse(it->second);
+  } catch (const nlohmann::json::exception& e) {
+    throw ConfigError(adapter_file +
+                      ": metadata trainrun_base_quantization is not valid JSON: " + e.what());
+  }
+}
 
 int run_merge_lora_command(int argc, char** argv) {
   std::string base, adapter, output, max_shard = "5GB";
@@ -387,9 +419,10 @@ int run_merge_lora_command(int argc, char** argv) {
   po::variables_map vm;
   if (const auto done = parse_command_line(
           argc, argv, "merge-lora",
-          "usage: trainrun merge-lora --base model.safetensors --adapter DIR --output "
-          "merged.safetensors\n"
-          "       trainrun merge-lora --base HF_MODEL_DIR --adapter DIR --output MERGED_DIR",
+          "usage: trainrun merge-lora --base HF_MODEL_DIR --adapter DIR --output MERGED_DIR "
+          "[--plain-base] [--max-shard-size 5GB] [--plugin-path P]...\n"
+          "       trainrun merge-lora --base model.safetensors --adapter DIR --output "
+          "merged.safetensors [--plain-base] [--plugin-path P]...",
           opts, vm))
     return *done;
   if (base.empty() || adapter.empty() || output.empty()) {

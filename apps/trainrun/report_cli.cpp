@@ -64,6 +64,10 @@ report::Estimate estimate_of(const std::string& run_dir) {
       if (stage >= 0 && s != stage) continue;
       out.series.emplace_back(std::string("estimate, ZeRO stage ") + kStageNames[s],
                                  check.stages[s].model_state_bytes);
+      if (check.activation_bytes >= 0)
+        out.peak_series.emplace_back(
+            std::string("estimate (total + activations), ZeRO stage ") + kStageNames[s],
+            check.stages[s].total_bytes + check.activation_bytes);
     }
     out.note = stage >= 0
                             ? "strategy " + job.strategy.plugin + " holds the model state of ZeRO stage " +

@@ -101,6 +101,7 @@ struct ScoreArgs {
   std::vector<std::string> texts, plugin_paths;
   int64_t threads = 0;
   bool jsonl = false;
+  bool plain_base = false;
 };
 
 // The items of --text (each a text) and of the lines of --input.
@@ -179,8 +180,11 @@ int score(const ScoreArgs& a) {
                   ": not a reward model's adapter (adapter_config.json's task_type is "
                   "not \"SEQ_CLS\"), and --model " +
                   a.model_dir + " has no score head");
-  const int merged = prepare_for_inference(loaded, a.adapter);
+  std::string base_note;
+  const int merged =
+      prepare_for_inference(loaded, a.adapter, {a.plain_base, a.plugin_paths, "score"}, &base_note);
   std::cerr << "score: " << describe_loaded(loaded, merged, a.adapter) << std::endl;
+  if (!base_note.empty()) std::cerr << "score: " << base_note << std::endl;
 
   at::NoGradGuard no_grad;
   int64_t pairs = 0, right = 0;
@@ -232,8 +236,11 @@ int run_score_command(int argc, char** argv) {
       "reward run started from")(
       "adapter", po::value(&a.adapter),
       "PEFT LoRA adapter directory of a reward model (task SEQ_CLS; its score head is saved "
-      "whole), merged into the weights in memory")("text", po::value(&a.texts)->composing(),
-                                                   "a text to score (repeatable)")(
+      "whole), merged into the weights in memory (a QLoRA adapter into its base quantized as "
+      "in training)")("plain-base", po::bool_switch(&a.plain_base),
+                      "QLoRA adapters: merge into the full-precision base instead (a different "
+                      "model from the one trained)")("text", po::value(&a.texts)->composing(),
+                                                     "a text to score (repeatable)")(
       "input", po::value(&a.input),
       "JSONL file: per line {\"text\"}, {\"messages\"}, {\"prompt\"?, \"completion\"} or "
       "{\"prompt\"?, \"chosen\", \"rejected\"} (strings or lists of messages)")(

@@ -80,6 +80,7 @@ struct Run {
   std::string components;          ///< "model cnn | data idx | ...", from the validated job
   std::string estimate_note;       ///< why there is no estimate, or which stage it shows
   std::vector<std::pair<std::string, double>> estimates;  ///< label, model-state bytes per rank
+  std::vector<std::pair<std::string, double>> peak_estimates;  ///< label, peak bytes per rank
   std::vector<std::string> estimate_lines;
   Json summary = Json::object();
 };
@@ -176,6 +177,7 @@ Run load_run(const fs::path& dir, const std::function<Estimate(const std::string
   if (estimate) {
     Estimate e = estimate(dir.string());
     run.estimates = std::move(e.series);
+    run.peak_estimates = std::move(e.peak_series);
     run.estimate_lines = std::move(e.lines);
     run.estimate_note = std::move(e.note);
     run.components = std::move(e.components);
@@ -242,10 +244,25 @@ Json build_charts(const std::vector<Run>& runs) {
         return std::any_of(r.main.evals.begin(), r.main.evals.end(),
                            [](const Json& j) { return number(j, "eval_accuracy").has_value(); });
       })) {
-    Json acc = chart("accuracy", "Held-out accuracy", "accuracy (%)");
+    // A language model's accuracy is over target tokens (more targets than samples): each
+    // token predicted from those before it, which is not a task score.
+    const bool tokens = any([](const Run& r) {
+      return std::any_of(r.main.evals.begin(), r.main.evals.end(), [](const Json& j) {
+        const auto t = number(j, "eval_targets"), n = number(j, "eval_samples");
+        return t && n && *t > *n;
+      });
+    });
+    const std::string what = tokens ? "next-token accuracy" : "accuracy";
+    Json acc = chart("accuracy",
+                     tokens ? "Held-out next-token accuracy (each target token predicted from "
+                              "the tokens before it)"
+                            : "Held-out accuracy",
+                     what + " (%)");
+    acc["y_zero"] = true;
     for (size_t i = 0; i < runs.size(); ++i)
       if (!runs[i].main.evals.empty()) {
-        Json d = series(runs[i], i, runs[i].main, "eval", "held-out accuracy", key("eval_accuracy"), 100.0);
+        Json d = series(runs[i], i, runs[i].main, "eval", "held-out " + what, key("eval_accuracy"),
+                        100.0);
         d["style"] = "eval";
         acc["datasets"].push_back(std::move(d));
       }
@@ -382,12 +399,29 @@ Json build_charts(const std::vector<Run>& runs) {
     // axis the peak flattens the comparison the estimate is for.
     Json mem = chart("memory", "Model state per rank vs the estimate (MiB)", "MiB");
     Json peak_chart = chart("memory_peak", "Peak memory per rank in the step (MiB)", "MiB");
+    mem["y_zero"] = true;
+    peak_chart["y_zero"] = true;
     constexpr double kMiB = 1.0 / (1024.0 * 1024.0);
     for (size_t i = 0; i < runs.size(); ++i) {
       std::vector<const MetricsFile*> files;
       for (const auto& f : runs[i].ranks) files.push_back(&f);
       if (files.empty()) files.push_back(&runs[i].main);
-      for (const MetricsFile* f : files) {
+      // Rank 0's file carries every rank's figures (mem_*/rank_N, worlds up to 16) when the
+      // job wrote no per-rank files.
+      int logged_ranks = 0;
+      if (runs[i].ranks.empty())
+        while (runs[i].main.has("mem_peak_bytes/rank_" + std::to_string(logged_ranks)))
+          ++logged_ranks;
+      for (int r = 0; r < logged_ranks; ++r) {
+        const std::string n = "/rank_" + std::to_string(r), l = "rank " + std::to_string(r) + " ";
+        mem["datasets"].push_back(series(runs[i], i, runs[i].main, "train",
+                                         l + "model state (measured)",
+                                         key("mem_model_state_bytes" + n), kMiB));
+        peak_chart["datasets"].push_back(series(runs[i], i, runs[i].main, "train",
+                                                l + "peak in step", key("mem_peak_bytes" + n),
+                                                kMiB));
+      }
+      for (const MetricsFile* f : logged_ranks > 0 ? std::vector<const MetricsFile*>{} : files) {
         const std::string r = "rank " + std::to_string(f->rank) + " ";
         mem["datasets"].push_back(series(runs[i], i, *f, "train", r + "model state (measured)", key("mem_model_state_bytes"), kMiB));
         peak_chart["datasets"].push_back(series(runs[i], i, *f, "train", r + "peak in step", key("mem_peak_bytes"), kMiB));
@@ -397,6 +431,14 @@ Json build_charts(const std::vector<Run>& runs) {
         Json d = series(runs[i], i, runs[i].main, "train", label, [b](const Json&) { return std::optional<double>(b); }, kMiB);
         d["style"] = "estimate";
         mem["datasets"].push_back(std::move(d));
+      }
+      for (const auto& [label, bytes] : runs[i].peak_estimates) {
+        const double b = bytes;
+        Json d = series(
+            runs[i], i, runs[i].main, "train", label,
+            [b](const Json&) { return std::optional<double>(b); }, kMiB);
+        d["style"] = "estimate";
+        peak_chart["datasets"].push_back(std::move(d));
       }
     }
     charts.push_back(std::move(mem));
@@ -471,7 +513,11 @@ const char* const kPageScript = R"js(
       x: {type: 'linear', title: {display: true, text: 'step'}},
       y: {title: {display: true, text: c.y_label}, stacked: !!c.stacked}
     };
-    if (flat && !c.stacked) {
+    if (c.y_zero && lo >= 0) {
+      // Bytes and percentages read against zero: a 1.6 MiB wobble on 175 MiB stays small.
+      scales.y.min = 0;
+      if (flat) scales.y.max = hi > 0 ? hi * 1.1 : 1;
+    } else if (flat && !c.stacked) {
       var pad = hi !== 0 ? Math.abs(hi) * 0.1 : 1;
       scales.y.min = lo - pad;
       scales.y.max = hi + pad;
@@ -533,7 +579,8 @@ std::string render(const std::vector<Run>& runs) {
        << html_escape(title) << "</h1>\n<p class=\"note\">Written " << when
        << " by <code>trainrun report</code>. Self-contained: Chart.js is inlined.</p>\n";
   html << "<table>\n<tr><th>run</th><th>run_dir</th><th>steps</th><th>last training loss</th>"
-          "<th>last held-out loss</th><th>held-out accuracy</th><th>elapsed (s)</th></tr>\n";
+          "<th>last held-out loss</th><th>held-out accuracy (next-token for an LM)</th><th>elapsed "
+          "(s)</th></tr>\n";
   for (const Run& r : runs) {
     const Json& s = r.summary;
     html << "<tr><td>" << html_escape(r.name) << "</td><td>" << html_escape(s.value("run_dir", std::string()))

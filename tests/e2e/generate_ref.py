@@ -48,8 +48,6 @@ import torch
 TRAINRUN, LOGITS_EXE, WORK, MODE = sys.argv[1:5]
 torch.set_num_threads(1)
 
-CHAT_TEMPLATE = ("{% for m in messages %}{{ bos_token }}{{ m['role'] }}\n{{ m['content'] }}{{ eos_token }}\n"
-                 "{% endfor %}{% if add_generation_prompt %}{{ bos_token }}assistant\n{% endif %}")
 TINY_PROMPTS = ["The quick brown fox", "def main():\n    return 0", "Hello, world! 123",
                 "Once upon a time there was"]
 SMOL_PROMPTS = [
@@ -74,9 +72,8 @@ def rel(x, ref):
 
 
 def make_tiny(variant, out):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
-    from tiny_models import config
+    from transformers import AutoModelForCausalLM
+    from tiny_models import bpe_tokenizer, config
 
     # A byte-level BPE over this repository's prose (any text does): ids 0-2 are <unk>, <s>, </s>.
     here = os.path.dirname(os.path.abspath(__file__))
@@ -86,15 +83,7 @@ def make_tiny(variant, out):
             if name.endswith((".md", ".py")):
                 with open(os.path.join(root, name), encoding="utf-8") as f:
                     texts.append(f.read())
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=400, special_tokens=["<unk>", "<s>", "</s>"],
-                                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                                      show_progress=False))
-    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
-    fast.chat_template = CHAT_TEMPLATE
+    fast = bpe_tokenizer(texts)
     vocab = len(fast)
     common = dict(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,

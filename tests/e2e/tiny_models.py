@@ -95,3 +95,26 @@ def perturb(model):
                 p.normal_(0.0, 1.0)
             elif p.dim() == 1:
                 p.add_(0.1 * torch.randn_like(p))
+
+
+# A chat template that marks each message with BOS, its role and EOS, for tokenizers made here.
+CHAT_TEMPLATE = ("{% for m in messages %}{{ bos_token }}{{ m['role'] }}\n{{ m['content'] }}{{ eos_token }}\n"
+                 "{% endfor %}{% if add_generation_prompt %}{{ bos_token }}assistant\n{% endif %}")
+
+
+def bpe_tokenizer(texts, vocab_size=400):
+    """A byte-level BPE trained on `texts` as transformers' PreTrainedTokenizerFast: ids 0-2 are
+    <unk>, <s>, </s>; <s> is prepended; CHAT_TEMPLATE is its chat template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<unk>", "<s>", "</s>"],
+                                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                                      show_progress=False))
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+    fast.chat_template = CHAT_TEMPLATE
+    return fast

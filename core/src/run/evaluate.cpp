@@ -66,7 +66,10 @@ v1::EvalMetrics Run::evaluate(int64_t step) {
   for (auto& cb : parts_.callbacks) cb.call("on_eval_end", [&](v1::Callback& c) { c.on_eval_end(em); return 0; });
   if (env_.lead) {
     std::cout << "[eval step " << step << "] loss " << std::fixed << std::setprecision(4) << em.loss;
-    if (em.accuracy >= 0) std::cout << " | accuracy " << std::setprecision(2) << 100 * em.accuracy << "%";
+    // More targets than samples: a language model's tokens, each predicted from those before.
+    if (em.accuracy >= 0)
+      std::cout << (em.targets > em.samples ? " | next-token accuracy " : " | accuracy ")
+                << std::setprecision(2) << 100 * em.accuracy << "%";
     for (const char* k : {"rewards/margins", "logps/chosen"})
       if (auto it = em.extra.find(k); it != em.extra.end())
         std::cout << " | " << k << " " << std::setprecision(4) << it->second;

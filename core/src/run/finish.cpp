@@ -131,7 +131,10 @@ int Run::print_result(const v1::TrainSummary& summary, int stop_sig) const {
       std::cout << "final eval: loss " << std::fixed << std::setprecision(4)
                 << progress_.last_eval.loss;
     if (progress_.last_eval.samples > 0 && progress_.last_eval.accuracy >= 0)
-      std::cout << ", accuracy " << std::setprecision(2) << 100 * progress_.last_eval.accuracy << "%";
+      std::cout << (progress_.last_eval.targets > progress_.last_eval.samples
+                        ? ", next-token accuracy "
+                        : ", accuracy ")
+                << std::setprecision(2) << 100 * progress_.last_eval.accuracy << "%";
     std::cout << " on " << progress_.last_eval.samples
               << (caps_.online != nullptr ? " held-out completions after "
                                           : " held-out samples after ")

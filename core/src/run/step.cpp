@@ -89,6 +89,9 @@ v1::Batch legacy_batch(v1::Dataset& d, v1::Split split, const std::vector<int64_
   return b;
 }
 
+// Worlds up to this size log every rank's memory in rank 0's metrics (mem_*/rank_N).
+constexpr int kPerRankMemoryRanks = 16;
+
 }  // namespace
 
 std::shared_ptr<v1::Work> Run::sum_over_ranks(torch::Tensor& t, const char* what) {
@@ -340,6 +343,20 @@ void Run::report_step(StepState& st) {
     m.extra["mem_peak_bytes"] = static_cast<double>(memory_now(true));
     m.extra["mem_current_bytes"] = static_cast<double>(memory_now(false));
     m.extra["mem_model_state_bytes"] = static_cast<double>(st.mem_model_state - env_.mem_baseline);
+    // Every rank's figures on every rank (a sharded run's ranks differ: the rank holding the
+    // remainder of a shard, the one writing checkpoints), for the report's per-rank lines
+    // without all_ranks metrics files: one all_reduce of 2 x world float64s.
+    const int world = env_.ctx.world_size;
+    if (world > 1 && world <= kPerRankMemoryRanks) {
+      torch::Tensor per_rank = torch::zeros({2 * world}, torch::kFloat64);
+      per_rank[2 * env_.ctx.rank] = m.extra["mem_model_state_bytes"];
+      per_rank[2 * env_.ctx.rank + 1] = m.extra["mem_peak_bytes"];
+      wait(sum_over_ranks(per_rank, "all_reduce (memory per rank)"), "wait (memory per rank)");
+      for (int r = 0; r < world; ++r) {
+        m.extra["mem_model_state_bytes/rank_" + std::to_string(r)] = per_rank[2 * r].item<double>();
+        m.extra["mem_peak_bytes/rank_" + std::to_string(r)] = per_rank[2 * r + 1].item<double>();
+      }
+    }
   }
   if (experts_.state_bytes >= 0) m.extra["expert_state_bytes"] = experts_.state_bytes;
   for (size_t i = 0; i < st.objective_metrics.size(); ++i) {

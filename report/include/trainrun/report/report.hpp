@@ -11,6 +11,9 @@ namespace trainrun::report {
 /// estimate for the run's job (computed by the caller, which has the core and the plugins).
 struct Estimate {
   std::vector<std::pair<std::string, double>> series;  ///< label, model-state bytes per rank
+  /// label, peak bytes per rank: the stage's total plus one micro-batch's activations (the
+  /// model's v1::ActivationMemory estimate), drawn on the peak chart; empty when unknown
+  std::vector<std::pair<std::string, double>> peak_series;
   std::vector<std::string> lines;                      ///< `trainrun check`'s estimate table
   std::string note;        ///< which stage is shown, or why there is no estimate
   std::string components;  ///< "model cnn | data idx | ...": the banner's first line when the
