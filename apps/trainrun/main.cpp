@@ -12,7 +12,6 @@
 #include <filesystem>
 #include <iomanip>
 #include <iostream>
-#include <set>
 #include <sstream>
 
 #include "build_info.hpp"
@@ -203,32 +202,16 @@ int print_version() {
   return 0;
 }
 
-// The resolved job as check prints it. A model loaded from [model] path takes its architecture
-// from there, so the inline-architecture keys (those whose help begins "inline config", at
-// their defaults) would show a model that is not the one built: they are left out, and the
-// model as built is said instead.
+// The resolved job as check prints it: with [model] path, the model as built from there (the
+// inline-architecture keys are left out of the resolved job, config.cpp).
 std::string resolved_for_check(const core::JobConfig& job, const std::string& built) {
+  const std::string header = "[model]\n";
+  std::string out = job.resolved_toml;
   const v1::Options& mo = job.model.options;
-  if (!mo.has("path") || !std::holds_alternative<std::string>(mo.values().at("path")) ||
-      mo.get_string("path").empty())
-    return job.resolved_toml;
-  std::set<std::string> inline_keys;
-  for (const auto& spec : job.model.info->schema.specs())
-    if (spec.help.rfind("inline config", 0) == 0) inline_keys.insert(spec.name);
-  std::istringstream in(job.resolved_toml);
-  std::string out, line, table;
-  while (std::getline(in, line)) {
-    if (!line.empty() && line.front() == '[') {
-      table = line;
-      out += line + "\n";
-      if (line == "[model]") out += "# built from path: " + built + "\n";
-      continue;
-    }
-    const size_t eq = line.find(" = ");
-    if (table == "[model]" && eq != std::string::npos && inline_keys.count(line.substr(0, eq)))
-      continue;
-    out += line + "\n";
-  }
+  const size_t at = out.find(header);
+  if (at != std::string::npos && mo.has("path") &&
+      std::holds_alternative<std::string>(mo.values().at("path")) && !mo.get_string("path").empty())
+    out.insert(at + header.size(), "# built from path: " + built + "\n");
   return out;
 }
 

@@ -18,31 +18,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-/// The stage of the ZeRO estimate whose model state the job's strategy holds, or -1 when the
-/// job leaves it to the run ("auto", hybrid sharding, a strategy trainrun does not ship).
-int stage_of(const core::JobConfig& job) {
-  const std::string& s = job.strategy.plugin;
-  if (s == "single" || s == "ddp" || s == "ring") return 0;
-  const auto& values = job.strategy.options.values();
-  if (s == "zero") {
-    auto it = values.find("stage");
-    if (it != values.end() && std::holds_alternative<int64_t>(it->second)) {
-      const int64_t stage = std::get<int64_t>(it->second);
-      if (stage >= 0 && stage <= 3) return static_cast<int>(stage);
-    }
-    return -1;
-  }
-  if (s == "fsdp") {
-    auto it = values.find("sharding_strategy");
-    if (it == values.end() || !std::holds_alternative<std::string>(it->second)) return -1;
-    const std::string& v = std::get<std::string>(it->second);
-    if (v == "FULL_SHARD") return 3;
-    if (v == "SHARD_GRAD_OP") return 2;
-    if (v == "NO_SHARD") return 0;
-  }
-  return -1;
-}
-
 /// The `trainrun check` estimate for the run's own job.toml. The job is validated again with
 /// the plugins found now, so a run whose plugins or data moved gets a note instead.
 report::Estimate estimate_of(const std::string& run_dir) {
@@ -59,7 +34,7 @@ report::Estimate estimate_of(const std::string& run_dir) {
                      " | precision " + job.precision.plugin + " | optimizer " + job.optimizer.plugin;
     const core::MemoryCheck check = core::check_memory(job, reg);
     out.lines = check.lines;
-    const int stage = stage_of(job);
+    const int stage = core::zero_stage_of(job);
     for (int s = 0; s < 4; ++s) {
       if (stage >= 0 && s != stage) continue;
       out.series.emplace_back(std::string("estimate, ZeRO stage ") + kStageNames[s],

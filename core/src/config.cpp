@@ -310,10 +310,23 @@ v1::Options validate_table(const toml::table& table, const v1::OptionSchema& sch
                                                     : where(node.source(), file);
     if (!spec) {
       std::string hint = closest(k, names);
+      // A key of another core table written under this one: name where it goes.
+      std::string elsewhere;
+      for (const char* table : {"trainer", "launch", "parallel"}) {
+        const std::string t = std::string("[") + table + "]";
+        if (t == section) continue;
+        const v1::OptionSchema other = std::string(table) == "trainer"  ? trainer_schema()
+                                       : std::string(table) == "launch" ? launch_schema()
+                                                                        : parallel_schema();
+        if (elsewhere.empty() && other.find(k) != nullptr)
+          elsewhere = "; '" + k + "' is a key of " + t + ": move it there";
+      }
       std::string known;
       for (const auto& n : names) known += (known.empty() ? "" : ", ") + n;
       throw ConfigError(loc + ": unknown key '" + k + "' in " + section + owner +
-                        (hint.empty() ? "" : "; did you mean '" + hint + "'?") +
+                        (!elsewhere.empty() ? elsewhere
+                         : hint.empty()     ? ""
+                                            : "; did you mean '" + hint + "'?") +
                         " (known keys: " + (known.empty() ? "none" : known) + ")");
     }
     values[k] = convert(node, *spec, where(node.source(), loc), section);
@@ -618,9 +631,19 @@ std::string resolved_job_toml(JobConfig& job) {
   const v1::OptionSchema parallel_s = parallel_schema();
   out.insert("parallel", to_toml(job.parallel, "", &parallel_s));
   const auto slots = component_slots(job);
-  for (size_t i = 0; i < std::size(kSections); ++i)
-    out.insert(kSections[i].key, to_toml(slots[i]->options, slots[i]->plugin,
-                                         slots[i]->info ? &slots[i]->info->schema : nullptr));
+  for (size_t i = 0; i < std::size(kSections); ++i) {
+    const ComponentConfig& c = *slots[i];
+    // A model loaded from [model] path takes its architecture from there: the keys whose help
+    // begins "inline config" would show another model, so they are left out.
+    std::map<std::string, v1::OptionValue> values = c.options.values();
+    if (c.kind == ComponentKind::Model && c.info && values.count("path") &&
+        std::holds_alternative<std::string>(values.at("path")) &&
+        !std::get<std::string>(values.at("path")).empty())
+      for (const auto& spec : c.info->schema.specs())
+        if (spec.help.rfind("inline config", 0) == 0) values.erase(spec.name);
+    out.insert(kSections[i].key, to_toml(v1::Options(values, c.options.context()), c.plugin,
+                                         c.info ? &c.info->schema : nullptr));
+  }
   if (!job.objective.plugin.empty())
     out.insert("objective", to_toml(job.objective.options, job.objective.plugin,
                                     job.objective.info ? &job.objective.info->schema : nullptr));

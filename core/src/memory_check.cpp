@@ -137,6 +137,31 @@ std::string strategy_sizes(const ComponentConfig& strategy, const std::vector<at
 
 }  // namespace
 
+// The stage of the ZeRO estimate whose model state the job's strategy holds, or -1 when the
+// job leaves it to the run ("auto", hybrid sharding, a strategy trainrun does not ship).
+int zero_stage_of(const JobConfig& job) {
+  const std::string& s = job.strategy.plugin;
+  if (s == "single" || s == "ddp" || s == "ring") return 0;
+  const auto& values = job.strategy.options.values();
+  if (s == "zero") {
+    auto it = values.find("stage");
+    if (it != values.end() && std::holds_alternative<int64_t>(it->second)) {
+      const int64_t stage = std::get<int64_t>(it->second);
+      if (stage >= 0 && stage <= 3) return static_cast<int>(stage);
+    }
+    return -1;
+  }
+  if (s == "fsdp") {
+    auto it = values.find("sharding_strategy");
+    if (it == values.end() || !std::holds_alternative<std::string>(it->second)) return -1;
+    const std::string& v = std::get<std::string>(it->second);
+    if (v == "FULL_SHARD") return 3;
+    if (v == "SHARD_GRAD_OP") return 2;
+    if (v == "NO_SHARD") return 0;
+  }
+  return -1;
+}
+
 MemoryCheck check_memory(const JobConfig& job, const Registry& registry) {
   const int nproc = static_cast<int>(job.launch.get_int("nproc_per_node"));
   const int nnodes = static_cast<int>(job.launch.get_int("nnodes"));
@@ -285,6 +310,17 @@ MemoryCheck check_memory(const JobConfig& job, const Registry& registry) {
        << " bits each; " << job.precision.plugin << ")";
     lines.push_back(os.str());
   }
+  if (stored_weights > 0) {
+    // convert() quantizes whole full-precision weights: every rank reads them all first.
+    const double all_weights =
+        static_cast<double>(psi + counted.frozen + counted.whole_frozen) * mi.param_bytes;
+    os.str("");
+    os << "loading: " << job.precision.plugin << " converts whole weights, so each rank first "
+       << "holds the model at full precision with its stored form, about "
+       << v1::memory::format_bytes(all_weights + static_cast<double>(stored_bytes))
+       << " before training (not in the table)";
+    lines.push_back(os.str());
+  }
   lines.push_back(sizes);
   if (expert_psi + expert_frozen > 0) {
     const double per_trained =
@@ -320,14 +356,19 @@ MemoryCheck check_memory(const JobConfig& job, const Registry& registry) {
         guarded(model_label, "activation_bytes", [&] { return am->activation_bytes(shape); });
     os.str("");
     os << "activations: " << v1::memory::format_bytes(activations) << " per micro-batch of "
-       << shape.micro_batch_size << " x " << shape.seq_len << " tokens ("
+       << shape.micro_batch_size << " rows x " << shape.seq_len
+       << " tokens, every row at its longest (shorter rows hold less; "
        << (shape.bytes_per_element == 2 ? "16-bit" : "fp32")
        << (shape.checkpointing ? ", checkpointed" : "")
        << "; the model's estimate), in the peak column";
     lines.push_back(os.str());
   }
-  for (const auto& l : v1::memory::format_zero_table(stages, budget, activations))
-    lines.push_back(l);
+  const int held = zero_stage_of(job);
+  const auto table = v1::memory::format_zero_table(stages, budget, activations);
+  for (size_t i = 0; i < table.size(); ++i)
+    lines.push_back(table[i] + (i > 0 && static_cast<int>(i) - 1 == held
+                                    ? "   <- what strategy " + job.strategy.plugin + " holds"
+                                    : ""));
   if (budget > 0)
     lines.push_back("budget per rank " + v1::memory::format_bytes(static_cast<double>(budget)) +
                     " (" + budget_source + ")");

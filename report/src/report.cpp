@@ -364,8 +364,10 @@ Json build_charts(const std::vector<Run>& runs) {
   charts.push_back(std::move(gn));
 
   const bool tokens = any([](const Run& r) { return r.main.has("tokens_per_s"); });
-  Json tp = chart("throughput", tokens ? "Throughput (tokens/s)" : "Throughput (samples/s)",
-                  tokens ? "tokens/s" : "samples/s");
+  Json tp = chart("throughput",
+                  tokens ? "Throughput, all ranks together (tokens/s)"
+                         : "Throughput, all ranks together (samples/s)",
+                  tokens ? "tokens/s (all ranks)" : "samples/s (all ranks)");
   for (size_t i = 0; i < runs.size(); ++i) {
     const bool t = runs[i].main.has("tokens_per_s");
     tp["datasets"].push_back(series(runs[i], i, runs[i].main, "train", t ? "tokens/s" : "samples/s",

@@ -58,6 +58,11 @@ struct MemoryCheck {
 };
 MemoryCheck check_memory(const JobConfig& job, const Registry& registry);
 
+/// The ZeRO stage whose model state the job's strategy holds (single, ddp, ring: 0; zero: its
+/// stage; fsdp: 3, 2, 0 for FULL_SHARD, SHARD_GRAD_OP, NO_SHARD), or -1 when the run decides
+/// ("auto", HYBRID_SHARD, a strategy trainrun does not ship).
+int zero_stage_of(const JobConfig& job);
+
 /// `trainrun check`: check_memory(job, registry).lines.
 std::vector<std::string> check_memory_lines(const JobConfig& job, const Registry& registry);
 
