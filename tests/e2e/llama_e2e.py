@@ -897,7 +897,8 @@ def bad(base):
     case("truncated", truncate, r"model\.safetensors.*truncated")
     case("shape", lambda d: edit_config(d, intermediate_size=48),
          r"model\.safetensors: tensor 'model\.layers\.0\.mlp\.gate_proj\.weight' has shape \[64, 32\], config\.json makes it \[48, 32\]")
-    case("lora-target", lambda d: None, r"no trainrun Linear layers match target_modules \[\"qproj\"\]",
+    case("lora-target", lambda d: None, r"target_modules entry \"qproj\" matches no layer of the model .*; "
+         r"its Linear layers are named q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj",
          extra='\n[[callbacks]]\nplugin = "lora"\ntarget_modules = ["qproj"]\n')
 
 
