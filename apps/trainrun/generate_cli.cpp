@@ -114,11 +114,12 @@ int apply_adapter(v1::Model& model, const std::string& dir, const AdapterBase& h
   std::map<std::string, at::Tensor> params;
   for (auto& p : model.named_parameters()) params[p.name] = p.tensor;
   std::map<std::string, at::Tensor> ad;
-  for (auto& t : hf::read_safetensors(weights.string())) ad[t.name] = t.tensor;
+  std::map<std::string, std::string> metadata;
+  for (auto& t : hf::read_safetensors(weights.string(), &metadata)) ad[t.name] = t.tensor;
   const std::string prefix = "base_model.model.", a_suffix = ".lora_A.weight", b_suffix = ".lora_B.weight";
   // A QLoRA adapter was trained against its base as quantized (merge_lora.hpp): that base is
   // rebuilt unless --plain-base, as merge-lora does.
-  const nlohmann::json quantized = recorded_base_quantization(weights.string());
+  const nlohmann::json quantized = recorded_base_quantization(metadata, weights.string());
   std::unique_ptr<TrainedBase> trained_base;
   if (!quantized.empty() && !how.plain_base)
     trained_base = std::make_unique<TrainedBase>(how.plugin_paths);

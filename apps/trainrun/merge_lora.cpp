@@ -266,14 +266,7 @@ int merge(const std::string& base_path, const std::string& adapter_dir, const st
   std::map<std::string, at::Tensor> adapter;
   std::map<std::string, std::string> ad_meta;
   for (auto& t : core::read_safetensors(ad_path.string(), &ad_meta)) adapter[t.name] = t.tensor;
-  if (auto it = ad_meta.find("trainrun_base_quantization"); it != ad_meta.end()) {
-    try {
-      m.quantized_layers = nlohmann::json::parse(it->second);
-    } catch (const nlohmann::json::exception& e) {
-      throw ConfigError(ad_path.string() +
-                        ": metadata trainrun_base_quantization is not valid JSON: " + e.what());
-    }
-  }
+  m.quantized_layers = recorded_base_quantization(ad_meta, ad_path.string());
   TrainedBase trained_base(plugin_paths);
   m.merge_all(adapter, trained_base);
   trained_base.warn_inexact("merge-lora");
@@ -381,11 +374,10 @@ at::Tensor TrainedBase::operator()(const at::Tensor& W, const nlohmann::json& q,
 }
 void TrainedBase::warn_inexact(const std::string& command) const { impl_->warn_inexact(command); }
 
-nlohmann::json recorded_base_quantization(const std::string& adapter_file) {
-  std::map<std::string, std::string> meta;
-  core::read_safetensors(adapter_file, &meta);
-  auto it = meta.find("trainrun_base_quantization");
-  if (it == meta.end()) return nlohmann::json::object();
+nlohmann::json recorded_base_quantization(const std::map<std::string, std::string>& metadata,
+                                          const std::string& adapter_file) {
+  auto it = metadata.find("trainrun_base_quantization");
+  if (it == metadata.end()) return nlohmann::json::object();
   try {
     return nlohmann::json::parse(it->second);
   } catch (const nlohmann::json::exception& e) {

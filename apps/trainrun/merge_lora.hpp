@@ -4,6 +4,7 @@
 // which merge-lora, generate and score use unless told --plain-base.
 #include <ATen/core/Tensor.h>
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -16,10 +17,12 @@ namespace trainrun::app {
 int run_merge_lora_command(int argc, char** argv);
 
 /// The quantization of each layer's frozen base as the lora callback recorded it in the
-/// adapter's safetensors metadata (`trainrun_base_quantization`: layer path -> {format,
-/// blocksize, double_quant, ...}); an empty object for an adapter trained on a full-precision
-/// base. Throws ConfigError naming the file when the metadata is not JSON.
-nlohmann::json recorded_base_quantization(const std::string& adapter_file);
+/// adapter's safetensors metadata (`metadata`, as read from `adapter_file` with its tensors:
+/// `trainrun_base_quantization`: layer path -> {format, blocksize, double_quant, ...}); an
+/// empty object for an adapter trained on a full-precision base. Throws ConfigError naming
+/// `adapter_file` when the entry is not JSON.
+nlohmann::json recorded_base_quantization(const std::map<std::string, std::string>& metadata,
+                                          const std::string& adapter_file);
 
 /// A layer's weight W as a QLoRA adapter's training saw it: quantized as recorded (NF4 with its
 /// blocksize and double quantization, or int8) by the precision plugin that trained it

@@ -294,6 +294,16 @@ OptionValue convert(const toml::node& node, const OptionSpec& spec, const std::s
   throw bad_type();
 }
 
+// The core table ("trainer", "launch", "parallel") whose schema has key `k`, other than
+// `except` ("[launch]"); "" when none: where a key written in the wrong place belongs.
+std::string core_table_with_key(const std::string& k, const std::string& except = "") {
+  const std::pair<const char*, v1::OptionSchema (*)()> tables[] = {
+      {"trainer", &trainer_schema}, {"launch", &launch_schema}, {"parallel", &parallel_schema}};
+  for (const auto& [table, schema] : tables)
+    if ("[" + std::string(table) + "]" != except && schema().find(k) != nullptr) return table;
+  return "";
+}
+
 // Validates one table against a schema. `skip` lists keys handled by the caller ("plugin").
 v1::Options validate_table(const toml::table& table, const v1::OptionSchema& schema,
                            const std::string& section, const std::string& file,
@@ -311,16 +321,9 @@ v1::Options validate_table(const toml::table& table, const v1::OptionSchema& sch
     if (!spec) {
       std::string hint = closest(k, names);
       // A key of another core table written under this one: name where it goes.
-      std::string elsewhere;
-      for (const char* table : {"trainer", "launch", "parallel"}) {
-        const std::string t = std::string("[") + table + "]";
-        if (t == section) continue;
-        const v1::OptionSchema other = std::string(table) == "trainer"  ? trainer_schema()
-                                       : std::string(table) == "launch" ? launch_schema()
-                                                                        : parallel_schema();
-        if (elsewhere.empty() && other.find(k) != nullptr)
-          elsewhere = "; '" + k + "' is a key of " + t + ": move it there";
-      }
+      const std::string table = core_table_with_key(k, section);
+      const std::string elsewhere =
+          table.empty() ? "" : "; '" + k + "' is a key of [" + table + "]: move it there";
       std::string known;
       for (const auto& n : names) known += (known.empty() ? "" : ", ") + n;
       throw ConfigError(loc + ": unknown key '" + k + "' in " + section + owner +
@@ -497,14 +500,10 @@ void check_top_level(const toml::table& root, const std::string& file) {
     }
     // A key written above every table belongs to no table; name the table that has it.
     if (!node.is_table() && !node.is_array_of_tables()) {
-      const std::pair<const char*, v1::OptionSchema> fixed[] = {{"trainer", trainer_schema()},
-                                                                {"launch", launch_schema()},
-                                                                {"parallel", parallel_schema()}};
-      for (const auto& [table, schema] : fixed)
-        if (schema.find(k) != nullptr)
-          throw ConfigError(where(key.source(), file) + ": '" + k +
-                            "' is a key above every table, so it belongs to none; did you mean [" +
-                            table + "] " + k + "? (move it under [" + table + "])");
+      if (const std::string table = core_table_with_key(k); !table.empty())
+        throw ConfigError(where(key.source(), file) + ": '" + k +
+                          "' is a key above every table, so it belongs to none; did you mean [" +
+                          table + "] " + k + "? (move it under [" + table + "])");
       throw ConfigError(where(key.source(), file) + ": '" + k +
                         "' is a key above every table, so it belongs to none: keys go under the "
                         "table they set ([trainer], [model], [data], ...)");

@@ -61,13 +61,7 @@ TrainableParameters count_trainable(v1::Model& model, const std::string& label, 
                                     const std::function<bool(const std::string&)>& skip = {}) {
   TrainableParameters c;
   const auto units = guarded(label, "units", [&] { return model.units(); });
-  // The unit each tensor belongs to, -1 when several hold it.
-  std::map<const void*, int> owner;
-  for (size_t u = 0; u < units.size(); ++u)
-    for (const auto& t : units[u]->module().parameters(/*recurse=*/true)) {
-      auto [it, fresh] = owner.emplace(t.unsafeGetTensorImpl(), static_cast<int>(u));
-      if (!fresh && it->second != static_cast<int>(u)) it->second = -1;
-    }
+  const std::map<const void*, int> owner = v1::unit_of_each_parameter(units);
   for (const auto& p : guarded(label, "named_parameters", [&] { return model.named_parameters(); })) {
     const bool seen = std::any_of(c.tensors.begin(), c.tensors.end(),
                                   [&](const at::Tensor& t) { return t.is_same(p.tensor); });
@@ -309,8 +303,6 @@ MemoryCheck check_memory(const JobConfig& job, const Registry& registry) {
        << 8.0 * static_cast<double>(stored_bytes) / static_cast<double>(stored_weights)
        << " bits each; " << job.precision.plugin << ")";
     lines.push_back(os.str());
-  }
-  if (stored_weights > 0) {
     // convert() quantizes whole full-precision weights: every rank reads them all first.
     const double all_weights =
         static_cast<double>(psi + counted.frozen + counted.whole_frozen) * mi.param_bytes;

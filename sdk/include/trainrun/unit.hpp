@@ -4,6 +4,7 @@
 // running that part of its forward through a Unit. Follows the "unit" of PyTorch FSDP's
 // auto-wrap policy and ZeRO-3's per-submodule parameter gathering.
 #include <functional>
+#include <map>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -108,5 +109,18 @@ class Unit {
   UnitHooks* hooks_ = nullptr;
   Checkpointer checkpointer_;  // ABI 1.3: appended, so 1.2 code sees the same layout before it
 };
+
+/// For each parameter tensor (by TensorImpl) of `units`, the index of the one unit that holds
+/// it, or -1 when several do (a tied weight): what a sharded strategy may give to one unit's
+/// shard and what it must keep whole. Parameters outside every unit are absent.
+inline std::map<const void*, int> unit_of_each_parameter(const std::vector<Unit*>& units) {
+  std::map<const void*, int> owner;
+  for (size_t u = 0; u < units.size(); ++u)
+    for (const auto& t : units[u]->module().parameters(/*recurse=*/true)) {
+      auto [it, fresh] = owner.emplace(t.unsafeGetTensorImpl(), static_cast<int>(u));
+      if (!fresh && it->second != static_cast<int>(u)) it->second = -1;
+    }
+  return owner;
+}
 
 }  // namespace trainrun::v1

@@ -554,16 +554,10 @@ class ShardedRuntime : public UnitHooks, public UnitOutputHooks {
       if (p.tensor.numel() > 0) frozen.emplace(impl, p);
     }
     if (frozen.empty()) return;
-    std::map<const void*, int> owner;
-    for (size_t u = 0; u < units_.size(); ++u)
-      for (const auto& t : units_[u]->module().parameters(/*recurse=*/true)) {
-        const void* impl = t.unsafeGetTensorImpl();
-        if (!frozen.count(impl)) continue;
-        auto [it, fresh] = owner.emplace(impl, static_cast<int>(u));
-        if (!fresh && it->second != static_cast<int>(u)) it->second = -1;
-      }
+    const std::map<const void*, int> owner = unit_of_each_parameter(units_);
     std::map<int, std::vector<NamedTensor>> per_group, per_unit;
     for (const auto& p : all_params_) {  // model order, each tensor once
+      if (!frozen.count(p.tensor.unsafeGetTensorImpl())) continue;
       auto it = owner.find(p.tensor.unsafeGetTensorImpl());
       if (it == owner.end() || it->second < 0) continue;
       const int u = it->second;

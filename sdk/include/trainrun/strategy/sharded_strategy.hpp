@@ -43,13 +43,8 @@ inline ModelStatistics model_statistics(Model& model, int64_t persistence_thresh
   ModelStatistics s;
   std::set<const void*> seen;
   std::map<const void*, int64_t> numel_of;
-  std::map<const void*, int> unit_of;  // -1: in several units
   const auto units = model.units();
-  for (size_t u = 0; u < units.size(); ++u)
-    for (const auto& t : units[u]->module().parameters(true)) {
-      auto [it, fresh] = unit_of.emplace(t.unsafeGetTensorImpl(), static_cast<int>(u));
-      if (!fresh && it->second != static_cast<int>(u)) it->second = -1;
-    }
+  const std::map<const void*, int> unit_of = unit_of_each_parameter(units);  // -1: several units
   for (const auto& p : model.named_parameters()) {
     if (!seen.insert(p.tensor.unsafeGetTensorImpl()).second) continue;
     if (!p.tensor.requires_grad()) {
