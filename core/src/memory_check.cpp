@@ -350,7 +350,8 @@ MemoryCheck check_memory(const JobConfig& job, const Registry& registry) {
     os << "activations: " << v1::memory::format_bytes(activations) << " per micro-batch of "
        << shape.micro_batch_size << " rows x " << shape.seq_len
        << " tokens, every row at its longest (shorter rows hold less; "
-       << (shape.bytes_per_element == 2 ? "16-bit" : "fp32")
+       << (shape.bytes_per_element == 2 ? "16-bit autocast, with the weights' 16-bit copies"
+                                        : "fp32")
        << (shape.checkpointing ? ", checkpointed" : "")
        << "; the model's estimate), in the peak column";
     lines.push_back(os.str());

@@ -386,11 +386,41 @@ std::vector<v1::Unit*> LlamaModel::units() {
 }
 
 double LlamaModel::activation_bytes(const v1::ActivationShape& shape) const {
-  const double tokens = static_cast<double>(shape.micro_batch_size) *
-                        static_cast<double>(std::max<int64_t>(shape.seq_len, 1));
+  const double rows = static_cast<double>(shape.micro_batch_size);
+  const int64_t T = std::max<int64_t>(shape.seq_len, 1);
+  const double tokens = rows * static_cast<double>(T);
   const double h = static_cast<double>(cfg_.hidden_size);
   const double q = static_cast<double>(cfg_.num_attention_heads * cfg_.head_dim);
   const double kv = static_cast<double>(cfg_.num_key_value_heads * cfg_.head_dim);
+  const double heads = static_cast<double>(cfg_.num_attention_heads);
+  // bytes_per_element 2 = a forward under 16-bit autocast: the residual stream, the norms and an
+  // adapted Linear's output (a float32 adapter output added to the 16-bit product) stay float32;
+  // a plain Linear's output and the casts of its inputs are 16-bit.
+  const bool autocast = shape.bytes_per_element < 4;
+  auto& net = net_of(net_);
+  bool adapted = false;
+  double dense_weights = 0;  // elements of the decoder layers' dense Linear weights
+  for (const auto& m : net.model->modules(/*include_self=*/false))
+    if (const auto* l = dynamic_cast<const v1::LinearImpl*>(m.get())) {
+      adapted = adapted || !l->adapters().empty();
+      if (l->weight.defined()) dense_weights += static_cast<double>(l->weight.numel());
+    }
+  const double out = autocast && !adapted ? 2 : 4;  // a Linear output's bytes
+  // The score probabilities the blocked attention keeps for its backward (LibTorch < 2.1: no
+  // SDPA), float32 in both kernels: each block of n queries keeps n x e scores per head, e the
+  // keys up to its end. With SDPA, one log-sum-exp per head and token.
+  double scores = heads * 4;  // bytes per token
+#if !TRAINRUN_HAS_SDPA
+  {
+    const int64_t block = T > 64 ? (autocast ? 128 : 64) : T;
+    double kept = 0;
+    for (int64_t s = 0; s < T; s += block) {
+      const int64_t n = std::min(block, T - s);
+      kept += static_cast<double>(n) * static_cast<double>(s + n);
+    }
+    scores = heads * 4 * kept / static_cast<double>(T);
+  }
+#endif
   double layers_total = 0, largest = 0;
   for (int64_t l = 0; l < cfg_.num_hidden_layers; ++l) {
     // A MoE block's intermediates exist for each token's top-k experts.
@@ -398,32 +428,46 @@ double LlamaModel::activation_bytes(const v1::ActivationShape& shape) const {
         cfg_.layer_is_moe(l)
             ? static_cast<double>(cfg_.num_experts_per_tok * cfg_.moe_intermediate_size)
             : static_cast<double>(cfg_.intermediate_size);
-    // Layer input, normed input, q, k, v, rotated q and k, attention output (+ its log-sum-exp
-    // per head), the residual sum, its normed copy, then gate, up, act(gate), act(gate) x up.
-    const double per_token = 2 * h + q + 2 * kv + q + kv + q +
-                             static_cast<double>(cfg_.num_attention_heads) + 2 * h + 4 * inter;
+    // Bytes per token the layer keeps: both norms' float32 inputs (the residual stream); the
+    // attention's queries (scaled), keys and values; its output (o_proj's input); act(gate),
+    // up and gate (silu's input) and their product (down_proj's input). Float32: the normed
+    // inputs are shared by the products that read them. Under autocast each product keeps its
+    // own 16-bit cast of a float32 input (q, k, v: three; gate, up: two), the attention its
+    // 16-bit queries, keys and values.
+    const double per_token = autocast ? 2 * 4 * h + 3 * 2 * h + 2 * q + 4 * kv + 2 * q + 2 * 2 * h +
+                                            3 * out * inter + 2 * inter + scores
+                                      : 4 * (4 * h + 2 * q + 2 * kv + 4 * inter) + scores;
     layers_total += per_token;
     largest = std::max(largest, per_token);
   }
-  const double e = shape.bytes_per_element;
-  const double body = shape.checkpointing
-                          ? tokens * e * (h * static_cast<double>(cfg_.num_hidden_layers) + largest)
-                          : tokens * e * layers_total;
-  // The head: the fused loss of a frozen float32 head keeps one [tokens, vocab] float32 buffer
-  // (overwritten by its gradient); through autograd the logits, their log-softmax and the
-  // gradient are three, in float32 (the loss upcasts).
+  const double layers = static_cast<double>(cfg_.num_hidden_layers);
+  // Checkpointed, a unit keeps only its input until its backward recomputes it.
+  double body = shape.checkpointing ? tokens * (4 * h * layers + largest) : tokens * layers_total;
+  // Under autocast the 16-bit copies of the dense weights live until the backward: a frozen
+  // weight's kept copy (LinearImpl::keep_frozen_weight_copy) or autocast's cast, which the
+  // product keeps.
+  if (autocast) body += 2 * dense_weights;
+  // The head: the fused loss of a frozen head keeps one [tokens, vocab] buffer (its gradient is
+  // written over it), in float32 or under autocast in bf16 with a bf16 copy of the weight;
+  // CrossEntropySum keeps the float32 logits alone. Under autocast through autograd: the 16-bit
+  // logits, their float32 log-softmax and its gradient.
   // A sequence classifier scores each row once: no vocabulary-wide logits.
   if (cfg_.num_labels > 0) return body;
-  auto& net = net_of(net_);
   torch::Tensor head;
   if (cfg_.tie_word_embeddings)
     head = net.model->embed_tokens->weight;
   else if (!net.lm_head.is_empty())
     head = net.lm_head->weight;
-  const bool fused = fused_head_loss_ && cfg_.final_logit_softcapping <= 0 && e == 4 &&
-                     head.defined() && !head.requires_grad();
-  const double logits = tokens * static_cast<double>(cfg_.vocab_size) * 4.0 * (fused ? 1.0 : 3.0);
-  return body + logits;
+  const bool plain_head =
+      cfg_.tie_word_embeddings || (!net.lm_head.is_empty() && net.lm_head->adapters().empty() &&
+                                   !net.lm_head->base() && !net.lm_head->bias.defined());
+  const bool fused = fused_head_loss_ && cfg_.final_logit_softcapping <= 0 && head.defined() &&
+                     !head.requires_grad() && plain_head;
+  const double vocab = static_cast<double>(cfg_.vocab_size);
+  // Soft-capped logits (Gemma 2) go through autograd: the product, its tanh and the result.
+  if (!autocast) return body + tokens * vocab * 4 * (cfg_.final_logit_softcapping > 0 ? 3 : 1);
+  if (fused) return body + tokens * vocab * 2 + vocab * h * 2;
+  return body + tokens * vocab * (2 + 4 + 4);
 }
 
 std::string LlamaModel::describe() const {
