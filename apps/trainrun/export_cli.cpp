@@ -7,6 +7,7 @@
 #include "export_cli.hpp"
 #include "command_line.hpp"
 #include "commands.hpp"
+#include "gguf_export.hpp"
 
 #include <boost/program_options.hpp>
 
@@ -58,14 +59,35 @@ nlohmann::json read_meta(const std::string& src) {
   return meta;
 }
 
+// "272 tensors (211 2-D weights in q4_1, the others f32) as GGUF (llama, 85975840 bytes)".
+std::string describe(const GgufExportSummary& s, const std::string& type) {
+  std::string out = std::to_string(s.tensors) + " tensors (" + std::to_string(s.in_type) +
+                    " 2-D weights in " + type;
+  if (s.fell_back > 0)
+    out += ", " + std::to_string(s.fell_back) + " in f16 (rows not a multiple of 32)";
+  return out + ", the others f32) as GGUF (" + s.architecture + ", " + std::to_string(s.bytes) +
+         " bytes)";
+}
+
 }  // namespace
 
 int run_export_command(int argc, char** argv) {
-  std::string output, dtype = "auto", max_shard = "5GB";
+  std::string output, dtype = "auto", max_shard = "5GB", format = "hf", gguf_type = "f16",
+                      tokenizer_pre, gguf_name;
   std::vector<std::string> positional, plugin_paths;
   po::options_description opts("trainrun export options");
   opts.add_options()("help,h", "show this help")(
-      "output,o", po::value(&output), "HF model directory to write (must not exist or be empty)")(
+      "output,o", po::value(&output),
+      "HF model directory to write (must not exist or be empty), or with --format gguf the "
+      ".gguf file (must not exist)")("format", po::value(&format),
+                                     "hf (default) or gguf (llama.cpp, Ollama, LM Studio)")(
+      "type", po::value(&gguf_type),
+      "--format gguf: the weights' type: f32, f16 (default), bf16, q8_0, q4_0, q4_1 (norms and "
+      "biases stay f32)")(
+      "tokenizer-pre", po::value(&tokenizer_pre),
+      "--format gguf: llama.cpp's pre-tokenizer name (tokenizer.ggml.pre) when tokenizer.json's "
+      "is not one the export recognises")(
+      "name", po::value(&gguf_name), "--format gguf: general.name (default: the directory's name)")(
       "dtype", po::value(&dtype),
       "weights' dtype: auto (as trained: the input model's), float32, bfloat16, float16")(
       "max-shard-size", po::value(&max_shard),
@@ -81,26 +103,54 @@ int run_export_command(int argc, char** argv) {
           argc, argv, "export",
           "usage: trainrun export CHECKPOINT --output DIR [--dtype auto|float32|bfloat16|float16] "
           "[--max-shard-size 5GB]\n"
+          "       trainrun export CHECKPOINT|HF_DIR --format gguf --output FILE.gguf "
+          "[--type f16|f32|bf16|q8_0|q4_0|q4_1]\n"
           "Writes a Hugging Face model directory (config.json, generation_config.json, "
           "model.safetensors or shards + model.safetensors.index.json, tokenizer files) from a "
           "checkpoint of any world size. CHECKPOINT: a checkpoint directory, a checkpoints "
-          "directory or its `latest` file.",
+          "directory or its `latest` file. With --format gguf: one GGUF v3 file (weights, "
+          "architecture keys, tokenizer and chat template) from a checkpoint or an HF model "
+          "directory (merge a LoRA adapter first with `trainrun merge-lora`).",
           opts, vm, &positional))
     return *done;
   if (positional.size() != 1) return bad("give one CHECKPOINT (see --help)");
-  if (output.empty()) return bad("--output DIR is required");
+  if (output.empty())
+    return bad(format == "gguf" ? "--output FILE.gguf is required" : "--output DIR is required");
+  if (format != "hf" && format != "gguf") return bad("--format '" + format + "': give hf or gguf");
   if (dtype != "auto" && dtype != "float32" && dtype != "bfloat16" && dtype != "float16")
     return bad("--dtype '" + dtype + "': give auto, float32, bfloat16 or float16");
   std::error_code ec;
-  if (fs::exists(output, ec) && !(fs::is_directory(output, ec) && fs::is_empty(output, ec)))
+  GgufExportOptions gguf;
+  if (format == "gguf") {
+    try {
+      gguf.type = parse_gguf_type(gguf_type);
+    } catch (const v1::Error& e) {
+      return bad(e.what());
+    }
+    gguf.tokenizer_pre = tokenizer_pre;
+    gguf.name = gguf_name;
+    if (fs::exists(output, ec)) return bad("--output " + output + " exists; nothing written");
+  } else if (fs::exists(output, ec) &&
+             !(fs::is_directory(output, ec) && fs::is_empty(output, ec))) {
     return bad("--output " + output + " exists and is not an empty directory; nothing written");
-  if (!fs::exists(positional[0], ec)) return bad(positional[0] + ": no such checkpoint directory");
+  }
+  if (!fs::exists(positional[0], ec))
+    return bad(positional[0] + (format == "gguf" ? ": no such checkpoint or HF model directory"
+                                                 : ": no such checkpoint directory"));
   try {
+    // An HF model directory goes straight to GGUF; a checkpoint through an HF directory first.
+    if (format == "gguf" && fs::is_regular_file(fs::path(positional[0]) / "config.json", ec)) {
+      const GgufExportSummary s = write_gguf(positional[0], output, gguf);
+      std::cout << "exported " << describe(s, gguf_type) << " of " << positional[0] << " into "
+                << output << std::endl;
+      return 0;
+    }
     const std::string src = checkpoint_of(positional[0]);
     const nlohmann::json meta = read_meta(src);
 
     // Work beside the output so the final rename stays on one file system.
     const fs::path out = fs::absolute(output).lexically_normal();
+    if (format == "gguf") dtype = "float32";  // the GGUF types are made from the full values
     fs::create_directories(out.parent_path());
     TempDir tmp{out.parent_path() / (out.filename().string() + ".export-tmp")};
     fs::remove_all(tmp.path, ec);
@@ -147,6 +197,13 @@ int run_export_command(int argc, char** argv) {
       return bad(label + " wrote no HF directory for " + src +
                  " (see its message above: a LoRA checkpoint's adapters are merged by `trainrun "
                  "merge-lora`, from the run's adapter/ directory)");
+    if (format == "gguf") {
+      if (gguf.name.empty()) gguf.name = out.stem().string();
+      const GgufExportSummary s = write_gguf((tmp.path / "hf").string(), out.string(), gguf);
+      std::cout << "exported " << describe(s, gguf_type) << " of checkpoint " << src << " into "
+                << out.string() << std::endl;
+      return 0;
+    }
     if (fs::exists(out)) fs::remove(out);  // empty, checked above
     fs::rename(tmp.path / "hf", out);
     std::cout << "exported " << n << " tensors from " << src << " into " << out.string() << std::endl;

@@ -276,7 +276,8 @@ const std::vector<Command>& subcommands() {
        run_consolidate_command},
       {"export",
        "export CHECKPOINT --output DIR [--dtype bfloat16] [--max-shard-size 5GB] (an HF model "
-       "directory)",
+       "directory); export CHECKPOINT|HF_DIR --format gguf --output F.gguf [--type q8_0] "
+       "(llama.cpp)",
        run_export_command},
       {"merge-lora",
        "merge-lora --base HF_DIR|FILE --adapter DIR --output DIR|FILE [--plain-base] "
