@@ -11,6 +11,7 @@
 
 #include <boost/program_options.hpp>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -61,12 +62,17 @@ nlohmann::json read_meta(const std::string& src) {
 
 // "272 tensors (211 2-D weights in q4_1, the others f32) as GGUF (llama, 85975840 bytes)".
 std::string describe(const GgufExportSummary& s, const std::string& type) {
-  std::string out = std::to_string(s.tensors) + " tensors (" + std::to_string(s.in_type) +
-                    " 2-D weights in " + type;
-  if (s.fell_back > 0)
-    out += ", " + std::to_string(s.fell_back) + " in f16 (rows not a multiple of 32)";
-  return out + ", the others f32) as GGUF (" + s.architecture + ", " + std::to_string(s.bytes) +
-         " bytes)";
+  std::string out = std::to_string(s.tensors) + " tensors (";
+  if (type == "f32") {
+    out += "all f32";
+  } else {
+    out += std::to_string(s.in_type) + " 2-D weights in " + type;
+    if (!s.output_q8_0.empty()) out += ", " + s.output_q8_0 + " (the output layer) in q8_0";
+    if (s.fell_back > 0)
+      out += ", " + std::to_string(s.fell_back) + " in f16 (rows not a multiple of 32)";
+    out += ", the others f32";
+  }
+  return out + ") as GGUF (" + s.architecture + ", " + std::to_string(s.bytes) + " bytes)";
 }
 
 }  // namespace
@@ -80,7 +86,8 @@ int run_export_command(int argc, char** argv) {
       "output,o", po::value(&output),
       "HF model directory to write (must not exist or be empty), or with --format gguf the "
       ".gguf file (must not exist)")("format", po::value(&format),
-                                     "hf (default) or gguf (llama.cpp, Ollama, LM Studio)")(
+                                     "hf (default) or gguf (llama.cpp, Ollama, LM Studio; the "
+                                     "default for an --output ending in .gguf)")(
       "type", po::value(&gguf_type),
       "--format gguf: the weights' type: f32, f16 (default), bf16, q8_0, q4_0, q4_1 (norms and "
       "biases stay f32)")(
@@ -114,6 +121,21 @@ int run_export_command(int argc, char** argv) {
           opts, vm, &positional))
     return *done;
   if (positional.size() != 1) return bad("give one CHECKPOINT (see --help)");
+  std::transform(format.begin(), format.end(), format.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  // A .gguf output names the format; GGUF's options name it too, and are errors with hf.
+  if (!vm.count("format") && output.size() > 5 && output.substr(output.size() - 5) == ".gguf")
+    format = "gguf";
+  if (format == "hf")
+    for (const char* k : {"type", "tokenizer-pre", "name"})
+      if (vm.count(k))
+        return bad(std::string("--") + k +
+                   " is an option of --format gguf (this export writes an HF directory)");
+  if (format == "gguf")
+    for (const char* k : {"dtype", "max-shard-size"})
+      if (vm.count(k))
+        return bad(std::string("--") + k +
+                   " is an option of the HF export; --format gguf takes --type");
   if (output.empty())
     return bad(format == "gguf" ? "--output FILE.gguf is required" : "--output DIR is required");
   if (format != "hf" && format != "gguf") return bad("--format '" + format + "': give hf or gguf");
@@ -146,6 +168,10 @@ int run_export_command(int argc, char** argv) {
       return 0;
     }
     const std::string src = checkpoint_of(positional[0]);
+    if (format == "gguf" && !fs::is_regular_file(fs::path(src) / "meta.json", ec))
+      return bad(positional[0] +
+                 ": neither a Hugging Face model directory (no config.json) nor a "
+                 "trainrun checkpoint (no meta.json)");
     const nlohmann::json meta = read_meta(src);
 
     // Work beside the output so the final rename stays on one file system.

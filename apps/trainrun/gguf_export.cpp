@@ -446,6 +446,12 @@ GgufExportSummary write_gguf(const std::string& hf_dir, const std::string& outpu
                                                     : kTF32;
   GgufExportSummary summary;
   summary.architecture = arch;
+  // The output layer (lm_head, or the tied embedding that serves as it) stays at 8 bits under a
+  // 4-bit type, as llama.cpp's quantizer keeps it at a higher precision than the layers: its
+  // error reaches every logit (SmolLM2 at q4_0 otherwise: logits up to 20 away).
+  bool has_output = false;
+  for (const auto& f : files) has_output = has_output || f->find("lm_head.weight") != nullptr;
+  const std::string output_name = has_output ? "output.weight" : "token_embd.weight";
   std::vector<Planned> plan;
   for (const auto& f : files)
     for (const auto& e : f->entries()) {
@@ -469,6 +475,9 @@ GgufExportSummary write_gguf(const std::string& hf_dir, const std::string& outpu
       } else if (o.type == GgufType::BF16) {
         p.type = kTBF16;
         ++summary.in_type;
+      } else if (e.shape.back() % kBlock == 0 && quant != kTQ8_0 && name == output_name) {
+        p.type = kTQ8_0;
+        summary.output_q8_0 = name;
       } else if (e.shape.back() % kBlock == 0) {
         p.type = quant;
         ++summary.in_type;

