@@ -41,7 +41,7 @@ import torch
 
 TR, WORK, CASE = sys.argv[1], sys.argv[2], sys.argv[3]
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from tiny_models import CHAT_TEMPLATE, bpe_tokenizer  # noqa: E402
+from tiny_models import CHAT_TEMPLATE, bpe_tokenizer, stable_text  # noqa: E402
 
 
 def fail(msg):
@@ -60,9 +60,7 @@ def run(args, expect=0, env=None):
 def make_model(out, layers=1):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    here = os.path.dirname(os.path.abspath(__file__))
-    texts = [open(os.path.join(here, n), encoding="utf-8").read() for n in sorted(os.listdir(here)) if n.endswith(".py")]
-    fast = bpe_tokenizer(texts)
+    fast = bpe_tokenizer([stable_text()])
     cfg = LlamaConfig(vocab_size=len(fast), hidden_size=576, intermediate_size=64, num_hidden_layers=layers,
                       num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=256,
                       rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2, tie_word_embeddings=True)

@@ -73,17 +73,11 @@ def rel(x, ref):
 
 def make_tiny(variant, out):
     from transformers import AutoModelForCausalLM
-    from tiny_models import bpe_tokenizer, config
+    from tiny_models import bpe_tokenizer, config, stable_text
 
-    # A byte-level BPE over this repository's prose (any text does): ids 0-2 are <unk>, <s>, </s>.
-    here = os.path.dirname(os.path.abspath(__file__))
-    texts = []
-    for root in (os.path.join(here, "..", "..", "docs"), here):
-        for name in sorted(os.listdir(root)):
-            if name.endswith((".md", ".py")):
-                with open(os.path.join(root, name), encoding="utf-8") as f:
-                    texts.append(f.read())
-    fast = bpe_tokenizer(texts)
+    # A byte-level BPE over a fixed text (tiny_models.stable_text): cases (b) and the EOS choice
+    # rely on the prompts' token counts. Ids 0-2: <unk>, <s>, </s>.
+    fast = bpe_tokenizer([stable_text()])
     vocab = len(fast)
     common = dict(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,

@@ -175,13 +175,11 @@ elif CASE == "checkpoint":
     from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from tiny_models import CHAT_TEMPLATE, bpe_tokenizer
+    from tiny_models import CHAT_TEMPLATE, bpe_tokenizer, stable_text
 
     shutil.rmtree(WORK)
     os.makedirs(WORK)
-    here = os.path.dirname(os.path.abspath(__file__))
-    fast = bpe_tokenizer([open(os.path.join(here, n), encoding="utf-8").read()
-                          for n in sorted(os.listdir(here)) if n.endswith(".py")])
+    fast = bpe_tokenizer([stable_text()])
     model_dir = os.path.join(WORK, "model")
     cfg = LlamaConfig(vocab_size=len(fast), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,

@@ -102,6 +102,14 @@ CHAT_TEMPLATE = ("{% for m in messages %}{{ bos_token }}{{ m['role'] }}\n{{ m['c
                  "{% endfor %}{% if add_generation_prompt %}{{ bos_token }}assistant\n{% endif %}")
 
 
+def stable_text():
+    """A text that never changes with this repository, to train the tiny tokenizers on: the GPL 3
+    as Debian's base-files ships it. Trained on the docs and tests, a tokenizer changed with every
+    edit, and with it the prompts' token counts some cases rely on."""
+    with open("/usr/share/common-licenses/GPL-3", encoding="utf-8") as f:
+        return f.read()
+
+
 def bpe_tokenizer(texts, vocab_size=400):
     """A byte-level BPE trained on `texts` as transformers' PreTrainedTokenizerFast: ids 0-2 are
     <unk>, <s>, </s>; <s> is prepended; CHAT_TEMPLATE is its chat template."""
