@@ -277,9 +277,11 @@ void add_tokenizer(Metadata& md, const fs::path& dir, int64_t vocab_size,
     tokens[static_cast<size_t>(id)] = t;
     types[static_cast<size_t>(id)] = type;
   };
-  for (const auto& [t, id] : model["vocab"].items()) put(id.get<int64_t>(), t, 1, "model.vocab");
   std::map<std::string, int64_t> id_of;
-  for (const auto& [t, id] : model["vocab"].items()) id_of[t] = id.get<int64_t>();
+  for (const auto& [t, id] : model["vocab"].items()) {
+    put(id.get<int64_t>(), t, 1, "model.vocab");
+    id_of[t] = id.get<int64_t>();
+  }
   for (const auto& a : tok.value("added_tokens", json::array())) {
     const std::string t = a.value("content", "");
     const bool special = a.value("special", false) || looks_special(t);
