@@ -38,3 +38,9 @@ if(TARGET trainrun_text_sentencepiece AND SPM_TRAIN)
             ${CMAKE_CURRENT_BINARY_DIR}/work/tokenizer_sentencepiece)
   set_tests_properties(tokenizer_sentencepiece PROPERTIES TIMEOUT 120)
 endif()
+
+# The evaluation harness's units (issue 49; no model, no LibTorch).
+add_executable(unit_eval unit/unit_eval.cpp)
+target_link_libraries(unit_eval PRIVATE trainrun_eval)
+add_test(NAME unit_eval COMMAND unit_eval)
+set_tests_properties(unit_eval PROPERTIES TIMEOUT 60 LABELS eval)

@@ -59,9 +59,29 @@ json read_json(const fs::path& p) {
   }
 }
 
+// PEFT scaling: lora_alpha / r (or / sqrt(r) with use_rslora).
+double lora_scaling(const json& c, const std::string& file) {
+  if (c.contains("peft_type") && c["peft_type"] != "LORA")
+    throw ConfigError(file + ": peft_type is " + c["peft_type"].dump() +
+                      "; generate applies LORA adapters");
+  if (!c.contains("r") || !c.contains("lora_alpha") || !c["r"].is_number() ||
+      !c["lora_alpha"].is_number())
+    throw ConfigError(file + ": needs numeric \"r\" and \"lora_alpha\"");
+  if (c.value("use_dora", false)) throw ConfigError(file + ": DoRA adapters are not supported");
+  for (const char* k : {"rank_pattern", "alpha_pattern"})
+    if (c.contains(k) && c[k].is_object() && !c[k].empty())
+      throw ConfigError(file + ": \"" + k +
+                        "\" is not empty; per-layer ranks or alphas are not supported");
+  const double r = c["r"].get<double>(), alpha = c["lora_alpha"].get<double>();
+  if (!(r > 0)) throw ConfigError(file + ": \"r\" must be positive");
+  return c.value("use_rslora", false) ? alpha / std::sqrt(r) : alpha / r;
+}
+
+}  // namespace
+
 // EOS ids as transformers' generate() takes them (generation_config.json, else config.json;
 // an int or a list), plus the tokenizer's eos_token.
-std::set<int64_t> eos_ids(const fs::path& dir, const text::Tokenizer& tok) {
+std::set<int64_t> generation_eos_ids(const fs::path& dir, const text::Tokenizer& tok) {
   std::set<int64_t> out;
   auto add = [&](const json& v, const fs::path& file) {
     if (v.is_number_integer()) out.insert(v.get<int64_t>());
@@ -84,23 +104,6 @@ std::set<int64_t> eos_ids(const fs::path& dir, const text::Tokenizer& tok) {
   if (auto e = tok.eos_token_id()) out.insert(*e);
   return out;
 }
-
-// PEFT scaling: lora_alpha / r (or / sqrt(r) with use_rslora).
-double lora_scaling(const json& c, const std::string& file) {
-  if (c.contains("peft_type") && c["peft_type"] != "LORA")
-    throw ConfigError(file + ": peft_type is " + c["peft_type"].dump() + "; generate applies LORA adapters");
-  if (!c.contains("r") || !c.contains("lora_alpha") || !c["r"].is_number() || !c["lora_alpha"].is_number())
-    throw ConfigError(file + ": needs numeric \"r\" and \"lora_alpha\"");
-  if (c.value("use_dora", false)) throw ConfigError(file + ": DoRA adapters are not supported");
-  for (const char* k : {"rank_pattern", "alpha_pattern"})
-    if (c.contains(k) && c[k].is_object() && !c[k].empty())
-      throw ConfigError(file + ": \"" + k + "\" is not empty; per-layer ranks or alphas are not supported");
-  const double r = c["r"].get<double>(), alpha = c["lora_alpha"].get<double>();
-  if (!(r > 0)) throw ConfigError(file + ": \"r\" must be positive");
-  return c.value("use_rslora", false) ? alpha / std::sqrt(r) : alpha / r;
-}
-
-}  // namespace
 
 // Merges a PEFT adapter into the model's parameters (names: base_model.model.<HF name>); tensors
 // that are not lora_A/lora_B pairs (trained biases, modules_to_save) replace the parameter.
@@ -331,7 +334,7 @@ int generate(GenerateArgs& a, char** argv) {
   const text::Tokenizer tok = text::Tokenizer::from_directory(a.model_dir);
   std::optional<text::ChatTemplate> tmpl;
   if (a.chat) tmpl = text::load_chat_template(a.model_dir, "", a.template_limits);
-  const std::set<int64_t> eos = eos_ids(a.model_dir, tok);
+  const std::set<int64_t> eos = generation_eos_ids(a.model_dir, tok);
 
   const auto t_load = std::chrono::steady_clock::now();
   LoadedModel loaded = load_hf_model("trainrun generate", a.model_dir, a.model_plugin,

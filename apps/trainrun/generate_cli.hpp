@@ -5,8 +5,11 @@
 // their errors end the command.
 
 #include <functional>
+#include <cstdint>
+#include <filesystem>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -17,6 +20,9 @@ class Model;
 }
 namespace trainrun::core {
 class Registry;
+}
+namespace trainrun::text {
+class Tokenizer;
 }
 
 namespace trainrun::app {
@@ -74,6 +80,11 @@ std::string describe_loaded(const LoadedModel& loaded, int merged, const std::st
 /// (v1::ConfigError, v1::PluginError, a chat template's error as "chat template: ...") returns 2,
 /// any other std::exception 1.
 int run_model_command(const std::string& command, const std::function<int()>& body);
+
+/// The ids that end a completion as transformers' generate() takes them: eos_token_id of
+/// generation_config.json, else of config.json (an int or a list), plus the tokenizer's
+/// eos_token. Throws v1::ConfigError naming the file for an eos_token_id of another type.
+std::set<int64_t> generation_eos_ids(const std::filesystem::path& dir, const text::Tokenizer& tok);
 
 /// `trainrun generate --model DIR [--adapter DIR] [--chat] --prompt TEXT... | --prompts-file F
 /// --max-new-tokens N [--temperature T --top-p P --seed S] [--jsonl]`. Returns the exit code:

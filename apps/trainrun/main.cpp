@@ -22,6 +22,7 @@
 #include "export_cli.hpp"
 #include "generate_cli.hpp"
 #include "score_cli.hpp"
+#include "eval_cli.hpp"
 #include "merge_lora.hpp"
 #include "report.hpp"
 #include "reward_cli.hpp"
@@ -298,6 +299,10 @@ const std::vector<Command>& subcommands() {
        "score --model HF_DIR --input pairs.jsonl | --text TEXT [--jsonl] (a reward model's scores; "
        "see trainrun score --help)",
        run_score_command},
+      {"eval",
+       "eval --model HF_DIR --tasks TASK.yaml|DIR [--num-fewshot N] [--output results.json] "
+       "(lm-eval tasks; see trainrun eval --help)",
+       run_eval_command},
       {"reward",
        "reward --config job.toml --input rows.jsonl (the job's [[rewards]] on completions; see "
        "trainrun reward --help)",
