@@ -95,121 +95,16 @@ int64_t count_words(const std::string& text) {
   return runs + 1;
 }
 
-// ast.literal_eval of a list/str/number literal as Python's repr writes them.
-struct LiteralParser {
-  const std::string& s;
-  size_t i = 0;
-  void ws() {
-    while (i < s.size() && (s[i] == ' ' || s[i] == '\n' || s[i] == '\t')) ++i;
-  }
-  Json value() {
-    ws();
-    if (i >= s.size()) throw std::invalid_argument("unexpected end");
-    const char c = s[i];
-    if (c == '[' || c == '(') {
-      const char close = c == '[' ? ']' : ')';
-      ++i;
-      Json a = Json::array();
-      ws();
-      if (i < s.size() && s[i] == close) {
-        ++i;
-        return a;
-      }
-      for (;;) {
-        a.push_back(value());
-        ws();
-        if (i < s.size() && s[i] == ',') {
-          ++i;
-          ws();
-          if (i < s.size() && s[i] == close) {
-            ++i;
-            return a;
-          }
-          continue;
-        }
-        if (i < s.size() && s[i] == close) {
-          ++i;
-          return a;
-        }
-        throw std::invalid_argument("expected , or " + std::string(1, close));
-      }
-    }
-    if (c == '\'' || c == '"') {
-      ++i;
-      std::string out;
-      while (i < s.size() && s[i] != c) {
-        if (s[i] == '\\' && i + 1 < s.size()) {
-          const char e = s[++i];
-          switch (e) {
-            case 'n':
-              out += '\n';
-              break;
-            case 't':
-              out += '\t';
-              break;
-            case 'r':
-              out += '\r';
-              break;
-            case '\\':
-              out += '\\';
-              break;
-            case '\'':
-              out += '\'';
-              break;
-            case '"':
-              out += '"';
-              break;
-            case 'x': {
-              if (i + 2 >= s.size()) throw std::invalid_argument("bad \\x escape");
-              const int v = std::stoi(s.substr(i + 1, 2), nullptr, 16);
-              if (v < 0x80)
-                out += static_cast<char>(v);
-              else {
-                out += static_cast<char>(0xc0 | (v >> 6));
-                out += static_cast<char>(0x80 | (v & 0x3f));
-              }
-              i += 2;
-              break;
-            }
-            default:
-              throw std::invalid_argument(std::string("unsupported escape \\") + e);
-          }
-          ++i;
-        } else {
-          out += s[i++];
-        }
-      }
-      if (i >= s.size()) throw std::invalid_argument("unterminated string");
-      ++i;
-      return out;
-    }
-    size_t b = i;
-    while (i < s.size() && s[i] != ',' && s[i] != ']' && s[i] != ')' && s[i] != ' ') ++i;
-    const std::string tok = s.substr(b, i - b);
-    if (tok == "True") return true;
-    if (tok == "False") return false;
-    if (tok == "None") return nullptr;
-    try {
-      size_t used = 0;
-      if (tok.find_first_of(".eE") == std::string::npos) {
-        const long long v = std::stoll(tok, &used);
-        if (used == tok.size()) return v;
-      } else {
-        const double v = std::stod(tok, &used);
-        if (used == tok.size()) return v;
-      }
-    } catch (const std::exception&) {
-    }
-    throw std::invalid_argument("not a literal: " + tok);
-  }
-};
-
+// ast.literal_eval of what a template rendered (a list's Python repr, "['a', 'b']"): read back
+// as a Jinja expression, whose literals are Python's (quotes, escapes, True/False/None, tuples),
+// and written out as JSON.
 Json literal_eval(const std::string& s) {
-  LiteralParser p{s};
-  Json v = p.value();
-  p.ws();
-  if (p.i != s.size()) throw std::invalid_argument("trailing text");
-  return v;
+  try {
+    const text::ChatTemplate t("{{ (" + s + ") | tojson }}", Json::object(), "literal");
+    return Json::parse(t.render(Json::object()).text);
+  } catch (const std::exception& e) {
+    throw std::invalid_argument(e.what());
+  }
 }
 
 // ---- templates ---------------------------------------------------------------------------
