@@ -506,19 +506,20 @@ std::vector<DocRequests>& Task::build() {
     DocRequests dr;
     dr.doc_id = id;
     dr.doc = doc;
+    dr.target = doc_to(c, templates, doc, c.doc_to_target, "doc_to_target", id);
+    if (!c.doc_to_choice.is_null())
+      dr.choices = choices_of(doc_to(c, templates, doc, c.doc_to_choice, "doc_to_choice", id),
+                              doc_where(c, id, "doc_to_choice"));
+    const Json& target = dr.target;
     const std::string where = doc_where(c, id, "doc_to_target");
     if (c.output_type == "multiple_choice") {
-      const std::vector<std::string> choices =
-          choices_of(doc_to(c, templates, doc, c.doc_to_choice, "doc_to_choice", id),
-                     doc_where(c, id, "doc_to_choice"));
-      for (const std::string& ch : choices) {
+      for (const std::string& ch : dr.choices) {
         Request r;
         r.context = ctx;
         r.continuation = c.target_delimiter + ch;
         dr.requests.push_back(std::move(r));
       }
     } else if (c.output_type == "loglikelihood" || c.output_type == "loglikelihood_rolling") {
-      const Json target = doc_to(c, templates, doc, c.doc_to_target, "doc_to_target", id);
       if (!target.is_string())
         throw ConfigError(where + ": must give a string for " + c.output_type);
       Request r;
@@ -547,7 +548,6 @@ std::vector<DocRequests>& Task::build() {
 
 void Task::score(Json& results, std::vector<Json>* samples) {
   TaskConfig& c = *config_;
-  static thread_local Templates templates;
   // (metric, filter) -> per-document values; weighted metrics keep (loglikelihood, weight).
   std::vector<std::pair<std::string, std::string>> order;
   std::map<std::pair<std::string, std::string>, std::vector<double>> values, weights;
@@ -559,14 +559,20 @@ void Task::score(Json& results, std::vector<Json>* samples) {
   };
   std::set<std::string> wanted;
   for (const auto& m : c.metrics) wanted.insert(m.name);
-  std::vector<std::unique_ptr<Regex>> regexes;
+  // Each regex of the filters and of exact_match's regexes_to_ignore, compiled once.
+  std::map<std::string, std::unique_ptr<Regex>> regexes;
+  auto regex = [&](const std::string& pattern, const std::string& what) -> const Regex& {
+    auto& re = regexes[pattern];
+    if (!re) re = std::make_unique<Regex>(pattern, what);
+    return *re;
+  };
 
   // lm-eval's sample log: one object per filter and document, filter-major.
   std::vector<std::vector<Json>> by_filter(c.filters.size());
   for (auto& dr : *docs_) {
     Json sample = Json::object();
     const int64_t id = dr.doc_id;
-    const Json target = doc_to(c, templates, dr.doc, c.doc_to_target, "doc_to_target", id);
+    const Json& target = dr.target;
     // As lm-eval's EvaluationTracker writes them: the target and every answer through Python's
     // str(), the arguments as {"gen_args_<i>": {"arg_0": ..., "arg_1": ...}}.
     sample["doc_id"] = id;
@@ -603,9 +609,7 @@ void Task::score(Json& results, std::vector<Json>* samples) {
                               "applies to " + c.output_type + " answers");
       }
       if (c.output_type == "multiple_choice") {
-        const std::vector<std::string> choices =
-            choices_of(doc_to(c, templates, dr.doc, c.doc_to_choice, "doc_to_choice", id),
-                       doc_where(c, id, "doc_to_choice"));
+        const std::vector<std::string>& choices = dr.choices;
         std::vector<double> lls;
         std::vector<bool> greedy;
         for (const Request& r : dr.requests) {
@@ -690,9 +694,7 @@ void Task::score(Json& results, std::vector<Json>* samples) {
                 step.value("regex_pattern", std::string("#### (\\-?[0-9\\.\\,]+)"));
             const int64_t group = step.value("group_select", int64_t{0});
             const std::string fallback = step.value("fallback", std::string("[invalid]"));
-            regexes.push_back(
-                std::make_unique<Regex>(pattern, "task " + c.name + ": filter " + f.name));
-            const Regex& re = *regexes.back();
+            const Regex& re = regex(pattern, "task " + c.name + ": filter " + f.name);
             each([&](const std::string& s) {
               const auto found = re.findall(s);
               if (found.empty()) return fallback;
@@ -726,9 +728,7 @@ void Task::score(Json& results, std::vector<Json>* samples) {
         per_request.push_back(resp);
         std::string gold;
         if (!c.doc_to_choice.is_null()) {
-          const std::vector<std::string> choices =
-              choices_of(doc_to(c, templates, dr.doc, c.doc_to_choice, "doc_to_choice", id),
-                         doc_where(c, id, "doc_to_choice"));
+          const std::vector<std::string>& choices = dr.choices;
           if (!target.is_number_integer() || target.get<int64_t>() < 0 ||
               target.get<int64_t>() >= static_cast<int64_t>(choices.size()))
             throw ConfigError(doc_where(c, id, "doc_to_target") + ": not an index of the choices");
@@ -745,7 +745,8 @@ void Task::score(Json& results, std::vector<Json>* samples) {
           std::string pred = resp.get<std::string>(), ref = gold;
           if (mc.kwargs.contains("regexes_to_ignore"))
             for (const auto& p : mc.kwargs["regexes_to_ignore"]) {
-              const Regex re(p.get<std::string>(), "task " + c.name + ": regexes_to_ignore");
+              const Regex& re =
+                  regex(p.get<std::string>(), "task " + c.name + ": regexes_to_ignore");
               pred = re.remove(pred);
               ref = re.remove(ref);
             }

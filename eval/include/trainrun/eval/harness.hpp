@@ -110,6 +110,10 @@ class Task {
 struct DocRequests {
   int64_t doc_id = 0;
   Json doc;
+  /// doc_to_target and (tasks with doc_to_choice) doc_to_choice of the document, rendered once
+  /// by build() for the requests and the metrics.
+  Json target;
+  std::vector<std::string> choices;
   std::vector<Request> requests;
 };
 
