@@ -189,7 +189,7 @@ class PluginLanguageModel : public eval::LanguageModel {
         req.eos_token_ids.assign(eos_.begin(), eos_.end());
         req.pad_token_id = pad_id_;
         req.stop = [&](int64_t, const std::vector<int64_t>& done) {
-          const std::string t = decode(done);
+          const std::string t = completion_text(tok_, done);
           return std::any_of(until.begin(), until.end(), [&](const std::string& s) {
             return !s.empty() && t.find(s) != std::string::npos;
           });
@@ -201,7 +201,7 @@ class PluginLanguageModel : public eval::LanguageModel {
           throw std::runtime_error(label_ + ": generation failed: " + err.what_without_backtrace());
         }
         for (size_t k = b; k < e; ++k) {
-          std::string t = decode(res.completions[k - b].ids);
+          std::string t = completion_text(tok_, res.completions[k - b].ids);
           for (const std::string& s : until)
             if (!s.empty()) {
               const size_t at = t.find(s);
@@ -233,8 +233,12 @@ class PluginLanguageModel : public eval::LanguageModel {
     const bool add = prefix_text_.empty() || s.rfind(prefix_text_, 0) != 0;
     return ids(tok_.encode(s, add));
   }
-  std::string decode(const std::vector<int64_t>& v) const {
-    return tok_.decode(std::vector<int32_t>(v.begin(), v.end()), true);
+  // Row r of a left-padded batch: `ids` at its right end, marked real in `mask`.
+  static void put_left(at::Tensor& input, at::Tensor& mask, int64_t r,
+                       const std::vector<int64_t>& ids) {
+    const int64_t width = input.size(1), len = static_cast<int64_t>(ids.size());
+    input[r].slice(0, width - len, width).copy_(at::tensor(ids, at::kLong));
+    mask[r].slice(0, width - len, width).fill_(1);
   }
   // The continuation log-likelihoods of `items`. Requests that share their context (a multiple-
   // choice document's choices) prefill it once and continue each choice from a copy of its keys
@@ -295,18 +299,13 @@ class PluginLanguageModel : public eval::LanguageModel {
         ++e;
       }
       const int64_t G = static_cast<int64_t>(e - b), R = G * static_cast<int64_t>(n);
-      int64_t tail = 0;  // continuation tokens decoded after the prefill, at most
-      for (size_t g = b; g < e; ++g)
-        for (size_t k : *groups[g])
-          tail = std::max<int64_t>(tail, static_cast<int64_t>(items[k].cont.size()) - 1);
+      const int64_t tail = tail_max;  // continuation tokens decoded after the prefill, at most
       at::Tensor input = at::full({G, width}, pad_id_, at::kLong);
       at::Tensor mask = at::zeros({G, width}, at::kLong);
       for (int64_t g = 0; g < G; ++g) {
         const std::vector<int64_t>& ctx = items[groups[b + g]->front()].ctx;
-        const int64_t len = static_cast<int64_t>(ctx.size());
-        input[g].slice(0, width - len, width).copy_(at::tensor(ctx, at::kLong));
-        mask[g].slice(0, width - len, width).fill_(1);
-        scored_tokens_ += len;
+        put_left(input, mask, g, ctx);
+        scored_tokens_ += static_cast<int64_t>(ctx.size());
       }
       at::Tensor first, rest;
       try {
@@ -387,10 +386,8 @@ class PluginLanguageModel : public eval::LanguageModel {
         if (static_cast<int64_t>(all.size()) > max_length_ + 1)
           all.erase(all.begin(), all.end() - (max_length_ + 1));
         all.pop_back();
-        const int64_t len = static_cast<int64_t>(all.size());
-        input[r].slice(0, width - len, width).copy_(at::tensor(all, at::kLong));
-        mask[r].slice(0, width - len, width).fill_(1);
-        scored_tokens_ += len;
+        put_left(input, mask, r, all);
+        scored_tokens_ += static_cast<int64_t>(all.size());
       }
       at::Tensor logits;
       try {

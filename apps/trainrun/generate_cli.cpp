@@ -105,6 +105,13 @@ std::set<int64_t> generation_eos_ids(const fs::path& dir, const text::Tokenizer&
   return out;
 }
 
+std::string completion_text(const text::Tokenizer& tok, const std::vector<int64_t>& ids) {
+  std::vector<int32_t> out32;
+  for (int64_t id : ids)
+    if (id < tok.vocab_size()) out32.push_back(static_cast<int32_t>(id));
+  return tok.decode(out32, /*skip_special_tokens=*/true);
+}
+
 // Merges a PEFT adapter into the model's parameters (names: base_model.model.<HF name>); tensors
 // that are not lora_A/lora_B pairs (trained biases, modules_to_save) replace the parameter.
 int apply_adapter(v1::Model& model, const std::string& dir, const AdapterBase& how,
@@ -312,15 +319,6 @@ std::vector<int32_t> encode_prompt(const std::string& prompt, const text::Tokeni
   // As apply_chat_template(tokenize=True): the template writes any BOS itself.
   return tok.encode(tmpl->apply(nlohmann::ordered_json::array({message}), o).text,
                     /*add_special_tokens=*/false);
-}
-
-// Models often pad their vocabulary past the tokenizer's (Qwen: 151936 vs 151669): such an id
-// has no text.
-std::string completion_text(const text::Tokenizer& tok, const std::vector<int64_t>& ids) {
-  std::vector<int32_t> out32;
-  for (int64_t id : ids)
-    if (id < tok.vocab_size()) out32.push_back(static_cast<int32_t>(id));
-  return tok.decode(out32, /*skip_special_tokens=*/true);
 }
 
 int generate(GenerateArgs& a, char** argv) {
