@@ -164,7 +164,7 @@ void LlamaModel::repeat_rows(v1::DecodeState& state, int64_t repeats) {
 // The shared body of decode() and decode_padded(): `real` int64 [B, past + T] (1 = a real
 // token) or undefined (every slot real, the same positions for every row).
 at::Tensor LlamaModel::decode_rows(const at::Tensor& ids, const at::Tensor& real,
-                                   v1::DecodeState& state) {
+                                   v1::DecodeState& state, int64_t keep) {
   auto* cache = dynamic_cast<KvCache*>(&state);
   TR_CHECK(cache && cache->owner == this,
            "llama: decode() was given a cache this model did not make");
@@ -179,6 +179,8 @@ at::Tensor LlamaModel::decode_rows(const at::Tensor& ids, const at::Tensor& real
   TR_CHECK(!real.defined() || (real.dim() == 2 && real.size(0) == B && real.size(1) == past + T),
            "llama: decode_padded() needs an attention mask [", B, ", ", past + T, "], got ",
            real.sizes());
+  TR_CHECK(keep >= 0 && keep <= T, "llama: decode_padded_last() keeps ", keep, " of ", T,
+           " new slots' logits");
   torch::NoGradGuard no_grad;
   auto& net = net_of(net_);
   const c10::Device dev = net.model->embed_tokens->weight.device();
@@ -208,7 +210,9 @@ at::Tensor LlamaModel::decode_rows(const at::Tensor& ids, const at::Tensor& real
       // as one prefill, so that generation goes on as the full forward would.
       cache->length_ = 0;
       cache->long_keys = true;
-      return decode_rows(cache->ids.narrow(1, 0, past + T).clone(), real, state).narrow(1, past, T);
+      const at::Tensor all =
+          decode_rows(cache->ids.narrow(1, 0, past + T).clone(), real, state, keep > 0 ? keep : T);
+      return keep > 0 ? all : all.narrow(1, all.size(1) - T, T);
     }
     cache->long_keys = long_now;
   }
@@ -240,6 +244,7 @@ at::Tensor LlamaModel::decode_rows(const at::Tensor& ids, const at::Tensor& real
     x = decode_layer(layer, cfg_, x, k.cos, k.sin, k.masked, cache->keys[l], cache->values[l],
                      past);
   }
+  if (keep > 0 && keep < T) x = x.narrow(1, T - keep, keep);
   x = net.model->norm->forward(x);
   cache->length_ = past + T;
   torch::Tensor logits;
@@ -258,6 +263,14 @@ at::Tensor LlamaModel::decode_padded(const at::Tensor& ids, const at::Tensor& at
                                      v1::DecodeState& state) {
   TR_CHECK(attention_mask.defined(), "llama: decode_padded() needs an attention mask");
   return decode_rows(ids, attention_mask, state);
+}
+
+at::Tensor LlamaModel::decode_padded_last(const at::Tensor& ids, const at::Tensor& attention_mask,
+                                          v1::DecodeState& state, int64_t logits_to_keep) {
+  TR_CHECK(attention_mask.defined(), "llama: decode_padded_last() needs an attention mask");
+  TR_CHECK(logits_to_keep >= 1, "llama: decode_padded_last() keeps ", logits_to_keep,
+           " slots' logits; at least 1");
+  return decode_rows(ids, attention_mask, state, logits_to_keep);
 }
 
 }  // namespace trainrun::llama

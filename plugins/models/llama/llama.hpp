@@ -143,6 +143,7 @@ class LlamaModel final : public v1::ModuleModel,
                          public v1::HfModelSource,
                          public v1::IncrementalDecoder,
                          public v1::PaddedDecoder,
+                         public v1::LastLogitsDecoder,
                          public v1::DecodeStateRepeat,
                          public v1::DeferredWeights,
                          public v1::ObjectiveModel,
@@ -194,6 +195,9 @@ class LlamaModel final : public v1::ModuleModel,
   /// PaddedDecoder (ABI 1.10): left-padded rows of different lengths (decode.cpp).
   at::Tensor decode_padded(const at::Tensor& ids, const at::Tensor& attention_mask,
                            v1::DecodeState& state) override;
+  /// LastLogitsDecoder (ABI 1.16): the head on the last `logits_to_keep` slots only.
+  at::Tensor decode_padded_last(const at::Tensor& ids, const at::Tensor& attention_mask,
+                                v1::DecodeState& state, int64_t logits_to_keep) override;
   /// DecodeStateRepeat (ABI 1.12): one prefill shared by a prompt's completions (decode.cpp).
   void repeat_rows(v1::DecodeState& state, int64_t repeats) override;
 
@@ -226,8 +230,10 @@ class LlamaModel final : public v1::ModuleModel,
  private:
   void build(bool release);
   void load(const std::string& dir, bool defer);
-  /// decode() (real undefined) and decode_padded() (real: the attention mask) in one body.
-  at::Tensor decode_rows(const at::Tensor& ids, const at::Tensor& real, v1::DecodeState& state);
+  /// decode() (real undefined) and decode_padded() (real: the attention mask) in one body;
+  /// keep > 0: the logits of the last `keep` slots only.
+  at::Tensor decode_rows(const at::Tensor& ids, const at::Tensor& real, v1::DecodeState& state,
+                         int64_t keep = 0);
   /// The final norm's output [B, T, hidden] for the batch (logits() without the head).
   at::Tensor hidden_states(const v1::Batch& batch);
   /// forward() from the final norm's output `h` [B, T, hidden], without the router's loss.

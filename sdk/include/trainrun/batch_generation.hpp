@@ -25,6 +25,21 @@
 
 namespace trainrun::v1 {
 
+/// `decoder`'s LastLogitsDecoder::decode_padded_last (ABI 1.16) when it has one, else
+/// decode_padded narrowed to the last `logits_to_keep` slots: float32 [B, logits_to_keep,
+/// vocab_size] either way. Throws Error unless 1 <= logits_to_keep <= ids.size(1), and as
+/// decode_padded.
+inline at::Tensor decode_padded_last(PaddedDecoder& decoder, const at::Tensor& ids,
+                                     const at::Tensor& attention_mask, DecodeState& state,
+                                     int64_t logits_to_keep) {
+  TR_CHECK(ids.dim() == 2 && logits_to_keep >= 1 && logits_to_keep <= ids.size(1),
+           "decode_padded_last: logits_to_keep ", logits_to_keep, " for ids ", ids.sizes());
+  if (auto* last = dynamic_cast<LastLogitsDecoder*>(&decoder))
+    return last->decode_padded_last(ids, attention_mask, state, logits_to_keep);
+  at::Tensor logits = decoder.decode_padded(ids, attention_mask, state);
+  return logits.narrow(1, logits.size(1) - logits_to_keep, logits_to_keep);
+}
+
 /// What to generate. Token ids are int64 and must be below the model's vocabulary size.
 struct GenerationRequest {
   /// The prompts' token ids, each non-empty.
@@ -190,12 +205,12 @@ inline GenerationResult generate_batch(IncrementalDecoder& decoder, const Genera
     at::Tensor logits;
     if (share) {
       const at::Tensor one = at::arange(0, B, G, at::kLong);
-      logits = padded->decode_padded(all_ids.index_select(0, one), attention.index_select(0, one),
-                                     *state);
-      logits = logits.narrow(1, logits.size(1) - 1, 1).repeat_interleave(G, 0);
+      logits = decode_padded_last(*padded, all_ids.index_select(0, one),
+                                  attention.index_select(0, one), *state, 1)
+                   .repeat_interleave(G, 0);
       repeat->repeat_rows(*state, G);
     } else {
-      logits = padded->decode_padded(all_ids, attention, *state);
+      logits = decode_padded_last(*padded, all_ids, attention, *state, 1);
     }
     std::vector<char> running(static_cast<size_t>(B), 1);
     int64_t left = B;

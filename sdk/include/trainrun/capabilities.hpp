@@ -66,6 +66,10 @@
 // PaddedDecoder (generation.hpp, since 1.10)
 //   implemented by: llama (decode.cpp)
 //   queried by:     v1::generate_batch (batch_generation.hpp): trainrun generate
+// LastLogitsDecoder (generation.hpp, since 1.16)
+//   implemented by: llama (decode.cpp)
+//   queried by:     v1::decode_padded_last (batch_generation.hpp): v1::generate_batch (trainrun
+//                   generate, core/src/run/rollout_phase.cpp), trainrun eval
 // BatchFieldsReader (interfaces.hpp, since 1.6)
 //   implemented by: BatchFieldsReaderBase (model/packed_batch.hpp): llama, models (gpt)
 //   queried by:     core/src/run/build.cpp

@@ -61,6 +61,22 @@ class PaddedDecoder {
                                    DecodeState& state) = 0;
 };
 
+/// ABI 1.16. A PaddedDecoder that computes the logits of the last slots only, as transformers'
+/// logits_to_keep: a prefill read at its last position (generation) or a scored continuation
+/// read at its few (log-likelihoods) skips the output head, the largest matrix of a small model,
+/// and the [B, T, vocab_size] tensor for the other slots. Found with dynamic_cast on the model;
+/// v1::decode_padded_last (batch_generation.hpp) falls back to decode_padded and narrows.
+class LastLogitsDecoder {
+ public:
+  virtual ~LastLogitsDecoder() = default;
+  /// As PaddedDecoder::decode_padded (every new slot's keys and values are cached), returning
+  /// the logits of the last `logits_to_keep` of the T new slots only: float32
+  /// [B, logits_to_keep, vocab_size], equal to decode_padded's at those slots. Throws Error
+  /// unless 1 <= logits_to_keep <= T, and as decode_padded.
+  virtual at::Tensor decode_padded_last(const at::Tensor& ids, const at::Tensor& attention_mask,
+                                        DecodeState& state, int64_t logits_to_keep) = 0;
+};
+
 /// ABI 1.12. A decoder whose cache rows can be repeated after a prefill, so that a prompt with
 /// several completions (GRPO's num_generations) is prefilled once and each completion continues
 /// from a copy of its keys and values, as prefix caching in vLLM shares them. Found with

@@ -42,9 +42,10 @@ constexpr uint32_t kAbiMajor = 1;
 /// holding its share of the experts, model/expert_parallel.hpp); 1.15: WeightStoragePlan (a
 /// precision's stored form of frozen weights known before convert, precision/weight_storage.hpp),
 /// ActivationMemory (a model's activation estimate, model/activation_memory.hpp),
-/// find_linear_layers refusing a target_modules entry that matches no layer. CMakeLists.txt reads
-/// the number from the next line: keep it whole.
-constexpr uint32_t kAbiMinor = 15;
+/// find_linear_layers refusing a target_modules entry that matches no layer; 1.16:
+/// LastLogitsDecoder (logits of the last slots only, generation.hpp). CMakeLists.txt reads the
+/// number from the next line: keep it whole.
+constexpr uint32_t kAbiMinor = 16;
 
 /// Component kinds; values are part of the ABI and never renumbered.
 enum class ComponentKind : uint32_t {
