@@ -6,13 +6,15 @@
 # by trainrun eval: every request's context and continuation, loglikelihood (1e-4 relative),
 # greedy flag, generated and filtered string, per-document metric, and results.json's aggregates,
 # n-shot and versions must agree. eval.errors: an unknown output_type or metric, a template field
-# the data lacks and a missing --tasks path exit 2 naming the culprit. lm_eval missing fails the
+# the data lacks and a missing --tasks path exit 2 naming the culprit. eval.ranks: the same tasks
+# as a training job's [eval] table at world 2 under ddp and fsdp, before and after a step at lr 0,
+# against the same lm-eval outputs. lm_eval missing fails the
 # test (scripts/venv installs it), it does not skip it.
-foreach(_case lm_eval errors)
+foreach(_case lm_eval errors ranks)
   if(_case STREQUAL "lm_eval")
     set(_arg main)
   else()
-    set(_arg errors)
+    set(_arg ${_case})
   endif()
   add_test(NAME eval.${_case}
     COMMAND ${TRAINRUN_REF_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/e2e/eval_lm_eval.py $<TARGET_FILE:trainrun>

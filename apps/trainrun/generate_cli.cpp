@@ -32,6 +32,7 @@
 #include "trainrun/core/registry.hpp"
 #include "trainrun/core/runtime.hpp"
 #include "trainrun/deferred_weights.hpp"
+#include "trainrun/eval/decoder_model.hpp"
 #include "trainrun/batch_generation.hpp"
 #include "trainrun/generation.hpp"
 #include "trainrun/objective.hpp"
@@ -81,37 +82,6 @@ double lora_scaling(const json& c, const std::string& file) {
 
 // EOS ids as transformers' generate() takes them (generation_config.json, else config.json;
 // an int or a list), plus the tokenizer's eos_token.
-std::set<int64_t> generation_eos_ids(const fs::path& dir, const text::Tokenizer& tok) {
-  std::set<int64_t> out;
-  auto add = [&](const json& v, const fs::path& file) {
-    if (v.is_number_integer()) out.insert(v.get<int64_t>());
-    else if (v.is_array())
-      for (const auto& e : v) {
-        if (!e.is_number_integer()) throw ConfigError(file.string() + ": \"eos_token_id\" holds " + e.dump());
-        out.insert(e.get<int64_t>());
-      }
-    else if (!v.is_null()) throw ConfigError(file.string() + ": \"eos_token_id\" must be an integer or a list, got " + v.dump());
-  };
-  for (const char* name : {"generation_config.json", "config.json"}) {
-    const fs::path p = dir / name;
-    if (!fs::is_regular_file(p)) continue;
-    const json j = read_json(p);
-    if (j.contains("eos_token_id")) {
-      add(j["eos_token_id"], p);
-      break;
-    }
-  }
-  if (auto e = tok.eos_token_id()) out.insert(*e);
-  return out;
-}
-
-std::string completion_text(const text::Tokenizer& tok, const std::vector<int64_t>& ids) {
-  std::vector<int32_t> out32;
-  for (int64_t id : ids)
-    if (id < tok.vocab_size()) out32.push_back(static_cast<int32_t>(id));
-  return tok.decode(out32, /*skip_special_tokens=*/true);
-}
-
 // Merges a PEFT adapter into the model's parameters (names: base_model.model.<HF name>); tensors
 // that are not lora_A/lora_B pairs (trained biases, modules_to_save) replace the parameter.
 int apply_adapter(v1::Model& model, const std::string& dir, const AdapterBase& how,
@@ -332,7 +302,7 @@ int generate(GenerateArgs& a, char** argv) {
   const text::Tokenizer tok = text::Tokenizer::from_directory(a.model_dir);
   std::optional<text::ChatTemplate> tmpl;
   if (a.chat) tmpl = text::load_chat_template(a.model_dir, "", a.template_limits);
-  const std::set<int64_t> eos = generation_eos_ids(a.model_dir, tok);
+  const std::set<int64_t> eos = eval::generation_eos_ids(a.model_dir, tok);
 
   const auto t_load = std::chrono::steady_clock::now();
   LoadedModel loaded = load_hf_model("trainrun generate", a.model_dir, a.model_plugin,
@@ -378,7 +348,7 @@ int generate(GenerateArgs& a, char** argv) {
   // stop_strings, the completion keeps the token that completed it).
   if (!a.stop.empty())
     req.stop = [&](int64_t, const std::vector<int64_t>& ids) {
-      const std::string t = completion_text(tok, ids);
+      const std::string t = eval::completion_text(tok, ids);
       return std::any_of(a.stop.begin(), a.stop.end(),
                          [&](const std::string& s) { return t.find(s) != std::string::npos; });
     };
@@ -397,7 +367,7 @@ int generate(GenerateArgs& a, char** argv) {
   for (size_t c = 0; c < res.completions.size(); ++c) {
     const v1::Completion& comp = res.completions[c];
     const int64_t g = static_cast<int64_t>(c) % a.num_generations;
-    const std::string text = completion_text(tok, comp.ids);
+    const std::string text = eval::completion_text(tok, comp.ids);
     total_new += static_cast<int64_t>(comp.ids.size());
     if (a.jsonl) {
       json j = {{"prompt", a.prompts[comp.prompt]},

@@ -81,16 +81,6 @@ std::string describe_loaded(const LoadedModel& loaded, int merged, const std::st
 /// any other std::exception 1.
 int run_model_command(const std::string& command, const std::function<int()>& body);
 
-/// The ids that end a completion as transformers' generate() takes them: eos_token_id of
-/// generation_config.json, else of config.json (an int or a list), plus the tokenizer's
-/// eos_token. Throws v1::ConfigError naming the file for an eos_token_id of another type.
-std::set<int64_t> generation_eos_ids(const std::filesystem::path& dir, const text::Tokenizer& tok);
-
-/// The text of generated token ids, special tokens skipped (tokenizers' decode with
-/// skip_special_tokens). Ids at or past the tokenizer's vocabulary, which models that pad their
-/// embedding table past it can produce (Qwen: 151936 vs 151669), have no text and are dropped.
-std::string completion_text(const text::Tokenizer& tok, const std::vector<int64_t>& ids);
-
 /// `trainrun generate --model DIR [--adapter DIR] [--chat] --prompt TEXT... | --prompts-file F
 /// --max-new-tokens N [--temperature T --top-p P --seed S] [--jsonl]`. Returns the exit code:
 /// 0 ok, 2 bad arguments, model, adapter, tokenizer or prompt file, 1 failure while generating.

@@ -128,13 +128,14 @@ int cmd_plugins(const Registry& reg, const std::string& name) {
               << "\n";
     print_schema(c->schema);
   }
-  for (const char* section : {"trainer", "launch", "parallel", "plugins"}) {
+  for (const char* section : {"trainer", "launch", "parallel", "eval", "plugins"}) {
     if (name != section) continue;
     found = true;
     std::cout << "[" << section << "] (core)\n";
     print_schema(name == "trainer"    ? core::trainer_schema()
                  : name == "launch"   ? core::launch_schema()
                  : name == "parallel" ? core::parallel_schema()
+                 : name == "eval"     ? core::eval_schema()
                                       : core::plugins_schema());
   }
   if (!found) {

@@ -297,8 +297,10 @@ OptionValue convert(const toml::node& node, const OptionSpec& spec, const std::s
 // The core table ("trainer", "launch", "parallel") whose schema has key `k`, other than
 // `except` ("[launch]"); "" when none: where a key written in the wrong place belongs.
 std::string core_table_with_key(const std::string& k, const std::string& except = "") {
-  const std::pair<const char*, v1::OptionSchema (*)()> tables[] = {
-      {"trainer", &trainer_schema}, {"launch", &launch_schema}, {"parallel", &parallel_schema}};
+  const std::pair<const char*, v1::OptionSchema (*)()> tables[] = {{"trainer", &trainer_schema},
+                                                                   {"launch", &launch_schema},
+                                                                   {"parallel", &parallel_schema},
+                                                                   {"eval", &eval_schema}};
   for (const auto& [table, schema] : tables)
     if ("[" + std::string(table) + "]" != except && schema().find(k) != nullptr) return table;
   return "";
@@ -485,8 +487,8 @@ void check_blas_coretype(const std::string& k, const toml::table& root, const st
                     "; use \"auto\", \"off\" or one of: " + known_kernels());
 }
 void check_top_level(const toml::table& root, const std::string& file) {
-  std::vector<std::string> top = {"trainer",   "launch",    "parallel", "plugins",
-                                  "callbacks", "objective", "rewards"};
+  std::vector<std::string> top = {"trainer", "launch",    "parallel",  "eval",
+                                  "plugins", "callbacks", "objective", "rewards"};
   for (const auto& s : kSections) top.push_back(s.key);
   for (const auto& [key, node] : root) {
     const std::string k(key.str());
@@ -629,6 +631,9 @@ std::string resolved_job_toml(JobConfig& job) {
   out.insert("launch", to_toml(job.launch, "", &launch_s));
   const v1::OptionSchema parallel_s = parallel_schema();
   out.insert("parallel", to_toml(job.parallel, "", &parallel_s));
+  const v1::OptionSchema eval_s = eval_schema();
+  if (!job.eval.get_string_list("tasks").empty())
+    out.insert("eval", to_toml(job.eval, "", &eval_s));
   const auto slots = component_slots(job);
   for (size_t i = 0; i < std::size(kSections); ++i) {
     const ComponentConfig& c = *slots[i];
@@ -689,6 +694,7 @@ JobConfig JobFile::validate(const Registry& registry) const {
   job.parallel =
       validate_table(table_or_empty("parallel"), parallel_schema(), "[parallel]", file, "");
   check_expert_parallel(job, root, file);
+  job.eval = validate_table(table_or_empty("eval"), eval_schema(), "[eval]", file, "");
 
   auto component = [&](const toml::table& t, ComponentKind kind, const std::string& section,
                        const char* default_plugin) {

@@ -138,6 +138,27 @@ v1::OptionSchema parallel_schema() {
   return s;
 }
 
+v1::OptionSchema eval_schema() {
+  v1::OptionSchema s;
+  s.string_list("tasks", {},
+                "lm-eval YAML task files or directories of them (eval/tasks/ ships some), scored "
+                "with the model whenever the run evaluates ([trainer] eval_every, eval_on_start, "
+                "the end); [] = none (docs/evaluation.md)");
+  s.integer("num_fewshot", -1,
+            "Few-shot examples per document for every task; -1 = each task's own", -1, 1e6);
+  s.integer("limit", 0, "The first N documents of each task; 0 = all", 0, 1e15);
+  s.integer("fewshot_seed", 1234, "Seed of the few-shot sampler (lm-eval's default 1234)", 0,
+            4294967295.0);
+  s.integer("batch_size", 8, "Requests per forward pass on each rank", 1, 1e6);
+  s.integer("max_length", 0,
+            "Tokens per input at most; 0 = [model] path's config.json max_position_embeddings", 0,
+            1e9);
+  s.string("tokenizer", "", "Directory of tokenizer.json; \"\" = [model] path");
+  s.boolean("log_samples", true,
+            "Also write each document's requests, answers and metrics (samples_<task>.jsonl)");
+  return s;
+}
+
 v1::OptionSchema plugins_schema() {
   v1::OptionSchema s;
   s.string_list("path", {}, "Plugin directories or files, searched after --plugin-path");

@@ -604,6 +604,33 @@ std::string render(const std::vector<Run>& runs) {
       for (const auto& l : r.estimate_lines) html << html_escape(l) << "\n";
       html << "</pre>\n";
     }
+    // A job's [eval] tasks (metrics.jsonl's eval_tasks/TASK/METRIC,FILTER): one row per task
+    // metric, one column per evaluation that scored them (the first is "before" with
+    // eval_on_start).
+    std::vector<const Json*> scored;
+    std::set<std::string> task_keys;
+    for (const Json& j : r.main.evals) {
+      bool any = false;
+      for (auto it = j.begin(); it != j.end(); ++it)
+        if (it.key().rfind("eval_tasks/", 0) == 0) task_keys.insert(it.key()), any = true;
+      if (any) scored.push_back(&j);
+    }
+    if (!scored.empty()) {
+      html
+          << "<h3>Evaluation tasks ([eval])</h3>\n<table>\n<tr><th>task</th><th>metric,filter</th>";
+      for (const Json* j : scored) html << "<th>step " << j->value("step", 0) << "</th>";
+      html << "</tr>\n";
+      for (const std::string& k : task_keys) {
+        const std::string rest = k.substr(std::string("eval_tasks/").size());
+        const size_t slash = rest.find('/');
+        html << "<tr><td>" << html_escape(rest.substr(0, slash)) << "</td><td>"
+             << html_escape(slash == std::string::npos ? "" : rest.substr(slash + 1)) << "</td>";
+        for (const Json* j : scored)
+          html << "<td>" << format_number(j->value(k, Json())) << "</td>";
+        html << "</tr>\n";
+      }
+      html << "</table>\n";
+    }
     html << "<details open><summary>Resolved job (job.toml)</summary>\n<pre>"
          << html_escape(r.job_toml.empty() ? "(no job.toml)" : r.job_toml) << "</pre></details>\n";
     for (const auto& [name, text] : r.runtime_files)

@@ -265,7 +265,7 @@ def documents_option(text, opt):
 
 
 n_opt = 0
-names = components + ["trainer", "launch", "plugins"]
+names = components + ["trainer", "launch", "parallel", "eval", "plugins"]
 # Each call loads every plugin (about a second here): four at a time.
 with concurrent.futures.ThreadPoolExecutor(4) as pool:
     tables = list(pool.map(lambda n: run([trainrun, "plugins", n]).stdout, names))
@@ -278,7 +278,7 @@ for name, table in zip(names, tables):
         continue
     for row in rows[header + 1:]:
         opt = row.split()[0]
-        if name in ("trainer", "launch", "plugins"):
+        if name in ("trainer", "launch", "parallel", "eval", "plugins"):
             scope = [t for t in texts.values() if f"[{name}]" in t]
         else:
             scope = [t for t in texts.values() if names_component(t, name)]

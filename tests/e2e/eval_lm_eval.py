@@ -38,6 +38,11 @@ trainrun's samples_<task>.jsonl must have the layout of lm-eval's own sample fil
 EvaluationTracker: one line per document and filter, arguments {"gen_args_i": {"arg_j": ..}}, the
 target and answers through Python's str()); values are compared after undoing the str().
 
+Case `ranks`: the same tasks as a training run's [eval] table ([launch] nproc_per_node = 2, under
+ddp, then fsdp): scored before the first step and after one step at lr 0, each rank answering a
+share of the requests; both evaluations must agree with lm-eval as above, and their aggregates
+must be in metrics.jsonl as eval_tasks/<task>/<metric>,<filter> and in report.html's table.
+
 Case `errors`: trainrun eval exits 2 naming the culprit on a YAML with an unknown output_type (the
 file and "output_type"), an unknown metric (its name), a doc_to_text referring to a field the data
 lacks (the task and the field) and a --tasks path that does not exist (the path), writing no
@@ -48,7 +53,7 @@ inputs (model, tasks, data, this script, the reference packages' versions: WORK/
 unchanged, --fresh-reference reruns it. --reference-only runs lm-eval alone and prints what it
 produced (no trainrun).
 
-usage: eval_lm_eval.py TRAINRUN WORK [--case main|errors] [--reference-only] [--fresh-reference]
+usage: eval_lm_eval.py TRAINRUN WORK [--case main|errors|ranks] [--reference-only] [--fresh-reference]
 """
 import argparse
 import contextlib
@@ -818,6 +823,138 @@ def case_main(tr_bin, work, reference_only, fresh_reference):
     print("OK: trainrun eval agrees with lm-eval on every task, document and aggregate")
 
 
+# --------------------------------------------------------------------------- ranks
+def case_ranks(tr_bin, work, strategy):
+    """The [eval] tasks of a training run at world 2 under `strategy`: evaluated before the first
+    step (eval_on_start) and at the end of one step at lr 0, each rank answering its share; both
+    evaluations must agree with lm-eval as `trainrun eval` does, and their aggregates must reach
+    metrics.jsonl."""
+    model_dir = build_model(work)
+    tasks_dir = build_tasks(work)
+    res, samples = run_lm_eval(model_dir, tasks_dir, os.path.join(work, "lm_eval"), False)
+    base = os.path.join(work, f"ranks-{strategy}")
+    shutil.rmtree(base, ignore_errors=True)
+    os.makedirs(base)
+    import numpy as np
+
+    vocab = json.load(open(os.path.join(model_dir, "config.json")))["vocab_size"]
+    block = 32
+    tokens = os.path.join(base, "tokens.u32")
+    rng = np.random.default_rng(0)
+    rng.integers(3, min(vocab, 96), size=40 * block).astype("<u4").tofile(tokens)
+    run_dir = os.path.join(base, "run")
+    job = os.path.join(base, "job.toml")
+    with open(job, "w", encoding="utf-8") as f:
+        f.write(f"""[launch]
+nproc_per_node = 2
+
+[trainer]
+max_steps = 1
+global_batch_size = 2
+seed = 1
+log_every = 1
+eval_on_start = true
+eval_max_batches = 1
+save_final_model = false
+run_dir = {q(run_dir)}
+
+[model]
+plugin = "llama"
+path = {q(model_dir)}
+
+[data]
+plugin = "text"
+format = "uint32"
+vocab_size = {min(vocab, 96)}
+block_size = {block}
+eval_fraction = 0.1
+paths = [{q(tokens)}]
+
+[strategy]
+plugin = "{strategy}"
+
+[accelerator]
+plugin = "gloo-cpu"
+threads = 1
+
+[optimizer]
+plugin = "adamw"
+lr = 0.0
+weight_decay = 0.0
+
+[eval]
+tasks = [{q(tasks_dir)}]
+""")
+    # A task path that is not there: exit 2 before training, naming the job file, [eval] and the path.
+    bad_job = os.path.join(base, "bad.toml")
+    with open(bad_job, "w", encoding="utf-8") as f:
+        f.write(open(job, encoding="utf-8").read().replace(q(tasks_dir), q(os.path.join(base, "no-such-tasks"))))
+    p = subprocess.run([tr_bin, "--config", bad_job], capture_output=True, text=True, timeout=300)
+    needles = [bad_job, "[eval] tasks", os.path.join(base, "no-such-tasks")]
+    if p.returncode != 2 or any(n not in p.stdout + p.stderr for n in needles):
+        fail(f"a job whose [eval] tasks path is missing: exit {p.returncode} (expected 2 naming {needles})\n"
+             f"{(p.stdout + p.stderr)[-2000:]}")
+    cmd = [tr_bin, "--config", job]
+    t0 = time.time()
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    if p.returncode != 0:
+        fail(f"{' '.join(cmd)}: exit {p.returncode}\n{(p.stdout + p.stderr)[-4000:]}")
+    print(f"trainrun --config (world 2, {strategy}): {time.time() - t0:.1f} s")
+    print("\n".join(ln for ln in p.stdout.splitlines() if "[eval tasks" in ln))
+    st = Stats()
+    for step in (0, 1):
+        out = os.path.join(run_dir, "eval", f"step-{step}")
+        path = os.path.join(out, "results.json")
+        if not os.path.exists(path):
+            fail(f"the run wrote no {path}")
+        tr_res = json.load(open(path, encoding="utf-8"))
+        for task in TASKS:
+            sp = os.path.join(out, f"samples_{task}.jsonl")
+            if not os.path.exists(sp):
+                fail(f"the run wrote no {sp}")
+            rows = [json.loads(line) for line in open(sp, encoding="utf-8") if line.strip()]
+            compare_samples(st, task, rows, samples[task])
+        compare_results(st, tr_res, res)
+        if tr_res["config"].get("world_size") != 2:
+            st.err(f"{path}: config.world_size {tr_res['config'].get('world_size')!r}, expected 2")
+        # Each rank answered a share, together every request once.
+        per_rank = tr_res["config"].get("requests_per_rank")
+        total = sum(len(r["arguments"]) for task in TASKS for r in samples[task]
+                    if r["filter"] == next(iter(sorted({x["filter"] for x in samples[task]}))))
+        if not isinstance(per_rank, list) or len(per_rank) != 2 or min(per_rank) < 1 or sum(per_rank) != total:
+            st.err(f"{path}: config.requests_per_rank {per_rank!r}: expected 2 shares of the {total} requests")
+        elif step == 0:
+            print(f"requests per rank: {per_rank} of {total}")
+        # The aggregates as the callbacks got them.
+        evals = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))
+                 if '"eval_loss"' in line]
+        row = next((r for r in evals if r["step"] == step), None)
+        if row is None:
+            st.err(f"metrics.jsonl: no evaluation at step {step}")
+            continue
+        for task in TASKS:
+            for k, v in tr_res["results"][task].items():
+                if "," not in k or "_stderr," in k or not isinstance(v, (int, float)):
+                    continue
+                got = row.get(f"eval_tasks/{task}/{k}")
+                if got is None or not close(got, v, 1e-12, 0.0):
+                    st.err(f"metrics.jsonl step {step}: eval_tasks/{task}/{k} = {got!r}, results.json {v!r}")
+    # The report's table of task scores, one column per evaluation.
+    report = os.path.join(run_dir, "report.html")
+    page = open(report, encoding="utf-8").read() if os.path.exists(report) else ""
+    if "<th>step 0</th><th>step 1</th>" not in page or "<td>tr_mc</td><td>acc,none</td>" not in page:
+        st.err(f"{report}: no evaluation-task table with columns step 0 and step 1 and a tr_mc acc row")
+    print(f"\n{'task':<16}{'requests':>10}{'doc metrics':>13}{'aggregates':>12}{'max rel err (ll)':>18}")
+    for task in TASKS:
+        c = st.rows.get(task, {})
+        print(f"{task:<16}{c.get('requests', 0):>10}{c.get('doc metrics', 0):>13}"
+              f"{c.get('aggregates', 0):>12}{st.max_rel.get(task, 0.0):>18.2e}")
+    if st.errors:
+        fail(f"{len(st.errors)} mismatches between the run's [eval] tasks and lm-eval (first 40):\n  "
+             + "\n  ".join(st.errors[:40]) + f"\n(the run: {run_dir})")
+    print(f"OK: at world 2 under {strategy}, the run's [eval] tasks agree with lm-eval before and after its step")
+
+
 # --------------------------------------------------------------------------- errors
 def case_errors(tr_bin, work):
     model_dir = build_model(work, steps=0)  # any valid model: the errors are the tasks
@@ -926,7 +1063,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("trainrun")
     ap.add_argument("work")
-    ap.add_argument("--case", choices=["main", "errors"], default="main")
+    ap.add_argument("--case", choices=["main", "errors", "ranks"], default="main")
     ap.add_argument("--reference-only", action="store_true", help="run lm-eval only and print what it produced")
     ap.add_argument("--fresh-reference", action="store_true",
                     help="run lm-eval even if WORK/lm_eval holds its outputs for the same inputs")
@@ -939,6 +1076,9 @@ def main():
     t0 = time.time()
     if a.case == "main":
         case_main(a.trainrun, work, a.reference_only, a.fresh_reference)
+    elif a.case == "ranks":
+        for strategy in ("ddp", "fsdp"):
+            case_ranks(a.trainrun, work, strategy)
     else:
         case_errors(a.trainrun, work)
     print(f"total {time.time() - t0:.1f} s")

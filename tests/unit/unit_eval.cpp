@@ -8,16 +8,21 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
 #include <filesystem>
 #include <fstream>
 
 #include "trainrun/error.hpp"
+#include "trainrun/eval/decoder_model.hpp"
 #include "trainrun/eval/harness.hpp"
 
 namespace fs = std::filesystem;
 using trainrun::eval::Json;
 using trainrun::eval::PythonRandom;
 using trainrun::eval::Request;
+namespace eval = trainrun::eval;
 
 namespace {
 
@@ -187,4 +192,132 @@ TEST_CASE("bad task files name the file and what is wrong") {
   CHECK(err("output_type: generate_until\nprocess_results: x\n").find("`process_results`") !=
         std::string::npos);
   CHECK_THROWS_AS(trainrun::eval::task_files(d.path / "missing"), trainrun::v1::ConfigError);
+}
+
+// ShardedLanguageModel at world sizes 1-4, the ranks as threads whose sum is a rendezvous:
+// every request answered exactly once (by the rank whose share holds it), every answer on every
+// rank afterwards, texts byte for byte (UTF-8, NUL and 0xFF bytes included).
+namespace {
+
+struct Answering : eval::LanguageModel {
+  std::vector<std::string> seen;
+  void loglikelihood(const std::vector<eval::Request*>& rs) override {
+    for (auto* r : rs) {
+      seen.push_back(r->context);
+      r->loglikelihood = -0.5 - static_cast<double>(r->context.size());
+      r->is_greedy = r->context.size() % 2 == 0;
+    }
+  }
+  void loglikelihood_rolling(const std::vector<eval::Request*>& rs) override {
+    for (auto* r : rs) {
+      seen.push_back(r->continuation);
+      r->loglikelihood = -1e-7 * static_cast<double>(r->continuation.size());
+    }
+  }
+  void generate_until(const std::vector<eval::Request*>& rs) override {
+    for (auto* r : rs) {
+      seen.push_back(r->context);
+      r->text = r->context.empty() ? std::string() : r->context + std::string("\0\xff\xc3\xa9", 4);
+    }
+  }
+};
+
+// Element-wise sums over `world` threads: each adds its vector, the last one in publishes.
+class Rendezvous {
+ public:
+  explicit Rendezvous(int world) : world_(world) {}
+  void sum(std::vector<double>& v) {
+    std::unique_lock<std::mutex> lk(mu_);
+    const int64_t round = round_;
+    if (acc_.empty()) acc_.assign(v.size(), 0.0);
+    CHECK(acc_.size() == v.size());
+    for (size_t i = 0; i < v.size(); ++i) acc_[i] += v[i];
+    if (++arrived_ == world_) {
+      result_ = acc_;
+      acc_.clear();
+      arrived_ = 0;
+      ++round_;
+      cv_.notify_all();
+    } else {
+      cv_.wait(lk, [&] { return round_ != round; });
+    }
+    v = result_;
+  }
+
+ private:
+  int world_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<double> acc_, result_;
+  int arrived_ = 0;
+  int64_t round_ = 0;
+};
+
+void ask(eval::LanguageModel& lm, eval::Request::Type type, const std::vector<eval::Request*>& rs) {
+  if (type == eval::Request::Type::loglikelihood)
+    lm.loglikelihood(rs);
+  else if (type == eval::Request::Type::loglikelihood_rolling)
+    lm.loglikelihood_rolling(rs);
+  else
+    lm.generate_until(rs);
+}
+
+std::vector<eval::Request> requests(eval::Request::Type type, int n) {
+  std::vector<eval::Request> out;
+  for (int i = 0; i < n; ++i) {
+    eval::Request r;
+    r.type = type;
+    r.context = std::string(static_cast<size_t>(1 + (i * 37) % 23), 'a' + i % 26);
+    if (i % 5 == 3) r.context.clear();
+    r.continuation = std::string(static_cast<size_t>(i % 7 == 0 ? 300 : 3), 'x');
+    out.push_back(r);
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("ShardedLanguageModel: every request answered once, every answer on every rank") {
+  for (int world = 1; world <= 4; ++world)
+    for (auto type :
+         {eval::Request::Type::loglikelihood, eval::Request::Type::loglikelihood_rolling,
+          eval::Request::Type::generate_until}) {
+      CAPTURE(world);
+      CAPTURE(static_cast<int>(type));
+      const int n = 41;
+      std::vector<std::vector<eval::Request>> per_rank(static_cast<size_t>(world),
+                                                       requests(type, n));
+      std::vector<Answering> inner(static_cast<size_t>(world));
+      std::vector<int64_t> answered(static_cast<size_t>(world), 0);
+      Rendezvous rv(world);
+      std::vector<std::thread> threads;
+      for (int r = 0; r < world; ++r)
+        threads.emplace_back([&, r] {
+          std::vector<eval::Request*> ptrs;
+          for (auto& q : per_rank[static_cast<size_t>(r)]) ptrs.push_back(&q);
+          eval::ShardedLanguageModel lm(inner[static_cast<size_t>(r)], r, world,
+                                        [&](std::vector<double>& v) { rv.sum(v); });
+          ask(lm, type, ptrs);
+          answered[static_cast<size_t>(r)] = lm.answered();
+        });
+      for (auto& t : threads) t.join();
+      int64_t total = 0;
+      for (int r = 0; r < world; ++r) {
+        total += answered[static_cast<size_t>(r)];
+        CHECK(answered[static_cast<size_t>(r)] > 0);
+      }
+      CHECK(total == n);
+      Answering whole;
+      std::vector<eval::Request> want = requests(type, n);
+      std::vector<eval::Request*> ptrs;
+      for (auto& q : want) ptrs.push_back(&q);
+      ask(whole, type, ptrs);
+      for (int r = 0; r < world; ++r)
+        for (int i = 0; i < n; ++i) {
+          const eval::Request& got = per_rank[static_cast<size_t>(r)][static_cast<size_t>(i)];
+          CHECK(got.loglikelihood == want[static_cast<size_t>(i)].loglikelihood);
+          CHECK(got.is_greedy == want[static_cast<size_t>(i)].is_greedy);
+          CHECK(got.text == want[static_cast<size_t>(i)].text);
+        }
+    }
 }

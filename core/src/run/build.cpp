@@ -147,6 +147,7 @@ Run::Run(const JobConfig& job, const Registry& registry)
   set_up_model();
   set_up_checkpoints();
   prepare_reference();
+  set_up_eval_tasks();
 }
 
 void Run::write_job() const {

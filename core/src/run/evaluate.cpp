@@ -11,6 +11,17 @@
 
 namespace trainrun::core {
 
+// Every evaluation ends so: the [eval] tasks (eval_tasks.cpp), the time since t0, the callbacks.
+void Run::end_evaluation(int64_t step, v1::EvalMetrics& em, Clock::time_point t0) {
+  evaluate_tasks(step, em);
+  em.time_s = std::chrono::duration<double>(Clock::now() - t0).count();
+  for (auto& cb : parts_.callbacks)
+    cb.call("on_eval_end", [&](v1::Callback& c) {
+      c.on_eval_end(em);
+      return 0;
+    });
+}
+
 v1::EvalMetrics Run::evaluate(int64_t step) {
   if (caps_.online != nullptr && plan_->eval_samples > 0) return evaluate_rollouts(step);
   const auto t0 = Clock::now();
@@ -21,6 +32,7 @@ v1::EvalMetrics Run::evaluate(int64_t step) {
   // warning at setup names the empty set); callbacks see no evaluation.
   if (plan_->eval_samples == 0) {
     em.loss = std::nan("");
+    if (eval_tasks_) end_evaluation(step, em, t0);
     return em;
   }
   // [loss_sum, correct, samples, targets, has_accuracy], summed over ranks at the end.
@@ -62,8 +74,7 @@ v1::EvalMetrics Run::evaluate(int64_t step) {
   em.accuracy = has_acc && em.targets ? static_cast<double>(correct) / em.targets : -1;
   for (size_t i = 0; i < objective.size(); ++i)
     if (r[5 + 2 * i + 1] > 0) em.extra[objective[i].name] = r[5 + 2 * i] / r[5 + 2 * i + 1];
-  em.time_s = std::chrono::duration<double>(Clock::now() - t0).count();
-  for (auto& cb : parts_.callbacks) cb.call("on_eval_end", [&](v1::Callback& c) { c.on_eval_end(em); return 0; });
+  end_evaluation(step, em, t0);
   if (env_.lead) {
     std::cout << "[eval step " << step << "] loss " << std::fixed << std::setprecision(4) << em.loss;
     // More targets than samples: a language model's tokens, each predicted from those before.

@@ -112,6 +112,22 @@ void Run::check_online_reference() {
                       "built yet (set beta = 0, TRL's default, or train adapters)");
 }
 
+// The model's parameters whole on this rank until the scope ends: a strategy that shards them
+// gathers them (FullParameters, collective: every rank calls this at the same point); one that
+// shards them without offering that is refused, naming `who` wants them.
+std::unique_ptr<v1::Scope> Run::whole_parameters(const std::string& who) {
+  auto* whole = dynamic_cast<v1::FullParameters*>(parts_.strategy.obj.get());
+  if (whole != nullptr)
+    return parts_.strategy.call("full_parameters",
+                                [&](v1::Strategy&) { return whole->full_parameters(); });
+  if (const std::string p = sharded_parameter(*parts_.model.obj); !p.empty())
+    throw ConfigError(job_.file + ": " + who + " with the whole model on each rank, and " +
+                      parts_.strategy.label + " shards it (" + p +
+                      " is not whole between forwards) without offering its parameters whole " +
+                      "(ABI 1.12 FullParameters)");
+  return nullptr;
+}
+
 // The objective's sampling settings, the dataset's EOS and padding ids; no prompts yet.
 v1::GenerationRequest Run::rollout_request() {
   const v1::RolloutSpec& spec = caps_.rollout;
@@ -132,17 +148,8 @@ v1::GenerationRequest Run::rollout_request() {
 // parameters gathers them once for the whole generation (FullParameters, collective: every rank
 // calls this at the same point, with or without prompts) and releases them after.
 v1::GenerationResult Run::generate_whole(const v1::GenerationRequest& req, const char* what) {
-  auto* whole = dynamic_cast<v1::FullParameters*>(parts_.strategy.obj.get());
-  std::unique_ptr<v1::Scope> scope;
-  if (whole != nullptr)
-    scope = parts_.strategy.call("full_parameters",
-                                 [&](v1::Strategy&) { return whole->full_parameters(); });
-  else if (const std::string p = sharded_parameter(*parts_.model.obj); !p.empty())
-    throw ConfigError(job_.file + ": [objective] " + job_.objective.plugin +
-                      " generates with the " + "whole model on each rank, and " +
-                      parts_.strategy.label + " shards it (" + p +
-                      " is not whole between forwards) without offering its parameters whole " +
-                      "(ABI 1.12 FullParameters)");
+  const std::unique_ptr<v1::Scope> scope =
+      whole_parameters("[objective] " + job_.objective.plugin + " generates");
   v1::GenerationResult gen;
   if (req.prompts.empty()) return gen;
   parts_.model.call("train", [](v1::Model& m) {
@@ -436,12 +443,7 @@ v1::EvalMetrics Run::evaluate_rollouts(int64_t step) {
   for (size_t k = 0; k < K; ++k)
     if (r[4 + 2 * k] > 0)
       em.extra["rewards/" + parts_.rewards->name(k) + "/mean"] = r[5 + 2 * k] / r[4 + 2 * k];
-  em.time_s = std::chrono::duration<double>(Clock::now() - t0).count();
-  for (auto& cb : parts_.callbacks)
-    cb.call("on_eval_end", [&](v1::Callback& c) {
-      c.on_eval_end(em);
-      return 0;
-    });
+  end_evaluation(step, em, t0);
   if (env_.lead) {
     std::cout << "[eval step " << step << "] reward " << std::fixed << std::setprecision(4)
               << (r[0] > 0 ? r[3] / r[0] : std::nan(""));

@@ -233,6 +233,9 @@ struct Progress {
   std::optional<Rollout> rollout;  ///< an online objective's current rollout
 };
 
+// The [eval] tasks, their tokenizer and the model's answers to them (eval_tasks.cpp).
+struct EvalTasks;
+
 class Run {
  public:
   /// The build phase (build.cpp): run directory, components, capabilities, strategy setup.
@@ -273,6 +276,7 @@ class Run {
   bool weights_finite_everywhere();
   // evaluate.cpp
   v1::EvalMetrics evaluate(int64_t step);
+  void end_evaluation(int64_t step, v1::EvalMetrics& em, Clock::time_point t0);
   // objective.cpp
   void set_up_objective();
   void prepare_reference();
@@ -285,6 +289,7 @@ class Run {
   StepBatches rollout_step(int64_t s);
   void make_rollout(int64_t batch);
   v1::GenerationRequest rollout_request();
+  std::unique_ptr<v1::Scope> whole_parameters(const std::string& who);
   v1::GenerationResult generate_whole(const v1::GenerationRequest& req, const char* what);
   std::vector<v1::RewardSample> reward_samples(const std::vector<v1::PromptSample>& prompts,
                                                const v1::GenerationResult& gen);
@@ -296,6 +301,9 @@ class Run {
   void add_rollout_metrics(std::map<std::string, double>& extra) const;
   uint32_t abi_minor_of_model() const;
   v1::EvalMetrics evaluate_rollouts(int64_t step);
+  // eval_tasks.cpp
+  void set_up_eval_tasks();
+  void evaluate_tasks(int64_t step, v1::EvalMetrics& em);
   // experts.cpp
   void set_up_experts();
   void sync_expert_gradients();
@@ -324,6 +332,7 @@ class Run {
   ExpertShards experts_;
   std::optional<RunPlan> plan_;  ///< set in build, once the dataset's size is known
   Progress progress_;
+  std::shared_ptr<EvalTasks> eval_tasks_;  ///< [eval] tasks (null: none)
 };
 
 }  // namespace trainrun::core

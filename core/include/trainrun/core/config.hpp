@@ -56,6 +56,7 @@ struct JobConfig {
   v1::Options trainer;
   v1::Options launch;
   v1::Options parallel;  ///< [parallel] (parallel_schema)
+  v1::Options eval;      ///< [eval] (eval_schema): lm-eval tasks scored at each evaluation
   ComponentConfig model, data, strategy, accelerator, precision, optimizer;
   /// [objective] (ABI 1.8); plugin "" = none: the model's own loss.
   ComponentConfig objective;
@@ -96,6 +97,8 @@ v1::OptionSchema launch_schema();
 v1::OptionSchema plugins_schema();
 /// [parallel]: how the model is split over ranks besides data parallelism (ep).
 v1::OptionSchema parallel_schema();
+/// [eval]: lm-eval YAML tasks the run scores at each evaluation (core/src/run/eval_tasks.cpp).
+v1::OptionSchema eval_schema();
 /// The core's keys of a [[rewards]] table (weight, name), besides `plugin` and the plugin's own.
 v1::OptionSchema reward_entry_schema();
 
