@@ -9,7 +9,6 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
-#include <fstream>
 #include <iomanip>
 #include <iostream>
 #include <map>
@@ -145,27 +144,9 @@ int run_eval(const EvalArgs& a) {
   results["total_evaluation_time_seconds"] = std::to_string(eval_s);
   results["load_time_seconds"] = std::chrono::duration<double>(t1 - t0).count();
 
-  if (!a.output.empty()) {
-    const fs::path out = a.output;
-    if (out.has_parent_path()) fs::create_directories(out.parent_path());
-    const fs::path tmp = out.string() + ".tmp";
-    {
-      std::ofstream f(tmp);
-      if (!f) throw ConfigError("--output " + a.output + ": cannot be written");
-      f << results.dump(2, ' ', false, Json::error_handler_t::replace) << "\n";
-    }
-    fs::rename(tmp, out);
-  }
-  if (!a.log_samples.empty()) {
-    fs::create_directories(a.log_samples);
-    for (auto it = samples.begin(); it != samples.end(); ++it) {
-      const fs::path p = fs::path(a.log_samples) / ("samples_" + it.key() + ".jsonl");
-      std::ofstream f(p);
-      if (!f) throw ConfigError("--log-samples " + a.log_samples + ": cannot write " + p.string());
-      for (const Json& s : it.value())
-        f << s.dump(-1, ' ', false, Json::error_handler_t::replace) << "\n";
-    }
-  }
+  if (!a.output.empty() || !a.log_samples.empty())
+    eval::write_results(a.output.empty() ? fs::path() : fs::path(a.output), results, a.log_samples,
+                        samples);
   print_table(results);
   std::cerr << "eval: " << tasks.size() << " tasks in " << std::fixed << std::setprecision(2)
             << eval_s << " s (" << lm.scored_tokens() << " tokens scored, " << lm.generated_tokens()

@@ -9,6 +9,8 @@
 #include <pcre2.h>
 
 #include <algorithm>
+#include <fstream>
+#include <functional>
 #include <cmath>
 #include <map>
 #include <set>
@@ -847,15 +849,44 @@ std::vector<fs::path> task_files(const fs::path& path) {
   std::error_code ec;
   if (fs::is_regular_file(path, ec)) return {path};
   if (!fs::is_directory(path, ec))
-    throw ConfigError("--tasks " + path.string() + ": no such file or directory");
+    throw ConfigError("tasks path " + path.string() + ": no such file or directory" +
+                      (path.is_relative() ? " (relative to the working directory " +
+                                                fs::current_path(ec).string() + ")"
+                                          : std::string()));
   std::vector<fs::path> files;
   for (const auto& e : fs::directory_iterator(path)) {
     const std::string ext = e.path().extension().string();
     if (e.is_regular_file() && (ext == ".yaml" || ext == ".yml")) files.push_back(e.path());
   }
   std::sort(files.begin(), files.end());
-  if (files.empty()) throw ConfigError("--tasks " + path.string() + ": no *.yaml task files there");
+  if (files.empty())
+    throw ConfigError("tasks path " + path.string() + ": no *.yaml task files there");
   return files;
+}
+
+void write_results(const fs::path& file, const Json& results, const fs::path& samples_dir,
+                   const Json& samples) {
+  auto write = [](const fs::path& p, const std::function<void(std::ostream&)>& body) {
+    if (p.has_parent_path()) fs::create_directories(p.parent_path());
+    const fs::path tmp = p.string() + ".tmp";
+    {
+      std::ofstream f(tmp);
+      if (f) body(f);
+      if (!f) throw ConfigError(p.string() + ": cannot be written");
+    }
+    fs::rename(tmp, p);
+  };
+  if (!file.empty())
+    write(file, [&](std::ostream& f) {
+      f << results.dump(2, ' ', false, Json::error_handler_t::replace) << "\n";
+    });
+  if (samples_dir.empty()) return;
+  fs::create_directories(samples_dir);
+  for (auto it = samples.begin(); it != samples.end(); ++it)
+    write(samples_dir / ("samples_" + it.key() + ".jsonl"), [&](std::ostream& f) {
+      for (const Json& row : it.value())
+        f << row.dump(-1, ' ', false, Json::error_handler_t::replace) << "\n";
+    });
 }
 
 Json evaluate(std::vector<Task>& tasks, LanguageModel& lm, Json* samples) {

@@ -22,9 +22,8 @@ std::pair<size_t, size_t> ShardedLanguageModel::share(const std::vector<Request*
   // continuation's tokens cost more than a context's (each needs the output head and a
   // log-softmax over the vocabulary: SmolLM2-135M scored 100 documents of wordnet_define,
   // mostly continuation, and of wordnet_word, mostly context, in the same 28 s with twice the
-  // tokens in the second). Rank r
-  // takes the requests whose cumulative cost (counted from their middle) falls in [r, r + 1) / W
-  // of it.
+  // tokens in the second). Rank r takes the requests whose cumulative cost (counted from their
+  // middle) falls in [r, r + 1) / W of it.
   std::vector<double> cost(requests.size());
   double total = 0;
   for (size_t i = 0; i < requests.size(); ++i) {

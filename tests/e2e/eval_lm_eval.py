@@ -890,7 +890,7 @@ tasks = [{q(tasks_dir)}]
     with open(bad_job, "w", encoding="utf-8") as f:
         f.write(open(job, encoding="utf-8").read().replace(q(tasks_dir), q(os.path.join(base, "no-such-tasks"))))
     p = subprocess.run([tr_bin, "--config", bad_job], capture_output=True, text=True, timeout=300)
-    needles = [bad_job, "[eval] tasks", os.path.join(base, "no-such-tasks")]
+    needles = [bad_job, "[eval] tasks path", os.path.join(base, "no-such-tasks")]
     if p.returncode != 2 or any(n not in p.stdout + p.stderr for n in needles):
         fail(f"a job whose [eval] tasks path is missing: exit {p.returncode} (expected 2 naming {needles})\n"
              f"{(p.stdout + p.stderr)[-2000:]}")

@@ -13,7 +13,6 @@
 #include <trainrun/generation.hpp>
 
 #include <filesystem>
-#include <fstream>
 #include <iomanip>
 #include <iostream>
 #include <cmath>
@@ -61,11 +60,6 @@ void Run::set_up_eval_tasks() {
   if (o.get_int("num_fewshot") >= 0) opts.num_fewshot = o.get_int("num_fewshot");
   if (o.get_int("limit") > 0) opts.limit = o.get_int("limit");
   opts.fewshot_seed = o.get_int("fewshot_seed");
-  for (const std::string& f : files)
-    if (!fs::exists(f))
-      throw v1::ConfigError(where + " tasks: " + f +
-                            ": no such file or directory (relative paths " +
-                            "start at the working directory, " + fs::current_path().string() + ")");
   try {
     for (const std::string& f : files)
       for (const fs::path& p : eval::task_files(f)) t->tasks.push_back(eval::Task::load(p, opts));
@@ -160,24 +154,7 @@ void Run::evaluate_tasks(int64_t step, v1::EvalMetrics& em) {
   results["max_length"] = et.max_length;
   results["total_evaluation_time_seconds"] = std::to_string(seconds);
   const fs::path dir = fs::path(env_.ctx.run_dir) / "eval" / ("step-" + std::to_string(step));
-  fs::create_directories(dir);
-  auto write = [&](const fs::path& p, const std::function<void(std::ostream&)>& body) {
-    const fs::path tmp = p.string() + ".tmp";
-    {
-      std::ofstream f(tmp);
-      body(f);
-      if (!f) throw v1::Error("cannot write " + p.string());
-    }
-    fs::rename(tmp, p);
-  };
-  write(dir / "results.json", [&](std::ostream& f) {
-    f << results.dump(2, ' ', false, eval::Json::error_handler_t::replace) << "\n";
-  });
-  for (auto it = samples.begin(); it != samples.end(); ++it)
-    write(dir / ("samples_" + it.key() + ".jsonl"), [&](std::ostream& f) {
-      for (const eval::Json& s : it.value())
-        f << s.dump(-1, ' ', false, eval::Json::error_handler_t::replace) << "\n";
-    });
+  eval::write_results(dir / "results.json", results, et.log_samples ? dir : fs::path(), samples);
   const std::string scores = line.str();
   std::cout << "[eval tasks step " << step << "]" << (scores.empty() ? "" : scores.substr(2))
             << " | " << std::setprecision(3) << seconds << " s -> " << dir.string()

@@ -117,9 +117,19 @@ struct DocRequests {
   std::vector<Request> requests;
 };
 
-/// The YAML task files a --tasks argument names: the file itself, or every *.yaml / *.yml file
-/// of a directory (sorted by name, not recursive). Throws v1::ConfigError when none is there.
+/// The YAML task files a tasks path names: the file itself, or every *.yaml / *.yml file of a
+/// directory (sorted by name, not recursive). Throws v1::ConfigError naming the path (and, for a
+/// relative one that is not there, the working directory it was looked for in) when none is
+/// there.
 std::vector<std::filesystem::path> task_files(const std::filesystem::path& path);
+
+/// Writes evaluate()'s results to `file` (indented JSON, as lm-eval's results file; none when
+/// `file` is empty) and, when
+/// `samples_dir` is not empty, each task's per-document objects of `samples` to
+/// `samples_dir/samples_TASK.jsonl`; each file written whole to a temporary name, then renamed.
+/// Creates the directories. Throws v1::ConfigError naming a file that cannot be written.
+void write_results(const std::filesystem::path& file, const Json& results,
+                   const std::filesystem::path& samples_dir = {}, const Json& samples = {});
 
 /// Runs `tasks` on `lm`, lm-eval's evaluator: every task's requests built, the model asked once
 /// per request type over all tasks, then scored. Returns {"results", "versions", "n-shot",
